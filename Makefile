@@ -1,0 +1,51 @@
+# Quick start: `make demo` builds the embedded demo recipe; `make test` runs the test suite.
+# Both install what they need: a virtualenv (.venv), pinned Python deps and the pinned llama.cpp tools
+# (built once into $(CACHE), outside the clone, keyed by the llama.cpp build number).
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+CACHE  := $(or $(GGUFPIPE_CACHE),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/ggufpipe)
+LLAMA_BUILD := b11312
+CORES  ?= all
+PYTEST_ARGS ?=
+
+export GGUFPIPE_CACHE := $(CACHE)
+
+.PHONY: venv tools demo test lint clean-work
+.DEFAULT_GOAL := demo
+
+# Virtualenv with pinned deps. torch goes first and pinned, so pip takes the local CPU wheel.
+$(BIN)/.installed: pyproject.toml requirements/constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade "pip>=24"
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -c requirements/constraints.txt -e '.[build,dev]'
+	rm -f $(BIN)/.gguf-py-*
+	touch $@
+
+venv: $(BIN)/.installed
+
+# llama.cpp tools (no-op when installed), then the gguf-py of that tree into the venv: the pipeline
+# reads GGUFs with the same gguf-py that the pinned tools come with (PyPI's gguf lacks newer types).
+$(BIN)/.gguf-py-$(LLAMA_BUILD): $(BIN)/.installed
+	$(BIN)/python -m pipeline.tools install
+	$(BIN)/python -m pip install -q --no-deps --force-reinstall "$$($(BIN)/python -m pipeline.tools gguf-py)"
+	touch $@
+
+tools: $(BIN)/.gguf-py-$(LLAMA_BUILD)
+
+demo: tools
+	$(BIN)/python -m pipeline.cli setup-demo
+	HF_HUB_OFFLINE=1 HF_HUB_CACHE=$(CACHE)/demo/hub $(BIN)/snakemake --cores $(CORES)
+
+test: tools
+	$(BIN)/python -m pipeline.cli setup-demo
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: venv
+	$(BIN)/ruff check pipeline tests
+	$(BIN)/snakemake --lint
+
+clean-work:
+	rm -rf work

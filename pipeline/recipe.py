@@ -1,0 +1,337 @@
+"""Recipes: ``recipes/<name>.yaml``, one schema, validated in one place.
+
+Every error is one line naming the recipe file and the field, e.g.::
+
+    recipes/foo.yaml: quants[2].type: unknown quant type 'Q4_Z' (llama-quantize b11312 accepts ...)
+
+Schema (keys not listed are refused)::
+
+    name: smollm2-135m              # slug [a-z0-9][a-z0-9._-]*, also the artifact folder
+    description: free text          # optional
+    license: apache-2.0             # optional; default: from the source's model card / GGUF
+    source:                         # exactly one of repo or path
+      repo: org/name                # Hugging Face repo id
+      revision: <commit|tag|branch> # required with repo; the resolved commit is recorded
+      path: /local/hf/folder        # a local HF folder instead of a repo (relative: to the recipe)
+      allow_pickle: false           # accept *.bin / *.pt weights (pickle) — off by default
+      trust_remote_code: false      # accept repos whose config needs custom code — off by default
+    outtype: f16                    # f16 | bf16: the unquantized GGUF the quants are made from
+    quants:                         # llama-quantize types; a plain string or a mapping
+      - Q8_0
+      - type: Q4_K_M
+        variant: embq8              # file <name>-Q4_K_M-embq8.gguf; lets two flavours coexist
+        output_tensor_type: q8_0    # --output-tensor-type
+        token_embedding_type: q8_0  # --token-embedding-type
+        tensor_types: ["attn_v=q8_0"]  # --tensor-type, repeatable
+        pure: false                 # --pure
+        leave_output_tensor: false  # --leave-output-tensor
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import PipelineError
+
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+VARIANT_RE = re.compile(r"^[a-z0-9]{1,24}$")
+REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+REVISION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")
+COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
+TENSOR_TYPE_RE = re.compile(r"^[A-Za-z0-9_.*+?\\\[\]()|^$-]+=[A-Za-z0-9_]+$")
+OUTTYPES = ("f16", "bf16")
+# llama-quantize's aliases, resolved so that file names and read-back types agree.
+QUANT_ALIASES = {"Q3_K": "Q3_K_M", "Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M"}
+# Not quantization targets: the outtype file is built by convert itself.
+NOT_QUANTS = {"F16", "BF16", "F32", "COPY"}
+# Types llama.cpp refuses to make without an importance matrix (llama-quant.cpp,
+# tensor_requires_imatrix): their mixes contain IQ1/IQ2/IQ3_XXS tensors, or Q2_K in Q2_K_S.
+NEEDS_IMATRIX = {"IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ3_XXS", "IQ3_XS", "Q2_K_S"}
+
+TOP_KEYS = {"name", "description", "license", "source", "outtype", "quants"}
+SOURCE_KEYS = {"repo", "revision", "path", "allow_pickle", "trust_remote_code"}
+QUANT_KEYS = {"type", "variant", "output_tensor_type", "token_embedding_type", "tensor_types", "pure",
+              "leave_output_tensor"}
+
+
+@dataclass(frozen=True)
+class Source:
+    repo: str | None = None
+    revision: str | None = None
+    path: str | None = None
+    allow_pickle: bool = False
+    trust_remote_code: bool = False
+
+    def describe(self) -> dict:
+        if self.repo:
+            return {"repo": self.repo, "revision": self.revision}
+        return {"path": self.path}
+
+
+@dataclass(frozen=True)
+class Quant:
+    type: str
+    variant: str | None = None
+    output_tensor_type: str | None = None
+    token_embedding_type: str | None = None
+    tensor_types: tuple[str, ...] = ()
+    pure: bool = False
+    leave_output_tensor: bool = False
+
+    @property
+    def key(self) -> str:
+        """The Snakemake wildcard value and file-name suffix: TYPE[-variant]."""
+        return f"{self.type}-{self.variant}" if self.variant else self.type
+
+    def quantize_args(self) -> list[str]:
+        args: list[str] = []
+        if self.pure:
+            args.append("--pure")
+        if self.leave_output_tensor:
+            args.append("--leave-output-tensor")
+        if self.output_tensor_type:
+            args += ["--output-tensor-type", self.output_tensor_type]
+        if self.token_embedding_type:
+            args += ["--token-embedding-type", self.token_embedding_type]
+        for tt in self.tensor_types:
+            args += ["--tensor-type", tt]
+        return args
+
+    def describe(self) -> dict:
+        out: dict[str, Any] = {"type": self.type}
+        if self.variant:
+            out["variant"] = self.variant
+        args = self.quantize_args()
+        if args:
+            out["llama_quantize_args"] = args
+        return out
+
+
+@dataclass(frozen=True)
+class Recipe:
+    path: Path
+    sha256: str
+    name: str
+    source: Source
+    outtype: str
+    quants: tuple[Quant, ...]
+    description: str | None = None
+    license: str | None = None
+    raw: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def quant(self, key: str) -> Quant:
+        for q in self.quants:
+            if q.key == key:
+                return q
+        raise PipelineError(f"{self.path}: no quant {key!r} (has {', '.join(q.key for q in self.quants)})")
+
+    def file_for(self, key: str) -> str:
+        return f"{self.name}-{key}.gguf"
+
+    @property
+    def base_file(self) -> str:
+        return f"{self.name}-{self.outtype.upper()}.gguf"
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+class _Ctx:
+    def __init__(self, path: Path):
+        self.path = path
+
+    def fail(self, where: str, msg: str):
+        raise PipelineError(f"{self.path}: {where}: {msg}")
+
+    def mapping(self, value, where: str, allowed: set[str]) -> dict:
+        if not isinstance(value, dict):
+            self.fail(where, f"must be a mapping, got {type(value).__name__}")
+        for k in value:
+            if not isinstance(k, str) or k not in allowed:
+                self.fail(f"{where}.{k}" if where else str(k),
+                          f"unknown key (allowed: {', '.join(sorted(allowed))})")
+        return value
+
+    def string(self, value, where: str, pattern: re.Pattern | None = None, what: str = "") -> str:
+        if not isinstance(value, str) or not value.strip():
+            self.fail(where, f"must be a non-empty string, got {value!r}")
+        if pattern and not pattern.match(value):
+            self.fail(where, f"{value!r} is not {what or 'valid'}")
+        return value
+
+    def boolean(self, value, where: str) -> bool:
+        if not isinstance(value, bool):
+            self.fail(where, f"must be true or false, got {value!r}")
+        return value
+
+
+@functools.lru_cache(maxsize=4)
+def known_quant_types(quantize_exe: str) -> tuple[frozenset[str], int]:
+    """Quant type names accepted by this llama-quantize (parsed from its usage text)."""
+    import subprocess
+
+    out = subprocess.run([quantize_exe, "--help"], capture_output=True, text=True, timeout=60)
+    text = out.stdout + out.stderr
+    types = set(re.findall(r"^\s+\d+\s+or\s+([A-Z0-9_]+)\s*:", text, flags=re.M))
+    types |= set(re.findall(r"^\s+([A-Z][A-Z0-9_]+)\s+:", text, flags=re.M))
+    if not types:
+        raise PipelineError(f"could not read the quant types from `{quantize_exe} --help`")
+    from .tools import read_build_version
+    from pathlib import Path as _P
+
+    build = read_build_version(_P(quantize_exe).parent / "llama-perplexity")[0]
+    return frozenset(types), build
+
+
+def gguf_file_types() -> set[str]:
+    """Quant types that the importable ``gguf`` package can name (LlamaFileType.MOSTLY_*)."""
+    import gguf
+
+    return {m.name[len("MOSTLY_"):] for m in gguf.LlamaFileType if m.name.startswith("MOSTLY_")}
+
+
+def _check_quant_type(ctx: _Ctx, value: str, where: str, known: set[str] | None, build: int | None) -> str:
+    t = value.strip().upper()
+    t = QUANT_ALIASES.get(t, t)
+    if t in NOT_QUANTS:
+        ctx.fail(where, f"{t} is not a quantization (the {t.lower()} file comes from `outtype`)")
+    if known is not None and t not in known:
+        ctx.fail(where, f"unknown quant type {value!r} (llama-quantize b{build} accepts: {', '.join(sorted(known - NOT_QUANTS))})")
+    if t not in gguf_file_types():
+        ctx.fail(where, f"quant type {t} is unknown to the installed gguf Python package, which could not read the "
+                        "result back; install the gguf-py of the pinned llama.cpp (`make venv`)")
+    return t
+
+
+def _parse_quant(ctx: _Ctx, item, i: int, known, build) -> Quant:
+    where = f"quants[{i}]"
+    if isinstance(item, str):
+        return Quant(type=_check_quant_type(ctx, item, where, known, build))
+    d = ctx.mapping(item, where, QUANT_KEYS)
+    if "type" not in d:
+        ctx.fail(f"{where}.type", "missing")
+    qtype = _check_quant_type(ctx, ctx.string(d["type"], f"{where}.type"), f"{where}.type", known, build)
+    variant = d.get("variant")
+    if variant is not None:
+        variant = ctx.string(variant, f"{where}.variant", VARIANT_RE, "a variant (1-24 lowercase letters/digits)")
+    kw: dict[str, Any] = {}
+    for key in ("output_tensor_type", "token_embedding_type"):
+        if key in d:
+            kw[key] = ctx.string(d[key], f"{where}.{key}", re.compile(r"^[A-Za-z0-9_]+$"), "a ggml type name").lower()
+    if "tensor_types" in d:
+        tts = d["tensor_types"]
+        if not isinstance(tts, list):
+            ctx.fail(f"{where}.tensor_types", "must be a list of 'pattern=type'")
+        kw["tensor_types"] = tuple(
+            ctx.string(t, f"{where}.tensor_types[{j}]", TENSOR_TYPE_RE, "'pattern=type'") for j, t in enumerate(tts)
+        )
+    for key in ("pure", "leave_output_tensor"):
+        if key in d:
+            kw[key] = ctx.boolean(d[key], f"{where}.{key}")
+    return Quant(type=qtype, variant=variant, **kw)
+
+
+def load_recipe(path: str | Path, quantize_exe: str | None = None) -> Recipe:
+    """Read and validate one recipe. ``quantize_exe`` enables the check against llama-quantize."""
+    import yaml
+
+    path = Path(path)
+    ctx = _Ctx(path)
+    try:
+        raw_bytes = path.read_bytes()
+    except OSError as exc:
+        raise PipelineError(f"{path}: cannot read recipe: {exc.strerror}") from exc
+    try:
+        data = yaml.safe_load(raw_bytes.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise PipelineError(f"{path}: not UTF-8 text") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark else "YAML"
+        raise PipelineError(f"{path}: {where}: malformed YAML: {getattr(exc, 'problem', None) or exc}") from None
+    if data is None:
+        ctx.fail("recipe", "file is empty")
+    d = ctx.mapping(data, "", TOP_KEYS)
+    for req in ("name", "source", "quants"):
+        if req not in d:
+            ctx.fail(req, "missing")
+    name = ctx.string(d["name"], "name", NAME_RE, "a valid name (lowercase slug: a-z 0-9 . _ -, starting with a letter or digit)")
+    if ".." in name:
+        ctx.fail("name", f"{name!r} must not contain '..'")
+
+    s = ctx.mapping(d["source"], "source", SOURCE_KEYS)
+    if ("repo" in s) == ("path" in s):
+        ctx.fail("source", "give exactly one of `repo` (with `revision`) or `path`")
+    if "repo" in s:
+        repo = ctx.string(s["repo"], "source.repo", REPO_RE, "a Hugging Face repo id (org/name)")
+        if "revision" not in s or s["revision"] in (None, ""):
+            ctx.fail("source.revision", "missing: pin the repo to a commit SHA (or at least a tag)")
+        rev = s["revision"]
+        if not isinstance(rev, str):  # YAML reads an all-digit SHA prefix as a number
+            ctx.fail("source.revision", f"must be a string (quote it), got {rev!r}")
+        revision = ctx.string(rev, "source.revision", REVISION_RE, "a git revision")
+        local = None
+    else:
+        if "revision" in s:
+            ctx.fail("source.revision", "only valid with `repo`")
+        repo = revision = None
+        local = ctx.string(s["path"], "source.path")
+    source = Source(
+        repo=repo,
+        revision=revision,
+        path=local,
+        allow_pickle=ctx.boolean(s.get("allow_pickle", False), "source.allow_pickle"),
+        trust_remote_code=ctx.boolean(s.get("trust_remote_code", False), "source.trust_remote_code"),
+    )
+
+    outtype = d.get("outtype", "f16")
+    if outtype not in OUTTYPES:
+        ctx.fail("outtype", f"{outtype!r} is not one of {', '.join(OUTTYPES)}")
+
+    qs = d["quants"]
+    if not isinstance(qs, list) or not qs:
+        ctx.fail("quants", "must be a non-empty list")
+    known = build = None
+    if quantize_exe:
+        known_set, build = known_quant_types(quantize_exe)
+        known = set(known_set)
+    quants = tuple(_parse_quant(ctx, item, i, known, build) for i, item in enumerate(qs))
+    seen: dict[str, int] = {}
+    for i, q in enumerate(quants):
+        if q.key in seen:
+            ctx.fail(f"quants[{i}]", f"{q.key} repeats quants[{seen[q.key]}]: give one of them a `variant`")
+        seen[q.key] = i
+        if q.type in NEEDS_IMATRIX:
+            ctx.fail(f"quants[{i}].type", f"{q.type} needs an importance matrix, which this recipe does not configure")
+
+    for key in ("description", "license"):
+        if key in d and d[key] is not None:
+            ctx.string(d[key], key)
+    return Recipe(
+        path=path,
+        sha256=hashlib.sha256(raw_bytes).hexdigest(),
+        name=name,
+        source=source,
+        outtype=outtype,
+        quants=quants,
+        description=d.get("description"),
+        license=d.get("license"),
+        raw=d,
+    )
+
+
+def load_recipes(folder: str | Path, quantize_exe: str | None = None) -> list[Recipe]:
+    """All ``*.yaml`` recipes of a folder, with names checked to be unique."""
+    folder = Path(folder)
+    recipes = [load_recipe(p, quantize_exe) for p in sorted(folder.glob("*.yaml"))]
+    by_name: dict[str, Path] = {}
+    for r in recipes:
+        if r.name in by_name:
+            raise PipelineError(f"{r.path}: name: {r.name!r} is already used by {by_name[r.name]}")
+        by_name[r.name] = r.path
+    return recipes

@@ -1,0 +1,419 @@
+"""The one place that finds, installs and runs llama.cpp.
+
+Every llama.cpp call of the pipeline (the converter script and the compiled tools) goes through
+:func:`run_tool` / :func:`run_converter`, which locate the binaries, record the build they come
+from and capture their output in the stage's log file.
+
+Where the tools come from, in order:
+
+1. ``LLAMA_CPP_DIR`` (environment) or the ``llama_cpp_dir`` config key: a user's own llama.cpp
+   build (CUDA, Metal...). It may be a llama.cpp checkout with ``build/bin`` or a folder of
+   binaries with ``convert_hf_to_gguf.py`` and ``gguf-py`` beside them. Its build number is read
+   from ``llama-perplexity --version`` and must be at least :data:`MIN_BUILD`.
+2. The pinned build installed by :func:`install` into the cache folder
+   (``$GGUFPIPE_CACHE`` or ``~/.cache/ggufpipe``), keyed by the llama.cpp build number.
+
+This module only uses the standard library so that it can run before anything else is installed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import PipelineError
+
+# The pinned llama.cpp: vendored by this llama-cpp-python sdist.
+SDIST_NAME = "llama-cpp-python"
+SDIST_VERSION = "0.3.36"
+SDIST_FILE = "llama_cpp_python-0.3.36.tar.gz"
+SDIST_SHA256 = "832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e"
+PINNED_BUILD = 11312
+PINNED_COMMIT = "0c1e570"
+# Oldest llama.cpp build the pipeline accepts from a user-provided LLAMA_CPP_DIR. The pipeline
+# parses llama-perplexity's KL-divergence statistics and uses llama-quantize's type list and
+# options as they are in this build; older builds are refused rather than half-working.
+MIN_BUILD = PINNED_BUILD
+
+TOOLS = (
+    "llama-quantize",
+    "llama-perplexity",
+    "llama-imatrix",
+    "llama-gguf-split",
+    "llama-tokenize",
+    "llama-speculative-simple",
+    "llama-bench",
+)
+CMAKE_FLAGS = (
+    "-DCMAKE_BUILD_TYPE=Release",
+    "-DGGML_NATIVE=OFF",
+    "-DLLAMA_OPENSSL=OFF",
+    "-DLLAMA_CURL=OFF",
+    "-DBUILD_SHARED_LIBS=OFF",
+    "-DLLAMA_BUILD_TESTS=OFF",
+    "-DLLAMA_BUILD_SERVER=OFF",
+    "-DLLAMA_BUILD_EXAMPLES=ON",
+    f"-DLLAMA_BUILD_NUMBER={PINNED_BUILD}",
+    f"-DLLAMA_BUILD_COMMIT={PINNED_COMMIT}",
+)
+INSTALL_HINT = "run `make tools` (or `ggufpipe install-tools`), or set LLAMA_CPP_DIR to your own llama.cpp build"
+
+
+def cache_root() -> Path:
+    env = os.environ.get("GGUFPIPE_CACHE")
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "ggufpipe"
+
+
+def pinned_dir() -> Path:
+    return cache_root() / "llama.cpp" / f"b{PINNED_BUILD}-{PINNED_COMMIT}"
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    root: Path
+    bin_dir: Path
+    convert_script: Path
+    gguf_py: Path
+    build_number: int
+    commit: str
+    origin: str  # "pinned" or "user"
+
+    def tool(self, name: str) -> Path:
+        exe = self.bin_dir / name
+        if not (exe.is_file() and os.access(exe, os.X_OK)):
+            raise PipelineError(
+                f"llama.cpp tool {name} is missing from {self.bin_dir}: {INSTALL_HINT} "
+                f"(a user build needs the target {name})"
+            )
+        return exe
+
+    def describe(self) -> dict:
+        return {
+            "llama_cpp_build": self.build_number,
+            "llama_cpp_commit": self.commit,
+            "origin": self.origin,
+        }
+
+
+# --------------------------------------------------------------------------- discovery
+
+
+def _user_dir_from_config(config_dir: str | None) -> str | None:
+    return os.environ.get("LLAMA_CPP_DIR") or config_dir
+
+
+def find_toolchain(llama_cpp_dir: str | None = None) -> Toolchain:
+    """Locate the llama.cpp tools to use; raise one clear PipelineError if they are unusable."""
+    user = _user_dir_from_config(llama_cpp_dir)
+    if user:
+        return _user_toolchain(Path(user).expanduser())
+    root = pinned_dir()
+    info_file = root / "toolchain.json"
+    if not info_file.is_file():
+        raise PipelineError(f"llama.cpp tools (build b{PINNED_BUILD}) are not installed in {root}: {INSTALL_HINT}")
+    info = json.loads(info_file.read_text())
+    tc = Toolchain(
+        root=root,
+        bin_dir=root / "bin",
+        convert_script=root / "convert" / "convert_hf_to_gguf.py",
+        gguf_py=root / "convert" / "gguf-py",
+        build_number=int(info["build_number"]),
+        commit=str(info["commit"]),
+        origin="pinned",
+    )
+    for name in TOOLS:
+        tc.tool(name)
+    return tc
+
+
+def _user_toolchain(root: Path) -> Toolchain:
+    if not root.is_dir():
+        raise PipelineError(f"LLAMA_CPP_DIR={root} is not a folder: point it at your llama.cpp build")
+    bin_dir = next(
+        (d for d in (root / "build" / "bin", root / "bin", root) if (d / "llama-quantize").is_file()),
+        None,
+    )
+    if bin_dir is None:
+        raise PipelineError(
+            f"LLAMA_CPP_DIR={root} has no llama-quantize (looked in build/bin, bin and the folder itself): "
+            "build llama.cpp with `cmake --build build --target llama-quantize llama-perplexity ...`"
+        )
+    convert = next(
+        (p for p in (root / "convert_hf_to_gguf.py", root / "convert" / "convert_hf_to_gguf.py") if p.is_file()),
+        None,
+    )
+    if convert is None:
+        raise PipelineError(f"LLAMA_CPP_DIR={root} has no convert_hf_to_gguf.py beside its tools: use a llama.cpp checkout")
+    gguf_py = convert.parent / "gguf-py"
+    if not (gguf_py / "gguf" / "__init__.py").is_file():
+        raise PipelineError(f"LLAMA_CPP_DIR={root} has no gguf-py next to convert_hf_to_gguf.py: use a llama.cpp checkout")
+    probe = Toolchain(root, bin_dir, convert, gguf_py, 0, "", "user")
+    build, commit = read_build_version(probe.tool("llama-perplexity"))
+    if build < MIN_BUILD:
+        raise PipelineError(
+            f"llama.cpp build b{build} in LLAMA_CPP_DIR={root} is older than the minimum b{MIN_BUILD}: update it"
+        )
+    tc = Toolchain(root, bin_dir, convert, gguf_py, build, commit, "user")
+    for name in TOOLS:
+        tc.tool(name)
+    return tc
+
+
+# "version: b11312-0c1e570 (build 11312, commit 0c1e570)"; older builds: "version: 4589 (abc1234)".
+_VERSION_RES = (
+    re.compile(r"version:\s*\S+\s*\(build\s+(\d+),\s*commit\s+([0-9a-fA-F]+|unknown)\)"),
+    re.compile(r"version:\s*(\d+)\s*\(([0-9a-fA-F]+|unknown)\)"),
+)
+
+
+def read_build_version(exe: Path) -> tuple[int, str]:
+    """Return (build number, commit) printed by ``<tool> --version``."""
+    try:
+        out = subprocess.run([str(exe), "--version"], capture_output=True, text=True, timeout=60)
+    except OSError as exc:
+        raise PipelineError(f"cannot run {exe}: {exc}; rebuild it or {INSTALL_HINT}") from exc
+    text = out.stdout + out.stderr
+    m = next((m for rx in _VERSION_RES if (m := rx.search(text))), None)
+    if not m:
+        raise PipelineError(f"{exe} --version printed no build number: is it a llama.cpp tool? {INSTALL_HINT}")
+    return int(m.group(1)), m.group(2)
+
+
+# --------------------------------------------------------------------------- running
+
+
+@dataclass
+class ToolResult:
+    returncode: int
+    output: str
+    seconds: float
+
+
+def _run_logged(cmd: list[str], log: Path | None, env: dict | None, label: str, cwd: str | None = None) -> ToolResult:
+    """Run ``cmd``, appending its combined output to ``log``; never raises on exit status."""
+    start = time.monotonic()
+    sink = open(log, "a", encoding="utf-8") if log else None
+    try:
+        if sink:
+            sink.write(f"$ {' '.join(cmd)}\n")
+            sink.flush()
+        proc = subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=cwd,
+            text=True,
+            errors="replace",
+        )
+        chunks: list[str] = []
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            chunks.append(line)
+            if sink:
+                sink.write(line)
+        rc = proc.wait()
+        if sink:
+            sink.write(f"[{label} exited {rc} after {time.monotonic() - start:.1f}s]\n")
+    except OSError as exc:
+        raise PipelineError(f"cannot run {cmd[0]}: {exc}; {INSTALL_HINT}") from exc
+    finally:
+        if sink:
+            sink.close()
+    return ToolResult(rc, "".join(chunks), time.monotonic() - start)
+
+
+def _clean_env(extra: dict | None = None) -> dict:
+    env = dict(os.environ)
+    env.setdefault("LC_ALL", "C")
+    if extra:
+        env.update(extra)
+    return env
+
+
+def run_tool(tc: Toolchain, name: str, args: list[str], log: Path | None, check: bool = True) -> ToolResult:
+    """Run a compiled llama.cpp tool; raise PipelineError with the log's tail if it fails."""
+    res = _run_logged([str(tc.tool(name)), *map(str, args)], log, _clean_env(), name)
+    if check and res.returncode != 0:
+        raise PipelineError(f"{name} failed (exit {res.returncode}): {tail(res.output)}" + (f" [log: {log}]" if log else ""))
+    return res
+
+
+def run_converter(tc: Toolchain, args: list[str], log: Path | None) -> ToolResult:
+    """Run convert_hf_to_gguf.py with the gguf-py that sits beside it (never PyPI's gguf)."""
+    env = _clean_env({"PYTHONPATH": os.pathsep.join([str(tc.gguf_py), str(tc.convert_script.parent)])})
+    env.pop("NO_LOCAL_GGUF", None)  # the script then puts its own gguf-py first on sys.path
+    return _run_logged([sys.executable, str(tc.convert_script), *map(str, args)], log, env, "convert_hf_to_gguf.py")
+
+
+def tail(text: str, lines: int = 3) -> str:
+    got = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return " | ".join(got[-lines:]) if got else "(no output)"
+
+
+# --------------------------------------------------------------------------- installing
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+@contextlib.contextmanager
+def _lock(path: Path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _fetch_sdist(downloads: Path) -> Path:
+    sdist = downloads / SDIST_FILE
+    if sdist.is_file() and _sha256(sdist) == SDIST_SHA256:
+        return sdist
+    downloads.mkdir(parents=True, exist_ok=True)
+    print(f"[tools] downloading {SDIST_NAME}=={SDIST_VERSION} sdist (vendors llama.cpp b{PINNED_BUILD})", flush=True)
+    with tempfile.TemporaryDirectory(dir=downloads) as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", SDIST_NAME,
+               "-d", tmp, f"{SDIST_NAME}=={SDIST_VERSION}"]
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        got = Path(tmp) / SDIST_FILE
+        if res.returncode != 0 or not got.is_file():
+            raise PipelineError(f"pip download of {SDIST_NAME}=={SDIST_VERSION} failed: {tail(res.stdout + res.stderr)}")
+        digest = _sha256(got)
+        if digest != SDIST_SHA256:
+            raise PipelineError(f"{SDIST_FILE} has SHA256 {digest}, expected {SDIST_SHA256}: refusing to build it")
+        os.replace(got, sdist)
+    return sdist
+
+
+def install(jobs: int | None = None, force: bool = False) -> Path:
+    """Build the pinned llama.cpp tools into the cache; a no-op when already installed."""
+    final = pinned_dir()
+    if (final / "toolchain.json").is_file() and not force:
+        print(f"[tools] llama.cpp b{PINNED_BUILD} already installed in {final}", flush=True)
+        return final
+    if shutil.which("cmake") is None:
+        raise PipelineError("cmake is not installed: install it (e.g. `apt-get install cmake`) to build llama.cpp")
+    root = cache_root()
+    with _lock(root / "llama.cpp" / ".install.lock"):
+        if (final / "toolchain.json").is_file() and not force:
+            return final
+        t0 = time.monotonic()
+        sdist = _fetch_sdist(root / "downloads")
+        # A fixed build folder per version: a failed or interrupted install resumes incrementally.
+        work = final.parent / f".build-b{PINNED_BUILD}"
+        if (work / "src").exists():
+            shutil.rmtree(work / "src")
+        shutil.rmtree(work / "out", ignore_errors=True)
+        work.mkdir(parents=True, exist_ok=True)
+        ok = False
+        try:
+            print(f"[tools] unpacking {sdist.name}", flush=True)
+            with tarfile.open(sdist) as tar:
+                members = [m for m in tar.getmembers() if "/vendor/llama.cpp/" in m.name]
+                tar.extractall(work / "src", members=members, filter="data")
+            src = next((work / "src").glob("*/vendor/llama.cpp"))
+            build = work / "build"
+            jobs = jobs or os.cpu_count() or 2
+            print(f"[tools] configuring llama.cpp b{PINNED_BUILD} with cmake", flush=True)
+            _check_call(["cmake", "-S", str(src), "-B", str(build), *CMAKE_FLAGS], work / "cmake.log")
+            print(f"[tools] building {' '.join(TOOLS)} with {jobs} jobs (several minutes)", flush=True)
+            _check_call(["cmake", "--build", str(build), "--config", "Release", "-j", str(jobs),
+                         "--target", *TOOLS], work / "build.log", progress=True)
+            stage = work / "out"
+            (stage / "bin").mkdir(parents=True)
+            for name in TOOLS:
+                shutil.copy2(build / "bin" / name, stage / "bin" / name)
+            conv = stage / "convert"
+            conv.mkdir()
+            shutil.copy2(src / "convert_hf_to_gguf.py", conv / "convert_hf_to_gguf.py")
+            shutil.copytree(src / "conversion", conv / "conversion")
+            shutil.copytree(src / "gguf-py", conv / "gguf-py")
+            shutil.copy2(src / "LICENSE", stage / "LICENSE")
+            (stage / "vocab").mkdir()
+            for vocab in sorted((src / "models").glob("ggml-vocab-*.gguf")):
+                shutil.copy2(vocab, stage / "vocab" / vocab.name)
+            build_no, commit = read_build_version(stage / "bin" / "llama-perplexity")
+            if build_no != PINNED_BUILD:
+                raise PipelineError(f"built llama.cpp reports b{build_no}, expected b{PINNED_BUILD}")
+            info = {
+                "build_number": build_no,
+                "commit": commit,
+                "sdist": f"{SDIST_NAME}=={SDIST_VERSION}",
+                "sdist_sha256": SDIST_SHA256,
+                "cmake_flags": list(CMAKE_FLAGS),
+                "tools": list(TOOLS),
+            }
+            (stage / "toolchain.json").write_text(json.dumps(info, indent=2) + "\n")
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(stage, final)
+            ok = True
+        finally:
+            if ok:
+                shutil.rmtree(work, ignore_errors=True)
+        print(f"[tools] installed llama.cpp b{PINNED_BUILD} in {final} ({time.monotonic() - t0:.0f}s)", flush=True)
+    return final
+
+
+def _check_call(cmd: list[str], log: Path, progress: bool = False) -> None:
+    with open(log, "w") as fh:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            fh.write(line)
+            if progress and re.match(r"^\[\s*\d+%\]", line) and ("Linking" in line or "Built target" in line):
+                print(f"[tools] {line.strip()}", flush=True)
+        rc = proc.wait()
+    if rc != 0:
+        raise PipelineError(f"`{' '.join(cmd[:3])} ...` failed (exit {rc}): {tail(log.read_text(), 5)}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m pipeline.tools", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p_inst = sub.add_parser("install", help="build the pinned llama.cpp tools into the cache")
+    p_inst.add_argument("-j", "--jobs", type=int)
+    p_inst.add_argument("--force", action="store_true")
+    sub.add_parser("where", help="print the folder of the tools in use")
+    sub.add_parser("gguf-py", help="print the folder of the gguf-py that matches the tools")
+    args = ap.parse_args(argv)
+    try:
+        if args.cmd == "install":
+            install(args.jobs, args.force)
+        elif args.cmd == "where":
+            print(find_toolchain().bin_dir)
+        elif args.cmd == "gguf-py":
+            print(find_toolchain().gguf_py)
+    except PipelineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""Shared fixtures: the real llama.cpp tools, the demo snapshot, and one demo build per session."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO_RECIPE = ROOT / "recipes" / "smollm2-135m.yaml"
+FAKE_TOKEN = "hf_FAKEtestTOKENdoNotLeak0123456789abcdef"
+
+
+@pytest.fixture(scope="session")
+def toolchain():
+    from pipeline.tools import find_toolchain
+
+    return find_toolchain()
+
+
+@pytest.fixture(scope="session")
+def quantize_exe(toolchain):
+    return str(toolchain.tool("llama-quantize"))
+
+
+@pytest.fixture(scope="session")
+def demo_snapshot():
+    from pipeline.demo import setup_demo
+
+    return setup_demo()
+
+
+@pytest.fixture(scope="session")
+def demo_hub(demo_snapshot):
+    from pipeline.demo import hub_cache_dir
+
+    return hub_cache_dir()
+
+
+@pytest.fixture(scope="session")
+def eval_text():
+    from pipeline.demo import eval_text as _eval
+
+    return _eval()
+
+
+@pytest.fixture(scope="session")
+def source_gguf():
+    from pipeline.demo import source_gguf as _src
+
+    return _src()
+
+
+def snakemake(workdir: Path, recipes: list[Path] | Path, cores: int = 2, extra: list[str] | None = None,
+              env: dict | None = None, hub: Path | None = None) -> subprocess.CompletedProcess:
+    """Run the real workflow (this repo's Snakefile) with its outputs under ``workdir``."""
+    recipes = recipes if isinstance(recipes, list) else [recipes]
+    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"), "--directory", str(workdir),
+           "--cores", str(cores), "--config", "recipes=" + ",".join(str(r) for r in recipes), *(extra or [])]
+    full_env = dict(os.environ)
+    full_env.update({"HF_HUB_OFFLINE": "1", "HF_TOKEN": FAKE_TOKEN})
+    if hub:
+        full_env["HF_HUB_CACHE"] = str(hub)
+    full_env.update(env or {})
+    return subprocess.run(cmd, capture_output=True, text=True, env=full_env)
+
+
+@pytest.fixture(scope="session")
+def demo_build(tmp_path_factory, demo_hub):
+    """The demo recipe built once by the real Snakemake workflow; shared by the end-to-end tests."""
+    work = tmp_path_factory.mktemp("demo-build")
+    res = snakemake(work, DEMO_RECIPE, cores=2, hub=demo_hub)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return work
+
+
+def copy_recipe(src: Path, dest_dir: Path, **changes) -> Path:
+    """Write a copy of a recipe with top-level keys replaced (YAML round trip)."""
+    import yaml
+
+    data = yaml.safe_load(src.read_text())
+    data.update(changes)
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    out = dest_dir / f"{data['name']}.yaml"
+    out.write_text(yaml.safe_dump(data, sort_keys=False))
+    return out
+

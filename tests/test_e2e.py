@@ -1,0 +1,97 @@
+"""End to end: the real Snakemake workflow on the demo recipe with the real llama.cpp tools."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import DEMO_RECIPE, FAKE_TOKEN, copy_recipe, snakemake
+
+from pipeline.evaluate import perplexity
+from pipeline.fsutil import sha256_file
+from pipeline.ggufinfo import general_metadata, read_facts
+from pipeline.manifest import strip_volatile
+
+NAME = "smollm2-135m"
+
+
+def _manifest(root):
+    return json.loads((root / "artifacts" / NAME / "manifest.json").read_text())
+
+
+def test_manifest_matches_files(demo_build):
+    m = _manifest(demo_build)
+    folder = demo_build / "artifacts" / NAME
+    files = {e["file"]: e for e in m["artifacts"]}
+    assert set(files) == {f"{NAME}-{t}.gguf" for t in ("F16", "Q8_0", "Q5_K_M", "Q4_K_M")}
+    assert sorted(p.name for p in folder.glob("*.gguf")) == sorted(files)
+    for name, entry in files.items():
+        path = folder / name
+        assert entry["sha256"] == sha256_file(path)
+        assert entry["size_bytes"] == path.stat().st_size
+        facts = read_facts(path)
+        expected = name.removeprefix(f"{NAME}-").removesuffix(".gguf")
+        assert facts.quant_type == entry["quant_type"] == expected
+        assert entry["gguf_version"] == 3 and entry["tensor_count"] == facts.tensor_count > 200
+        assert 4.0 < entry["bits_per_weight"] <= 16.0
+    bpw = {e["quant_type"]: e["bits_per_weight"] for e in m["artifacts"]}
+    assert bpw["F16"] > bpw["Q8_0"] > bpw["Q5_K_M"] > bpw["Q4_K_M"]
+
+
+def test_manifest_provenance(demo_build):
+    from pipeline.demo import DEMO_COMMIT
+
+    m = _manifest(demo_build)
+    assert m["recipe"]["sha256"] == sha256_file(DEMO_RECIPE)
+    assert m["source"]["repo"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert m["source"]["commit"] == DEMO_COMMIT
+    assert m["tools"]["llama_cpp_build"] == 11312 and m["tools"]["llama_cpp_commit"] == "0c1e570"
+    assert {"torch", "transformers", "gguf", "safetensors"} <= set(m["tools"]["python"])
+    assert m["build_id"].startswith(NAME + "-") and len(m["build_id"]) == len(NAME) + 13
+    assert set(m["build"]) == {"timestamp"}
+    q4 = next(e for e in m["artifacts"] if e["quant_type"] == "Q4_K_M")
+    assert q4["requested"] == {"type": "Q4_K_M"} and q4["role"] == "quant"
+
+
+def test_gguf_general_metadata(demo_build):
+    meta = general_metadata(demo_build / "artifacts" / NAME / f"{NAME}-Q4_K_M.gguf")
+    assert meta["general.quantized_by"] == "ggufpipe"
+    assert meta["general.name"] == "SmolLM2-135M-Instruct"
+    assert meta["general.source.url"] == "https://huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert meta["general.license"] == "apache-2.0"
+
+
+def test_q4_k_m_perplexity_bound(demo_build, toolchain, eval_text, tmp_path):
+    ppl, _ = perplexity(toolchain, demo_build / "artifacts" / NAME / f"{NAME}-Q4_K_M.gguf", eval_text,
+                        ctx=512, chunks=16, log=tmp_path / "ppl.log")
+    assert ppl < 35, ppl
+
+
+def test_rerun_runs_zero_jobs(demo_build, demo_hub):
+    res = snakemake(demo_build, DEMO_RECIPE, extra=["--dry-run"], hub=demo_hub)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "Nothing to be done" in res.stdout + res.stderr
+
+
+def test_no_token_or_temp_files_left(demo_build):
+    for path in demo_build.rglob("*"):
+        if path.is_file() and ".snakemake" not in path.parts:
+            assert FAKE_TOKEN.encode() not in path.read_bytes()[:50_000_000], path
+        assert ".tmp-" not in path.name, path
+
+
+def test_determinism_second_build_identical(demo_build, demo_hub, tmp_path):
+    """A second build in another folder (different --cores) gives identical GGUFs and manifest."""
+    recipe = copy_recipe(DEMO_RECIPE, tmp_path / "recipes", quants=["Q4_K_M"])
+    recipe.write_text(DEMO_RECIPE.read_text())  # same recipe bytes, so the same build_id
+    res = snakemake(tmp_path / "b", recipe, cores=1, hub=demo_hub,
+                    extra=[f"artifacts/{NAME}/{NAME}-Q4_K_M.gguf", f"artifacts/{NAME}/{NAME}-F16.gguf"])
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    for t in ("F16", "Q4_K_M"):
+        a = demo_build / "artifacts" / NAME / f"{NAME}-{t}.gguf"
+        b = tmp_path / "b" / "artifacts" / NAME / f"{NAME}-{t}.gguf"
+        assert sha256_file(a) == sha256_file(b), t
+    # the manifest of the complete second build equals the first apart from the timestamp
+    res = snakemake(tmp_path / "b", recipe, cores=2, hub=demo_hub)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    m2 = json.loads((tmp_path / "b" / "artifacts" / NAME / "manifest.json").read_text())
+    assert strip_volatile(m2) == strip_volatile(_manifest(demo_build))
