@@ -12,8 +12,8 @@ try:
 except PipelineError as exc:
     sys.exit(f"error: {exc}")
 
-PY = W.python
 RECIPE = lambda wc: str(W.recipe(wc.name).path)
+ENV = "envs/ggufpipe.yaml"  # documents the rules' software; used only with --use-conda
 
 
 wildcard_constraints:
@@ -36,14 +36,17 @@ rule fetch:
         W.layout.wrk("{name}", "logs/fetch.log"),
     params:
         recipe=RECIPE,
+        py=W.python,
         hub_cache=W.hub_cache,
         trigger=lambda wc: W.fetch_params(wc.name),
     threads: 1
     resources:
         mem_mb=1024,
         runtime=120,
+    conda:
+        ENV
     shell:
-        "{PY} -m pipeline.cli stage fetch --recipe {params.recipe:q} --out {output.hf:q}"
+        "{params.py} -m pipeline.cli stage fetch --recipe {params.recipe:q} --out {output.hf:q}"
         " --record {output.record:q} --hub-cache {params.hub_cache:q} > {log:q} 2>&1"
 
 
@@ -57,6 +60,7 @@ rule convert:
         W.layout.wrk("{name}", "logs/convert-{outtype}.log"),
     params:
         recipe=RECIPE,
+        py=W.python,
         quantized_by=W.quantized_by,
         trigger=lambda wc: W.convert_params(wc.name),
     threads: 1
@@ -64,8 +68,10 @@ rule convert:
         mem_mb=lambda wc, input: mem_mb(input.size_mb, 1.5),
         disk_mb=lambda wc, input: mem_mb(input.size_mb, 2.5),
         runtime=lambda wc, input: int(30 + input.size_mb / 100),
+    conda:
+        ENV
     shell:
-        "{PY} -m pipeline.cli stage convert --recipe {params.recipe:q} --hf {input.hf:q} --out {output.gguf:q}"
+        "{params.py} -m pipeline.cli stage convert --recipe {params.recipe:q} --hf {input.hf:q} --out {output.gguf:q}"
         " --record {output.record:q} --log {log:q} --quantized-by {params.quantized_by:q}"
 
 
@@ -79,14 +85,17 @@ rule quantize:
         W.layout.wrk("{name}", "logs/quantize-{quant}.log"),
     params:
         recipe=RECIPE,
+        py=W.python,
         trigger=lambda wc: W.quant_params(wc.name, wc.quant),
     threads: W.threads
     resources:
         mem_mb=lambda wc, input: mem_mb(input.size_mb, 1.2),
         disk_mb=lambda wc, input: mem_mb(input.size_mb, 1.0),
         runtime=lambda wc, input: int(20 + input.size_mb / 200),
+    conda:
+        ENV
     shell:
-        "{PY} -m pipeline.cli stage quantize --recipe {params.recipe:q} --quant {wildcards.quant:q}"
+        "{params.py} -m pipeline.cli stage quantize --recipe {params.recipe:q} --quant {wildcards.quant:q}"
         " --base {input.base:q} --out {output.gguf:q} --record {output.record:q} --log {log:q}"
         " --threads {threads}"
 
@@ -104,13 +113,16 @@ rule manifest:
         W.layout.wrk("{name}", "logs/manifest.log"),
     params:
         recipe=RECIPE,
+        py=W.python,
         artifacts=lambda wc: W.layout.art(wc.name),
         quant_records=lambda wc: W.quant_record_args(wc.name),
     threads: 1
     resources:
         mem_mb=1024,
         runtime=30,
+    conda:
+        ENV
     shell:
-        "{PY} -m pipeline.cli stage manifest --recipe {params.recipe:q} --artifacts {params.artifacts:q}"
+        "{params.py} -m pipeline.cli stage manifest --recipe {params.recipe:q} --artifacts {params.artifacts:q}"
         " --fetch-record {input.fetch_record:q} --convert-record {input.convert_record:q}"
         " {params.quant_records} --out {output:q} > {log:q} 2>&1"

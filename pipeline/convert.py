@@ -52,9 +52,35 @@ def gguf_metadata(recipe: Recipe, quantized_by: str) -> dict:
         meta["general.source.huggingface.repository"] = src.repo
     else:
         meta["general.name"] = recipe.name
-    if recipe.license:
-        meta["general.license"] = recipe.license
     return meta
+
+
+def _model_view(hf_dir: Path, view: Path, license: str | None) -> Path:
+    """The folder the converter reads: ``hf_dir`` itself, or (when the recipe sets ``license``) a view
+    of symlinks to its files with a model card whose front matter carries that license. The
+    converter takes ``general.license`` only from the model card, not from --metadata."""
+    if not license:
+        return hf_dir
+    import yaml
+
+    view.mkdir()
+    for item in hf_dir.iterdir():
+        if item.name != "README.md" and not item.name.startswith("."):
+            (view / item.name).symlink_to(item.resolve())
+    card = hf_dir / "README.md"
+    body = card.read_text(encoding="utf-8", errors="replace") if card.is_file() else ""
+    front: dict = {}
+    if body.startswith("---\n") and "\n---" in body[4:]:
+        head, _, rest = body[4:].partition("\n---")
+        try:
+            loaded = yaml.safe_load(head)
+        except yaml.YAMLError:
+            loaded = None
+        if isinstance(loaded, dict):
+            front, body = loaded, rest.split("\n", 1)[1] if "\n" in rest else ""
+    front["license"] = license
+    (view / "README.md").write_text("---\n" + yaml.safe_dump(front, sort_keys=True) + "---\n" + body, encoding="utf-8")
+    return view
 
 
 def convert(recipe: Recipe, hf_dir: str | Path, out_gguf: str | Path, record: str | Path,
@@ -69,7 +95,8 @@ def convert(recipe: Recipe, hf_dir: str | Path, out_gguf: str | Path, record: st
     with tempfile.TemporaryDirectory(prefix="ggufpipe-convert-") as tmpd, atomic_output(out_gguf) as tmp:
         meta_file = Path(tmpd) / "metadata.json"
         meta_file.write_text(json.dumps(meta))
-        args = [str(hf_dir), "--outfile", str(tmp), "--outtype", recipe.outtype, "--metadata", str(meta_file)]
+        model_dir = _model_view(hf_dir, Path(tmpd) / "model", recipe.license)
+        args = [str(model_dir), "--outfile", str(tmp), "--outtype", recipe.outtype, "--metadata", str(meta_file)]
         res = run_converter(tc, args, log)
         if res.returncode != 0 or not tmp.is_file():
             raise PipelineError(f"{recipe.path}: convert: {explain_failure(res.output, tc.build_number)}"

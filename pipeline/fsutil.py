@@ -12,8 +12,8 @@ import hashlib
 import json
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 
 def _tmp_name(final: Path) -> Path:

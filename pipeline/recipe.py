@@ -181,8 +181,9 @@ def known_quant_types(quantize_exe: str) -> tuple[frozenset[str], int]:
     types |= set(re.findall(r"^\s+([A-Z][A-Z0-9_]+)\s+:", text, flags=re.M))
     if not types:
         raise PipelineError(f"could not read the quant types from `{quantize_exe} --help`")
-    from .tools import read_build_version
     from pathlib import Path as _P
+
+    from .tools import read_build_version
 
     build = read_build_version(_P(quantize_exe).parent / "llama-perplexity")[0]
     return frozenset(types), build
