@@ -59,7 +59,7 @@ def snakemake(workdir: Path, recipes: list[Path] | Path, cores: int = 2, extra: 
     """Run the real workflow (this repo's Snakefile) with its outputs under ``workdir``."""
     recipes = recipes if isinstance(recipes, list) else [recipes]
     cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"), "--directory", str(workdir),
-           "--cores", str(cores), "--config", "recipes=" + ",".join(str(r) for r in recipes), *(extra or [])]
+           "--cores", str(cores), *(extra or []), "--config", "recipes=" + ",".join(str(r) for r in recipes)]
     full_env = dict(os.environ)
     full_env.update({"HF_HUB_OFFLINE": "1", "HF_TOKEN": FAKE_TOKEN})
     if hub:

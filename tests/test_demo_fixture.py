@@ -60,7 +60,8 @@ def test_llama_tokenize_matches_hf_tokenizer(f16, demo_snapshot, eval_text, tool
     from transformers import AutoTokenizer
 
     hf = AutoTokenizer.from_pretrained(str(demo_snapshot))
-    paragraphs = [p for p in eval_text.read_text().split("\n\n") if len(p) > 200][5:10]
+    lines = eval_text.read_text().splitlines(keepends=True)
+    paragraphs = ["".join(lines[i:i + 12]) for i in range(400, 4400, 800)]  # five passages of the book
     paragraphs.append("Numbers 1234567 and 3.14, emoji 🦙, <|im_start|>user\nHi<|im_end|>")
     assert len(paragraphs) == 6
     for i, text in enumerate(paragraphs):
