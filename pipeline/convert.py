@@ -24,7 +24,8 @@ KNOWN_FAILURES = [
     (re.compile(r"Model (\S+) is not supported"),
      "architecture {0} is not supported by llama.cpp b{build}'s converter; point LLAMA_CPP_DIR at a newer llama.cpp build"),
     (re.compile(r"(?:SafetensorError|Error while deserializing header|incomplete metadata|header too large|"
-                r"MetadataIncompleteBuffer|InvalidHeader\w*)"),
+                r"MetadataIncompleteBuffer|InvalidHeader\w*|Could not read complete metadata|"
+                r"mmap length is greater than file size)"),
      "a safetensors file is corrupt or truncated ({0}); fetch the source again"),
     (re.compile(r"No such file or directory: '([^']*tokenizer[^']*)'|Can't load tokenizer|"
                 r"tokenizer\.model not found|Error loading tokenizer"),

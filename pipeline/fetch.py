@@ -103,8 +103,31 @@ def check_folder(folder: Path, recipe: Recipe, files: list[str]) -> None:
         raise PipelineError(
             f"{where}: no *.safetensors weights found (a repo with only pickled *.bin weights needs source.allow_pickle: true)"
         )
+    for f in weights:
+        check_safetensors(folder / f, where)
     if not any(f in files for f in ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")):
         raise PipelineError(f"{where}: no tokenizer files (tokenizer.json / tokenizer.model) in {folder}")
+
+
+def check_safetensors(path: Path, where: str) -> None:
+    """Refuse a truncated or corrupt safetensors file from its header, before anything loads it."""
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        head = fh.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if n <= 1 or n > min(size - 8, 100 << 20):
+            raise PipelineError(f"{where}: {path.name} is not a valid safetensors file (bad header length): corrupt or truncated")
+        try:
+            header = json.loads(fh.read(n))
+        except (ValueError, UnicodeDecodeError):
+            raise PipelineError(f"{where}: {path.name} has an unreadable safetensors header: corrupt") from None
+    if not isinstance(header, dict):
+        raise PipelineError(f"{where}: {path.name} has an unreadable safetensors header: corrupt")
+    ends = [t["data_offsets"][1] for k, t in header.items() if k != "__metadata__" and isinstance(t, dict)
+            and isinstance(t.get("data_offsets"), list) and len(t["data_offsets"]) == 2]
+    need = 8 + n + max(ends, default=0)
+    if need > size:
+        raise PipelineError(f"{where}: {path.name} is truncated: its header needs {need} bytes, the file has {size}")
 
 
 def _place(src: Path, dst: Path) -> None:

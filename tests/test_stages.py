@@ -1,0 +1,186 @@
+"""Stage entry functions on small generated inputs and the demo snapshot: safety rules, clear
+errors for bad inputs, atomic outputs, GGUF read-back."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from pipeline.convert import convert
+from pipeline.errors import PipelineError
+from pipeline.fetch import fetch
+from pipeline.fsutil import atomic_output, sha256_file
+from pipeline.ggufinfo import read_facts
+from pipeline.recipe import load_recipe
+
+
+def recipe_for(tmp_path, source: str, quants=("Q8_0",)):
+    import yaml
+
+    p = tmp_path / "r.yaml"
+    p.write_text(yaml.safe_dump({"name": "t", "source": yaml.safe_load(source), "quants": list(quants)}))
+    return load_recipe(p)
+
+
+def local_copy(demo_snapshot, dest):
+    """A plain local HF folder copied from the demo snapshot (symlinks resolved)."""
+    shutil.copytree(demo_snapshot, dest, symlinks=False)
+    return dest
+
+
+# ------------------------------------------------------------------ fetch
+
+
+def test_fetch_from_hub_cache_records_commit(tmp_path, demo_hub, monkeypatch):
+    from pipeline.demo import DEMO_COMMIT
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    r = recipe_for(tmp_path, "repo: HuggingFaceTB/SmolLM2-135M-Instruct\nrevision: main")
+    rec = fetch(r, tmp_path / "hf", tmp_path / "fetch.json", hub_cache=str(demo_hub))
+    assert rec["source"]["commit"] == DEMO_COMMIT and rec["source"]["revision"] == "main"
+    assert set(rec["files"]) >= {"config.json", "model.safetensors", "tokenizer.json", "README.md"}
+    assert rec["files"]["model.safetensors"]["sha256"] == sha256_file(tmp_path / "hf" / "model.safetensors")
+    assert json.loads((tmp_path / "fetch.json").read_text()) == rec
+
+
+def test_fetch_unknown_revision_offline(tmp_path, demo_hub, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    r = recipe_for(tmp_path, "repo: HuggingFaceTB/SmolLM2-135M-Instruct\nrevision: " + "f" * 40)
+    with pytest.raises(PipelineError, match=r"source: HuggingFaceTB/SmolLM2-135M-Instruct@f{40}: cannot fetch"):
+        fetch(r, tmp_path / "hf", tmp_path / "fetch.json", hub_cache=str(demo_hub))
+    assert not (tmp_path / "hf").exists() and not (tmp_path / "fetch.json").exists()
+
+
+def test_fetch_refuses_pickle_unless_opted_in(tmp_path, demo_snapshot):
+    src = local_copy(demo_snapshot, tmp_path / "src")
+    (src / "model.safetensors").unlink()
+    (src / "pytorch_model.bin").write_bytes(b"pickle would go here")
+    r = recipe_for(tmp_path, f"path: {src}")
+    with pytest.raises(PipelineError, match=r"pytorch_model.bin holds pickled weights.*allow_pickle: true"):
+        fetch(r, tmp_path / "hf", tmp_path / "fetch.json")
+    r = recipe_for(tmp_path, f"path: {src}\nallow_pickle: true")
+    rec = fetch(r, tmp_path / "hf", tmp_path / "fetch.json")
+    assert "pytorch_model.bin" in rec["files"]
+
+
+def test_fetch_refuses_remote_code_unless_opted_in(tmp_path, demo_snapshot):
+    src = local_copy(demo_snapshot, tmp_path / "src")
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["auto_map"] = {"AutoModelForCausalLM": "modeling_x.XForCausalLM"}
+    (src / "config.json").write_text(json.dumps(cfg))
+    (src / "modeling_x.py").write_text("raise SystemExit('remote code ran')\n")
+    r = recipe_for(tmp_path, f"path: {src}")
+    with pytest.raises(PipelineError, match=r"needs custom code \(auto_map\); set source.trust_remote_code: true"):
+        fetch(r, tmp_path / "hf", tmp_path / "fetch.json")
+    r = recipe_for(tmp_path, f"path: {src}\ntrust_remote_code: true")
+    assert "modeling_x.py" in fetch(r, tmp_path / "hf", tmp_path / "fetch.json")["files"]
+
+
+def test_fetch_without_code_opt_in_never_copies_python(tmp_path, demo_snapshot):
+    src = local_copy(demo_snapshot, tmp_path / "src")
+    (src / "helper.py").write_text("print('x')\n")
+    rec = fetch(recipe_for(tmp_path, f"path: {src}"), tmp_path / "hf", tmp_path / "fetch.json")
+    assert "helper.py" not in rec["files"] and not (tmp_path / "hf" / "helper.py").exists()
+
+
+@pytest.mark.parametrize("damage,expected", [
+    ("header", "model.safetensors is not a valid safetensors file"),
+    ("truncate", "model.safetensors is truncated: its header needs 269060280 bytes"),
+])
+def test_fetch_refuses_corrupt_safetensors(tmp_path, demo_snapshot, damage, expected):
+    src = local_copy(demo_snapshot, tmp_path / "src")
+    with open(src / "model.safetensors", "r+b") as fh:
+        if damage == "header":
+            fh.write(b"\xff" * 8)
+        else:
+            fh.truncate(1_000_000)
+    with pytest.raises(PipelineError, match=expected):
+        fetch(recipe_for(tmp_path, f"path: {src}"), tmp_path / "hf", tmp_path / "fetch.json")
+    assert not (tmp_path / "hf").exists()
+
+
+@pytest.mark.parametrize("remove,expected", [
+    ("config.json", "has no config.json"),
+    ("model.safetensors", "no \\*.safetensors weights found"),
+    ("tokenizer.json tokenizer_config.json", "no tokenizer files"),
+])
+def test_fetch_bad_local_folder(tmp_path, demo_snapshot, remove, expected):
+    src = local_copy(demo_snapshot, tmp_path / "src")
+    for name in remove.split():
+        (src / name).unlink()
+    with pytest.raises(PipelineError, match=expected):
+        fetch(recipe_for(tmp_path, f"path: {src}"), tmp_path / "hf", tmp_path / "fetch.json")
+
+
+def test_fetch_missing_local_folder(tmp_path):
+    with pytest.raises(PipelineError, match=r"r.yaml: source.path: .*nowhere is not a folder"):
+        fetch(recipe_for(tmp_path, f"path: {tmp_path / 'nowhere'}"), tmp_path / "hf", tmp_path / "f.json")
+
+
+# ------------------------------------------------------------------ convert
+
+
+def test_convert_unsupported_architecture(tmp_path, demo_snapshot, toolchain):
+    src = local_copy(demo_snapshot, tmp_path / "src")
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["architectures"] = ["FrobnicatorForCausalLM"]
+    (src / "config.json").write_text(json.dumps(cfg))
+    r = recipe_for(tmp_path, f"path: {src}")
+    out = tmp_path / "art" / "t-F16.gguf"
+    with pytest.raises(PipelineError) as exc:
+        convert(r, src, out, tmp_path / "convert.json", log=tmp_path / "convert.log", tc=toolchain)
+    msg = str(exc.value)
+    assert "architecture FrobnicatorForCausalLM is not supported by llama.cpp b11312" in msg and "\n" not in msg
+    assert "LLAMA_CPP_DIR" in msg
+    assert not out.exists() and not list(out.parent.glob(".*tmp*"))
+
+
+def test_convert_corrupt_safetensors(tmp_path, demo_snapshot, toolchain):
+    src = local_copy(demo_snapshot, tmp_path / "src")
+    with open(src / "model.safetensors", "r+b") as fh:
+        fh.write(b"\xff" * 16)  # clobber the header length
+    r = recipe_for(tmp_path, f"path: {src}")
+    out = tmp_path / "art" / "t-F16.gguf"
+    with pytest.raises(PipelineError, match="safetensors file is corrupt or truncated"):
+        convert(r, src, out, tmp_path / "convert.json", log=tmp_path / "convert.log", tc=toolchain)
+    assert not out.exists()
+
+
+# ------------------------------------------------------------------ GGUF facts, atomic output
+
+
+def test_vocab_only_gguf_facts(toolchain):
+    facts = read_facts(toolchain.root / "vocab" / "ggml-vocab-llama-bpe.gguf")
+    assert facts.tensor_count == 0 and facts.gguf_version == 3 and len(facts.sha256) == 64
+
+
+def test_truncated_gguf_refused(demo_build, tmp_path):
+    src = demo_build / "artifacts" / "smollm2-135m" / "smollm2-135m-Q4_K_M.gguf"
+    cut = tmp_path / "cut.gguf"
+    with open(src, "rb") as fh:
+        cut.write_bytes(fh.read(src.stat().st_size // 2))
+    with pytest.raises(PipelineError, match="truncated"):
+        read_facts(cut)
+
+
+def test_wrong_magic_refused(tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGML" + b"\0" * 64)
+    with pytest.raises(PipelineError, match=r"not a GGUF file \(magic b'GGML'"):
+        read_facts(bad)
+
+
+def test_atomic_output_leaves_nothing_on_failure(tmp_path):
+    final = tmp_path / "out.gguf"
+    final.write_bytes(b"old")
+    with pytest.raises(RuntimeError):
+        with atomic_output(final) as tmp:
+            tmp.write_bytes(b"half-written")
+            raise RuntimeError("tool died")
+    assert final.read_bytes() == b"old"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.gguf"]
+    with atomic_output(final) as tmp:
+        tmp.write_bytes(b"new")
+    assert final.read_bytes() == b"new" and [p.name for p in tmp_path.iterdir()] == ["out.gguf"]
