@@ -1,6 +1,6 @@
-# ggufpipe workflow: HF weights -> F16 GGUF -> llama-quantize per recipe -> manifest.
-# Thin wiring only: every rule calls one stage entry function through `python -m pipeline.cli stage`.
-# Config keys are documented in pipeline/workflow.py.
+# ggufpipe workflow: HF weights -> F16 GGUF -> llama-quantize per quant -> KLD gates -> publish.
+# Thin wiring only: every rule runs one stage entry function through `python -m pipeline.cli stage`.
+# File locations come from pipeline/layout.py; config keys are documented in pipeline/workflow.py.
 
 import sys
 
@@ -12,14 +12,18 @@ try:
 except PipelineError as exc:
     sys.exit(f"error: {exc}")
 
+L = W.layout
 RECIPE = lambda wc: str(W.recipe(wc.name).path)
+ROOTS = f"--artifacts {L.artifacts} --work {L.work}"
 ENV = "envs/ggufpipe.yaml"  # documents the rules' software; used only with --use-conda
 
 
 wildcard_constraints:
     name=W.name_regex(),
     quant=W.quant_regex(),
+    es=W.evalset_regex(),
     outtype="F16|BF16",
+    bkey=W.quant_regex() + "|F16|BF16",
 
 
 rule all:
@@ -30,13 +34,14 @@ rule all:
 
 rule fetch:
     output:
-        hf=directory(W.layout.wrk("{name}", "hf")),
-        record=W.layout.wrk("{name}", "records/fetch.json"),
+        hf=directory(L.hf("{name}")),
+        record=L.fetch_record("{name}"),
     log:
-        W.layout.wrk("{name}", "logs/fetch.log"),
+        L.log("{name}", "fetch"),
     params:
         recipe=RECIPE,
         py=W.python,
+        roots=ROOTS,
         hub_cache=W.hub_cache,
         trigger=lambda wc: W.fetch_params(wc.name),
     threads: 1
@@ -46,21 +51,22 @@ rule fetch:
     conda:
         ENV
     shell:
-        "{params.py} -m pipeline.cli stage fetch --recipe {params.recipe:q} --out {output.hf:q}"
-        " --record {output.record:q} --hub-cache {params.hub_cache:q} > {log:q} 2>&1"
+        "{params.py} -m pipeline.cli stage fetch --recipe {params.recipe:q} {params.roots}"
+        " --hub-cache {params.hub_cache:q} > {log:q} 2>&1"
 
 
 rule convert:
     input:
         hf=rules.fetch.output.hf,
     output:
-        gguf=W.layout.art("{name}", "{name}-{outtype}.gguf"),
-        record=W.layout.wrk("{name}", "records/convert-{outtype}.json"),
+        gguf=str(L.artifacts / "{name}" / "{name}-{outtype}.gguf"),
+        record=L.wrk("{name}", "records", "convert-{outtype}.json"),
     log:
-        W.layout.wrk("{name}", "logs/convert-{outtype}.log"),
+        L.log("{name}", "convert-{outtype}"),
     params:
         recipe=RECIPE,
         py=W.python,
+        roots=ROOTS,
         quantized_by=W.quantized_by,
         trigger=lambda wc: W.convert_params(wc.name),
     threads: 1
@@ -71,21 +77,22 @@ rule convert:
     conda:
         ENV
     shell:
-        "{params.py} -m pipeline.cli stage convert --recipe {params.recipe:q} --hf {input.hf:q} --out {output.gguf:q}"
-        " --record {output.record:q} --log {log:q} --quantized-by {params.quantized_by:q}"
+        "{params.py} -m pipeline.cli stage convert --recipe {params.recipe:q} {params.roots}"
+        " --quantized-by {params.quantized_by:q}"
 
 
 rule quantize:
     input:
         base=lambda wc: W.base_file(wc.name),
     output:
-        gguf=W.layout.art("{name}", "{name}-{quant}.gguf"),
-        record=W.layout.wrk("{name}", "records/quant-{quant}.json"),
+        gguf=L.wrk("{name}", "quants", "{name}-{quant}.gguf"),
+        record=L.quant_record("{name}", "{quant}"),
     log:
-        W.layout.wrk("{name}", "logs/quantize-{quant}.log"),
+        L.log("{name}", "quantize-{quant}"),
     params:
         recipe=RECIPE,
         py=W.python,
+        roots=ROOTS,
         trigger=lambda wc: W.quant_params(wc.name, wc.quant),
     threads: W.threads
     resources:
@@ -95,27 +102,101 @@ rule quantize:
     conda:
         ENV
     shell:
-        "{params.py} -m pipeline.cli stage quantize --recipe {params.recipe:q} --quant {wildcards.quant:q}"
-        " --base {input.base:q} --out {output.gguf:q} --record {output.record:q} --log {log:q}"
-        " --threads {threads}"
+        "{params.py} -m pipeline.cli stage quantize --recipe {params.recipe:q} {params.roots}"
+        " --quant {wildcards.quant:q} --threads {threads}"
 
 
-rule manifest:
+rule eval_base:
     input:
         base=lambda wc: W.base_file(wc.name),
-        quants=lambda wc: W.quant_files(wc.name),
-        quant_records=lambda wc: W.quant_records(wc.name),
-        fetch_record=rules.fetch.output.record,
-        convert_record=lambda wc: W.convert_record(wc.name),
     output:
-        W.layout.art("{name}", "manifest.json"),
+        logits=L.base_logits("{name}", "{es}"),
+        record=L.base_record("{name}", "{es}"),
     log:
-        W.layout.wrk("{name}", "logs/manifest.log"),
+        L.log("{name}", "eval-{es}-base"),
     params:
         recipe=RECIPE,
         py=W.python,
-        artifacts=lambda wc: W.layout.art(wc.name),
-        quant_records=lambda wc: W.quant_record_args(wc.name),
+        roots=ROOTS,
+        threads=W.eval_threads,  # fixed, not scaled by --cores: metrics stay bit-identical
+        trigger=lambda wc: W.eval_base_params(wc.name, wc.es),
+    threads: W.eval_threads
+    resources:
+        mem_mb=lambda wc, input: mem_mb(input.size_mb, 1.3, 1024),
+        disk_mb=4096,
+        runtime=lambda wc, input: int(30 + input.size_mb / 20),
+    conda:
+        ENV
+    shell:
+        "{params.py} -m pipeline.cli stage eval-base --recipe {params.recipe:q} {params.roots}"
+        " --eval-set {wildcards.es:q} --threads {params.threads}"
+
+
+rule eval:
+    input:
+        gguf=L.wrk("{name}", "quants", "{name}-{quant}.gguf"),
+        logits=rules.eval_base.output.logits,
+        base_record=rules.eval_base.output.record,
+    output:
+        L.eval_record("{name}", "{es}", "{quant}"),
+    log:
+        L.log("{name}", "eval-{es}-{quant}"),
+    params:
+        recipe=RECIPE,
+        py=W.python,
+        roots=ROOTS,
+        threads=W.eval_threads,  # fixed, not scaled by --cores: metrics stay bit-identical
+        trigger=lambda wc: W.eval_base_params(wc.name, wc.es),
+    threads: W.eval_threads
+    resources:
+        mem_mb=lambda wc, input: mem_mb(input.size_mb, 1.3, 1024),
+        runtime=lambda wc, input: int(30 + input.size_mb / 20),
+    conda:
+        ENV
+    shell:
+        "{params.py} -m pipeline.cli stage eval --recipe {params.recipe:q} {params.roots}"
+        " --eval-set {wildcards.es:q} --quant {wildcards.quant:q} --threads {params.threads}"
+
+
+rule bench:
+    input:
+        gguf=lambda wc: W.bench_input(wc.name, wc.bkey),
+    output:
+        L.bench_record("{name}", "{bkey}"),
+    log:
+        L.log("{name}", "bench-{bkey}"),
+    params:
+        recipe=RECIPE,
+        py=W.python,
+        roots=ROOTS,
+        threads=W.eval_threads,  # fixed, not scaled by --cores: metrics stay bit-identical
+    threads: W.eval_threads
+    resources:
+        mem_mb=lambda wc, input: mem_mb(input.size_mb, 1.3, 1024),
+        runtime=30,
+    conda:
+        ENV
+    shell:
+        "{params.py} -m pipeline.cli stage bench --recipe {params.recipe:q} {params.roots}"
+        " --quant {wildcards.bkey:q} --threads {params.threads}"
+
+
+rule publish:
+    input:
+        unpack(lambda wc: W.publish_inputs(wc.name)),
+    output:
+        manifest=L.manifest("{name}"),
+        metrics=L.metrics("{name}"),
+        report=L.report("{name}"),
+        plot=L.plot("{name}"),
+        card=L.card("{name}"),
+    log:
+        L.log("{name}", "publish"),
+    params:
+        recipe=RECIPE,
+        py=W.python,
+        roots=ROOTS,
+        trigger=lambda wc: W.publish_params(wc.name),
     threads: 1
     resources:
         mem_mb=1024,
@@ -123,6 +204,24 @@ rule manifest:
     conda:
         ENV
     shell:
-        "{params.py} -m pipeline.cli stage manifest --recipe {params.recipe:q} --artifacts {params.artifacts:q}"
-        " --fetch-record {input.fetch_record:q} --convert-record {input.convert_record:q}"
-        " {params.quant_records} --out {output:q} > {log:q} 2>&1"
+        "{params.py} -m pipeline.cli stage publish --recipe {params.recipe:q} {params.roots} > {log:q} 2>&1"
+
+
+rule gate:
+    input:
+        # the publish inputs too, so that a checkout holding only the git-tracked manifest rebuilds
+        unpack(lambda wc: W.publish_inputs(wc.name)),
+        manifest=L.manifest("{name}"),
+    output:
+        L.gate_ok("{name}"),
+    log:
+        L.log("{name}", "gate"),
+    params:
+        recipe=RECIPE,
+        py=W.python,
+        roots=ROOTS,
+    threads: 1
+    conda:
+        ENV
+    shell:
+        "{params.py} -m pipeline.cli stage gate --recipe {params.recipe:q} {params.roots} 2>&1 | tee {log:q}"

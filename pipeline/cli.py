@@ -23,24 +23,52 @@ def _recipe(path: str):
 
 
 def cmd_stage(args) -> None:
+    """One stage of one recipe; every path comes from the layout (pipeline/layout.py)."""
+    from .layout import Layout
+
     recipe = _recipe(args.recipe)
-    if args.stage == "fetch":
+    L = Layout(Path(args.artifacts), Path(args.work))
+    name, st = recipe.name, args.stage
+    if st == "fetch":
         from .fetch import fetch
 
-        fetch(recipe, args.out, args.record, hub_cache=args.hub_cache or None)
-    elif args.stage == "convert":
+        fetch(recipe, L.hf(name), L.fetch_record(name), hub_cache=args.hub_cache or None)
+    elif st == "convert":
         from .convert import convert
 
-        convert(recipe, args.hf, args.out, args.record, log=args.log, quantized_by=args.quantized_by)
-    elif args.stage == "quantize":
+        convert(recipe, L.hf(name), L.base_gguf(recipe), L.convert_record(recipe),
+                log=L.log(name, f"convert-{recipe.outtype.upper()}"), quantized_by=args.quantized_by)
+    elif st == "quantize":
         from .quantize import quantize
 
-        quantize(recipe, args.quant, args.base, args.out, args.record, log=args.log, threads=args.threads)
-    elif args.stage == "manifest":
-        from .manifest import write_manifest
+        quantize(recipe, args.quant, L.base_gguf(recipe), L.quant(recipe, args.quant),
+                 L.quant_record(name, args.quant), log=L.log(name, f"quantize-{args.quant}"), threads=args.threads)
+    elif st == "eval-base":
+        from .evaluate import eval_base
 
-        records = dict(kv.split("=", 1) for kv in args.quant_record)
-        write_manifest(recipe, args.artifacts, args.fetch_record, args.convert_record, records, args.out)
+        es = recipe.eval_set(args.eval_set)
+        eval_base(name, es, L.base_gguf(recipe), L.base_logits(name, es.name), L.base_record(name, es.name),
+                  threads=args.threads, log=L.log(name, f"eval-{es.name}-base"))
+    elif st == "eval":
+        from .evaluate import eval_quant
+
+        es = recipe.eval_set(args.eval_set)
+        eval_quant(name, args.quant, es, L.quant(recipe, args.quant), L.base_logits(name, es.name), L.base_record(name, es.name), L.eval_record(name, es.name, args.quant),
+                   threads=args.threads, log=L.log(name, f"eval-{es.name}-{args.quant}"))
+    elif st == "bench":
+        from .bench import bench
+
+        gguf = L.base_gguf(recipe) if args.quant == recipe.outtype.upper() else L.quant(recipe, args.quant)
+        bench(gguf, L.bench_record(name, args.quant), threads=args.threads, log=L.log(name, f"bench-{args.quant}"))
+    elif st == "publish":
+        from .manifest import publish
+
+        publish(recipe, L)
+    elif st == "gate":
+        from .manifest import check_gates
+
+        check_gates(L.manifest(name), L.gate_ok(name))
+        print(f"gates passed: {name}")
 
 
 def cmd_validate(args) -> None:
@@ -114,35 +142,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--manifest", help="manifest.json (default: the one beside each file)")
     p.set_defaults(func=cmd_verify)
 
-    p = sub.add_parser("stage", help="run one stage (used by the Snakefile)")
-    st = p.add_subparsers(dest="stage", required=True)
-    s = st.add_parser("fetch")
-    s.add_argument("--recipe", required=True)
-    s.add_argument("--out", required=True)
-    s.add_argument("--record", required=True)
-    s.add_argument("--hub-cache", default=os.environ.get("HF_HUB_CACHE"))
-    s = st.add_parser("convert")
-    s.add_argument("--recipe", required=True)
-    s.add_argument("--hf", required=True)
-    s.add_argument("--out", required=True)
-    s.add_argument("--record", required=True)
-    s.add_argument("--log")
-    s.add_argument("--quantized-by", default="ggufpipe")
-    s = st.add_parser("quantize")
-    s.add_argument("--recipe", required=True)
-    s.add_argument("--quant", required=True)
-    s.add_argument("--base", required=True)
-    s.add_argument("--out", required=True)
-    s.add_argument("--record", required=True)
-    s.add_argument("--log")
-    s.add_argument("--threads", type=int, default=1)
-    s = st.add_parser("manifest")
-    s.add_argument("--recipe", required=True)
-    s.add_argument("--artifacts", required=True)
-    s.add_argument("--fetch-record", required=True)
-    s.add_argument("--convert-record", required=True)
-    s.add_argument("--quant-record", action="append", default=[], help="KEY=PATH")
-    s.add_argument("--out", required=True)
+    p = sub.add_parser("stage", help="run one stage of one recipe (used by the Snakefile)")
+    p.add_argument("stage", choices=["fetch", "convert", "quantize", "eval-base", "eval", "bench", "publish", "gate"])
+    p.add_argument("--recipe", required=True)
+    p.add_argument("--artifacts", default="artifacts", help="artifact root (default: artifacts)")
+    p.add_argument("--work", default="work", help="work root (default: work)")
+    p.add_argument("--quant", help="quant key (TYPE[-variant]); for bench also the outtype")
+    p.add_argument("--eval-set")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--hub-cache", default=os.environ.get("HF_HUB_CACHE"))
+    p.add_argument("--quantized-by", default="ggufpipe")
     p.set_defaults(func=cmd_stage)
 
     args = ap.parse_args(argv)

@@ -1,4 +1,15 @@
-"""llama-perplexity runs and parsing of their output."""
+"""Stages eval-base and eval: llama-perplexity runs, strict parsing of their statistics, gate verdicts.
+
+* :func:`eval_base` runs ``llama-perplexity --kl-divergence-base`` on the F16/BF16 GGUF once per
+  recipe and eval set, saving the base logits.
+* :func:`eval_quant` runs ``llama-perplexity --kl-divergence`` for one quant against those logits
+  with the same context, chunks, batch and threads, parses the full statistics and compares them
+  with the gate thresholds.
+
+llama-perplexity exits 0 in several failures (missing or corrupt base file, inconsistent
+vocabulary, too few tokens); the runner detects them from the tool's error lines and fails loudly.
+The parser fails, never returns zeros, when a statistic is missing or its format changed.
+"""
 
 from __future__ import annotations
 
@@ -6,26 +17,197 @@ import re
 from pathlib import Path
 
 from .errors import PipelineError
-from .tools import Toolchain, run_tool, tail
+from .fsutil import atomic_output, sha256_file, write_json_atomic
+from .recipe import EvalSet
+from .tools import Toolchain, find_toolchain, run_tool, tail
 
 _PPL_RE = re.compile(r"Final estimate: PPL = ([0-9.]+) \+/- ([0-9.]+)")
-# llama-perplexity exits 0 in some failures; these lines reveal them.
-_SILENT_FAILURES = (
-    re.compile(r"you need at least \d+ tokens[^\n]*"),
-    re.compile(r"failed to (?:load|open)[^\n]*"),
-)
+_ERROR_LINE = re.compile(r"^\s*(?:\d+\.\d+\.\d+\.\d+ )?E ((?:\w+: )?.+?)\s*$", re.M)
+_CHUNKS_RE = re.compile(r"(?:calculating perplexity|computing) over (\d+) chunks, n_ctx=(\d+)")
+
+# name -> (regex on the statistics section, group) ; all required
+_NUM = r"(-?[0-9.]+(?:e[-+]?\d+)?)"
+STATISTICS = {
+    "ppl_q": rf"^Mean PPL\(Q\)\s*:\s*{_NUM}",
+    "ppl_base": rf"^Mean PPL\(base\)\s*:\s*{_NUM}",
+    "ln_ppl_ratio": rf"^Mean ln\(PPL\(Q\)/PPL\(base\)\)\s*:\s*{_NUM}",
+    "ppl_ratio": rf"^Mean PPL\(Q\)/PPL\(base\)\s*:\s*{_NUM}",
+    "ppl_diff": rf"^Mean PPL\(Q\)-PPL\(base\)\s*:\s*{_NUM}",
+    "kld_mean": rf"^Mean\s+KLD:\s*{_NUM}",
+    "kld_max": rf"^Maximum KLD:\s*{_NUM}",
+    "kld_p99_9": rf"^99\.9%\s+KLD:\s*{_NUM}",
+    "kld_p99": rf"^99\.0%\s+KLD:\s*{_NUM}",
+    "kld_p95": rf"^95\.0%\s+KLD:\s*{_NUM}",
+    "kld_median": rf"^Median\s+KLD:\s*{_NUM}",
+    "kld_min": rf"^Minimum KLD:\s*{_NUM}",
+    "rms_dp": rf"^RMS Δp\s*:\s*{_NUM}\s*±\s*[0-9.]+\s*%",
+    "same_top_p": rf"^Same top p:\s*{_NUM}\s*±\s*[0-9.]+\s*%",
+}
+PERCENT = {"rms_dp", "same_top_p"}  # printed in %, stored as fractions
+METRICS = {  # gate threshold -> (metric, direction)
+    "max_ppl_ratio": ("ppl_ratio", "max"),
+    "max_kld_mean": ("kld_mean", "max"),
+    "max_kld_p99": ("kld_p99", "max"),
+    "min_same_top_p": ("same_top_p", "min"),
+}
+MIN_SCORED_TOKENS = 2048
+
+
+def scored_tokens(ctx: int, chunks: int) -> int:
+    """Tokens llama-perplexity scores: the second half of each chunk's context."""
+    return chunks * (ctx - 1 - ctx // 2)
+
+
+def tool_errors(output: str) -> list[str]:
+    return [m.group(1) for m in _ERROR_LINE.finditer(output)]
+
+
+def parse_kld_statistics(output: str) -> dict:
+    """All statistics of a ``--kl-divergence`` run; PipelineError if any is missing."""
+    if "====== KL divergence statistics ======" not in output:
+        raise PipelineError("llama-perplexity printed no KL divergence statistics (format changed or run failed)")
+    out = {}
+    missing = []
+    for key, rx in STATISTICS.items():
+        m = re.search(rx, output, re.M)
+        if not m:
+            missing.append(key)
+            continue
+        val = float(m.group(1))
+        out[key] = round(val / 100.0, 8) if key in PERCENT else val
+    if missing:
+        raise PipelineError(f"llama-perplexity output lacks {', '.join(missing)} (format changed?)")
+    return out
+
+
+def _check_chunks(output: str, es: EvalSet, what: str) -> None:
+    m = _CHUNKS_RE.search(output)
+    if not m:
+        raise PipelineError(f"{what}: llama-perplexity did not say how many chunks it evaluated: {tail(output)}")
+    got, ctx = int(m.group(1)), int(m.group(2))
+    if ctx != es.ctx:
+        raise PipelineError(f"{what}: llama-perplexity ran with n_ctx={ctx}, expected {es.ctx}")
+    if got < es.chunks:
+        raise PipelineError(
+            f"{what}: eval text {es.text} is too short: it holds {got} chunks of {es.ctx} tokens, "
+            f"the eval set asks for {es.chunks}; use a longer text or fewer chunks"
+        )
+
+
+def _common_args(es: EvalSet, threads: int) -> list[str]:
+    return ["-c", str(es.ctx), "--chunks", str(es.chunks), "-b", str(es.ctx), "-t", str(threads)]
+
+
+def _fail_on_tool_errors(res, what: str) -> None:
+    errors = tool_errors(res.output)
+    if errors:
+        raise PipelineError(f"{what}: llama-perplexity failed: {errors[0]}" + (f" ({errors[1]})" if len(errors) > 1 else ""))
+    if res.returncode != 0:
+        raise PipelineError(f"{what}: llama-perplexity exited {res.returncode}: {tail(res.output)}")
+
+
+def check_text(es: EvalSet, what: str) -> str:
+    """The eval text's SHA256; refuse a missing file or one whose SHA256 differs from the pin."""
+    if not es.text.is_file():
+        raise PipelineError(f"{what}: eval text {es.text} does not exist")
+    digest = sha256_file(es.text)
+    if es.text_sha256 and digest != es.text_sha256:
+        raise PipelineError(f"{what}: eval text {es.text} has SHA256 {digest}, the recipe pins {es.text_sha256}")
+    return digest
+
+
+def eval_base(recipe_name: str, es: EvalSet, base_gguf: str | Path, out_logits: str | Path, record: str | Path,
+              threads: int = 2, log: str | Path | None = None, tc: Toolchain | None = None) -> dict:
+    """Entry function: base logits of the unquantized GGUF on one eval set (run once per set)."""
+    tc = tc or find_toolchain()
+    what = f"{recipe_name}: eval set {es.name}: base"
+    digest = check_text(es, what)
+    with atomic_output(out_logits) as tmp:
+        res = run_tool(tc, "llama-perplexity", ["-m", base_gguf, "-f", es.text, *_common_args(es, threads),
+                                                "--kl-divergence-base", tmp], Path(log) if log else None, check=False)
+        _fail_on_tool_errors(res, what)
+        _check_chunks(res.output, es, what)
+        m = _PPL_RE.search(res.output)
+        if not m:
+            raise PipelineError(f"{what}: llama-perplexity printed no final estimate: {tail(res.output)}")
+    rec = {
+        "eval_set": es.name,
+        "text": es.text.name,
+        "text_sha256": digest,
+        "ctx": es.ctx,
+        "chunks": es.chunks,
+        "scored_tokens": scored_tokens(es.ctx, es.chunks),
+        "threads": threads,
+        "ppl": float(m.group(1)),
+        "ppl_stderr": float(m.group(2)),
+        "seconds": round(res.seconds, 1),
+    }
+    write_json_atomic(record, rec)
+    return rec
+
+
+def verdict(metrics: dict, thresholds: dict) -> list[dict]:
+    """Failed gates as dicts {threshold, metric, value, limit}; empty when all pass."""
+    failures = []
+    for name, limit in sorted(thresholds.items()):
+        metric, direction = METRICS[name]
+        value = metrics[metric]
+        if (direction == "max" and value > limit) or (direction == "min" and value < limit):
+            failures.append({"threshold": name, "metric": metric, "value": value, "limit": limit})
+    return failures
+
+
+def failure_message(recipe_name: str, quant: str, eval_set: str, f: dict) -> str:
+    op = ">" if f["threshold"].startswith("max_") else "<"
+    return (f"gate failed: recipe {recipe_name}, quant {quant}, eval set {eval_set}: "
+            f"{f['metric']} = {f['value']:.6g} {op} {f['threshold']} {f['limit']:.6g}")
+
+
+def eval_quant(recipe_name: str, quant_key: str, es: EvalSet, quant_gguf: str | Path, base_logits: str | Path,
+               base_record: str | Path, record: str | Path, threads: int = 2, log: str | Path | None = None,
+               tc: Toolchain | None = None) -> dict:
+    """Entry function: KL-divergence statistics of one quant vs the base logits.
+
+    Thresholds are applied by the publish stage (:func:`verdict`), so changing a threshold re-judges
+    without re-running llama-perplexity, and one bad quant does not stop the others."""
+    import json
+
+    tc = tc or find_toolchain()
+    what = f"{recipe_name}: eval set {es.name}: {quant_key}"
+    base = json.loads(Path(base_record).read_text())
+    if not Path(base_logits).is_file():
+        raise PipelineError(f"{what}: base logits {base_logits} are missing (run eval-base first)")
+    res = run_tool(tc, "llama-perplexity", ["-m", quant_gguf, *_common_args(es, threads), "--kl-divergence-base",
+                                            base_logits, "--kl-divergence"], Path(log) if log else None, check=False)
+    _fail_on_tool_errors(res, what)
+    _check_chunks(res.output, es, what)
+    try:
+        metrics = parse_kld_statistics(res.output)
+    except PipelineError as exc:
+        raise PipelineError(f"{what}: {exc}") from None
+    rec = {
+        "eval_set": es.name,
+        "text": base["text"],
+        "text_sha256": base["text_sha256"],
+        "ctx": es.ctx,
+        "chunks": es.chunks,
+        "scored_tokens": base["scored_tokens"],
+        "threads": threads,
+        "metrics": metrics,
+        "seconds": round(res.seconds, 1),
+    }
+    write_json_atomic(record, rec)
+    return rec
 
 
 def perplexity(tc: Toolchain, model: str | Path, text: str | Path, ctx: int, chunks: int, threads: int = 2,
-               log: str | Path | None = None, extra: list[str] | None = None) -> tuple[float, float]:
-    """Mean perplexity (and its +/-) of ``model`` on ``text``; raises when no estimate is printed."""
-    args = ["-m", model, "-f", text, "-c", str(ctx), "--chunks", str(chunks), "-t", str(threads), "-b", str(ctx),
-            *(extra or [])]
+               log: str | Path | None = None) -> tuple[float, float]:
+    """Plain perplexity of ``model`` on ``text`` (used by tests and checks)."""
+    args = ["-m", model, "-f", text, "-c", str(ctx), "--chunks", str(chunks), "-t", str(threads), "-b", str(ctx)]
     res = run_tool(tc, "llama-perplexity", args, Path(log) if log else None, check=False)
-    for rx in _SILENT_FAILURES:
-        m = rx.search(res.output)
-        if m:
-            raise PipelineError(f"llama-perplexity on {model}: {m.group(0).strip()}")
+    errors = tool_errors(res.output)
+    if errors:
+        raise PipelineError(f"llama-perplexity on {model}: {errors[0]}")
     m = _PPL_RE.search(res.output)
     if res.returncode != 0 or not m:
         raise PipelineError(f"llama-perplexity on {model} printed no final estimate (exit {res.returncode}): "

@@ -1,9 +1,16 @@
-"""Stage manifest: ``artifacts/<name>/manifest.json`` describing every artifact of a recipe.
+"""Stage publish: gate verdicts -> published GGUFs, ``manifest.json``, metrics, report and card.
 
-The manifest is deterministic: identical inputs give byte-identical manifests except for the
-``build.timestamp`` field, which is kept apart in its own section. ``build_id`` is derived from the
-inputs (recipe file, source commit and file hashes, tool versions), so one set of inputs always
-names the same version.
+A quant is published (hard-linked from ``work/`` into ``artifacts/<name>/``) only when it passed
+every gate of every eval set; a quant that failed is listed under ``rejected`` with the reasons and
+never appears in ``artifacts`` — no manifest entry marks it good and no file of it sits in the
+artifact folder. The quants that passed are published all the same; :func:`check_gates` (the
+workflow's last job) then fails the build, naming recipe, quant, eval set, metric, value and
+threshold.
+
+The manifest is deterministic: identical inputs give identical manifests apart from the ``build``
+section (timestamp and build-box speed figures). ``build_id`` is derived from the inputs (recipe
+file, source commit and file hashes, tool versions), so one set of inputs always names the same
+version.
 """
 
 from __future__ import annotations
@@ -15,8 +22,10 @@ import time
 from pathlib import Path
 
 from .errors import PipelineError
-from .fsutil import write_json_atomic
+from .evaluate import failure_message, verdict
+from .fsutil import atomic_output, write_json_atomic
 from .ggufinfo import general_metadata, read_facts
+from .layout import Layout
 from .recipe import Recipe
 
 SCHEMA_VERSION = 1
@@ -26,7 +35,7 @@ def _load(path: Path) -> dict:
     try:
         return json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
-        raise PipelineError(f"manifest: cannot read stage record {path}: {exc}") from None
+        raise PipelineError(f"publish: cannot read stage record {path}: {exc}") from None
 
 
 def _canonical(obj) -> bytes:
@@ -49,52 +58,149 @@ def timestamp() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
 
 
-def build_manifest(recipe: Recipe, artifacts_dir: str | Path, fetch_record: str | Path,
-                   convert_record: str | Path, quant_records: dict[str, str | Path]) -> dict:
-    artifacts_dir = Path(artifacts_dir)
-    fetched = _load(Path(fetch_record))
-    converted = _load(Path(convert_record))
+def _link(src: Path, dst: Path) -> None:
+    """Publish ``src`` at ``dst`` atomically (hard link when possible, else copy)."""
+    import shutil
+
+    if dst.exists() and os.path.samefile(src, dst):
+        return
+    with atomic_output(dst) as tmp:
+        try:
+            os.link(src, tmp)
+        except OSError:
+            shutil.copyfile(src, tmp)
+
+
+def _unpublish(path: Path) -> None:
+    if path.exists():
+        path.unlink()
+
+
+GATE_METRICS = ("ppl_q", "ppl_ratio", "ln_ppl_ratio", "kld_mean", "kld_median", "kld_p99", "kld_max", "rms_dp",
+                "same_top_p")
+
+
+def build_manifest(recipe: Recipe, layout: Layout) -> tuple[dict, dict]:
+    """(manifest, metrics) from the stage records; publishes/unpublishes the quant files."""
+    name = recipe.name
+    fetched = _load(layout.fetch_record(name))
+    converted = _load(layout.convert_record(recipe))
     source = dict(fetched["source"])
     source["files_sha256"] = source_files_digest(fetched["files"])
     tools = {**converted["toolchain"], "python": converted.get("python", {})}
     tools.pop("origin", None)
 
-    base_path = artifacts_dir / recipe.base_file
+    base_path = layout.base_gguf(recipe)
     base = read_facts(base_path)
     if base.quant_type != recipe.outtype.upper():
         raise PipelineError(f"{base_path}: general.file_type says {base.quant_type}, recipe asks for {recipe.outtype.upper()}")
-    entries = [{**base.as_dict(), "role": "base"}]
+
+    eval_sets, eval_base, metrics_out = [], {}, {}
+    for es in recipe.eval_sets:
+        rec = _load(layout.base_record(name, es.name))
+        eval_sets.append({"name": es.name, "text": rec["text"], "text_sha256": rec["text_sha256"], "ctx": es.ctx,
+                          "chunks": es.chunks, "scored_tokens": rec["scored_tokens"], "threads": rec["threads"]})
+        eval_base[es.name] = {"ppl": rec["ppl"], "ppl_stderr": rec["ppl_stderr"]}
+    if eval_base:
+        metrics_out[base.quant_type] = {s: {"ppl": v["ppl"]} for s, v in eval_base.items()}
+
+    artifacts = [{**base.as_dict(), "role": "base"}]
+    rejected = []
     for q in recipe.quants:
-        path = artifacts_dir / recipe.file_for(q.key)
-        rec = _load(Path(quant_records[q.key]))
-        facts = read_facts(path)
+        work_path = layout.quant(recipe, q.key)
+        rec = _load(layout.quant_record(name, q.key))
+        facts = read_facts(work_path)
+        facts.file = recipe.file_for(q.key)
         if facts.quant_type != q.type:
-            raise PipelineError(f"{path}: general.file_type says {facts.quant_type}, recipe asks for {q.type}")
+            raise PipelineError(f"{work_path}: general.file_type says {facts.quant_type}, recipe asks for {q.type}")
         entry = {**facts.as_dict(), "role": "quant", "requested": rec["quant"]}
-        entries.append(entry)
+        failures, per_set, thresholds = [], {}, {}
+        for es in recipe.eval_sets:
+            ev = _load(layout.eval_record(name, es.name, q.key))
+            per_set[es.name] = {k: ev["metrics"][k] for k in GATE_METRICS}
+            thresholds[es.name] = recipe.thresholds(q.key, es.name)
+            failures += [{**f, "eval_set": es.name} for f in verdict(ev["metrics"], thresholds[es.name])]
+        if recipe.eval_sets:
+            entry["metrics"] = per_set
+            entry["gate"] = {"passed": not failures, "thresholds": thresholds}
+            metrics_out[q.key] = {s: {**{k: v[k] for k in ("ppl_q", "ppl_ratio", "kld_mean", "kld_p99", "same_top_p")},
+                                      "gate_passed": not failures} for s, v in per_set.items()}
+        if failures:
+            entry["failures"] = failures
+            rejected.append(entry)
+            _unpublish(layout.published(recipe, q.key))
+        else:
+            _link(work_path, layout.published(recipe, q.key))
+            artifacts.append(entry)
+
+    bench = {}
+    if recipe.bench:
+        for key, fname in [(recipe.outtype.upper(), recipe.base_file)] + [(q.key, recipe.file_for(q.key)) for q in recipe.quants]:
+            b = _load(layout.bench_record(name, key))
+            bench[fname] = {k: b[k] for k in ("pp_tokens_per_s", "tg_tokens_per_s", "pp_tokens", "tg_tokens", "threads")}
+    build = {"timestamp": timestamp()}
+    if bench:
+        build["bench"] = bench
+        build["bench_label"] = "llama-bench on the build box (CPU), not device speed"
 
     manifest = {
         "schema_version": SCHEMA_VERSION,
-        "name": recipe.name,
+        "name": name,
         "build_id": build_id(recipe, source, tools),
-        "recipe": {"name": recipe.name, "file": recipe.path.name, "sha256": recipe.sha256},
+        "recipe": {"name": name, "file": recipe.path.name, "sha256": recipe.sha256},
         "source": source,
         "tools": tools,
         "gguf_metadata": general_metadata(base_path),
-        "artifacts": entries,
-        "build": {"timestamp": timestamp()},
+        "base_quant_type": base.quant_type,
+        "eval_sets": eval_sets,
+        "eval_base": eval_base,
+        "artifacts": artifacts,
+        "rejected": rejected,
+        "build": build,
     }
+    return manifest, metrics_out
+
+
+def publish(recipe: Recipe, layout: Layout) -> dict:
+    """Entry function: publish passing quants; write metrics, report, plot, card and manifest."""
+    from .report import write_card, write_report
+
+    manifest, metrics = build_manifest(recipe, layout)
+    name = recipe.name
+    keep = {e["file"] for e in manifest["artifacts"]}
+    for stale in layout.art_dir(name).glob(f"{name}-*.gguf"):
+        if stale.name not in keep:  # quants removed from the recipe or now failing
+            stale.unlink()
+    write_json_atomic(layout.metrics(name), metrics)
+    write_report(manifest, layout.report(name), layout.plot(name))
+    write_card(manifest, layout.card(name))
+    write_json_atomic(layout.manifest(name), manifest)  # last: the manifest marks the folder complete
     return manifest
 
 
-def write_manifest(recipe: Recipe, artifacts_dir: str | Path, fetch_record: str | Path,
-                   convert_record: str | Path, quant_records: dict[str, str | Path], out: str | Path) -> dict:
-    """Entry function: build the manifest and write it atomically to ``out``."""
-    manifest = build_manifest(recipe, artifacts_dir, fetch_record, convert_record, quant_records)
-    write_json_atomic(out, manifest)
-    return manifest
+def gate_messages(manifest: dict) -> list[str]:
+    return [failure_message(manifest["name"], e["file"].removeprefix(manifest["name"] + "-").removesuffix(".gguf"),
+                            f["eval_set"], f)
+            for e in manifest.get("rejected", []) for f in e.get("failures", [])]
+
+
+def check_gates(manifest_path: str | Path, ok_path: str | Path) -> None:
+    """Entry function: fail (one line per failed gate) when any quant was rejected; else touch ``ok_path``."""
+    manifest = _load(Path(manifest_path))
+    folder = Path(manifest_path).parent
+    for e in manifest["artifacts"]:
+        path = folder / e["file"]
+        if not path.is_file() or path.stat().st_size != e["size_bytes"]:
+            raise PipelineError(f"{path} is missing or differs from {manifest_path}: re-publish with "
+                                "`snakemake --forcerun publish`")
+    msgs = gate_messages(manifest)
+    if msgs:
+        raise PipelineError("; ".join(msgs) + f" ({len(manifest['artifacts']) - 1} other quant(s) published)")
+    from .fsutil import write_text_atomic
+
+    write_text_atomic(ok_path, manifest["build_id"] + "\n")
 
 
 def strip_volatile(manifest: dict) -> dict:
-    """The manifest without its build timestamp: equal for identical builds."""
+    """The manifest without its ``build`` section: equal for identical builds."""
     return {k: v for k, v in manifest.items() if k != "build"}

@@ -25,6 +25,19 @@ Schema (keys not listed are refused)::
         tensor_types: ["attn_v=q8_0"]  # --tensor-type, repeatable
         pure: false                 # --pure
         leave_output_tensor: false  # --leave-output-tensor
+        gates: {max_kld_mean: 0.01}     # per-quant threshold overrides (all eval sets) ...
+        # gates: {botchan: {max_kld_mean: 0.01}}   # ... or per eval set
+    gates:                          # quality gates: one or more eval sets
+      - name: botchan               # [a-z0-9_-]
+        text: ../data/botchan.txt   # relative paths are relative to the recipe file
+        text_sha256: <sha256>       # optional pin of the text
+        ctx: 512
+        chunks: 16                  # ctx x chunks bounds the evaluation; >= 2048 scored tokens
+        max_ppl_ratio: 1.05         # thresholds; those not given default per quant family
+        max_kld_mean: 0.05
+        max_kld_p99: 0.5
+        min_same_top_p: 0.9
+    bench: true                     # llama-bench each quant (build-box speed, report only)
 """
 
 from __future__ import annotations
@@ -53,10 +66,47 @@ NOT_QUANTS = {"F16", "BF16", "F32", "COPY"}
 # tensor_requires_imatrix): their mixes contain IQ1/IQ2/IQ3_XXS tensors, or Q2_K in Q2_K_S.
 NEEDS_IMATRIX = {"IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ3_XXS", "IQ3_XS", "Q2_K_S"}
 
-TOP_KEYS = {"name", "description", "license", "source", "outtype", "quants"}
+TOP_KEYS = {"name", "description", "license", "source", "outtype", "quants", "gates", "bench"}
 SOURCE_KEYS = {"repo", "revision", "path", "allow_pickle", "trust_remote_code"}
 QUANT_KEYS = {"type", "variant", "output_tensor_type", "token_embedding_type", "tensor_types", "pure",
-              "leave_output_tensor"}
+              "leave_output_tensor", "gates"}
+THRESHOLDS = ("max_ppl_ratio", "max_kld_mean", "max_kld_p99", "min_same_top_p")
+EVAL_KEYS = {"name", "text", "text_sha256", "ctx", "chunks", *THRESHOLDS}
+EVAL_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+MIN_SCORED_TOKENS = 2048
+
+# Default thresholds per quant family, used for every threshold a recipe leaves out. Set from
+# llama.cpp KLD measurements of small (0.1-2B) models, which lose more than 7B+ models to the same
+# type: generous enough for a healthy quant of a small model, tight enough to catch a broken one.
+#                 max_ppl_ratio, max_kld_mean, max_kld_p99, min_same_top_p
+FAMILY_DEFAULTS = {
+    "8bit": (1.02, 0.01, 0.10, 0.95),
+    "6bit": (1.04, 0.03, 0.30, 0.92),
+    "5bit": (1.06, 0.05, 0.50, 0.90),
+    "4bit": (1.15, 0.12, 1.00, 0.82),
+    "3bit": (1.40, 0.35, 2.50, 0.70),
+    "2bit": (2.50, 1.00, 5.00, 0.50),
+}
+
+
+def quant_family(qtype: str) -> str:
+    t = qtype.upper()
+    if t.startswith("Q8") or t == "F32":
+        return "8bit"
+    if t.startswith("Q6"):
+        return "6bit"
+    if t.startswith("Q5"):
+        return "5bit"
+    if t.startswith(("Q4", "IQ4", "MXFP4", "NVFP4")):
+        return "4bit"
+    if t.startswith(("Q3", "IQ3")):
+        return "3bit"
+    return "2bit"
+
+
+def default_thresholds(qtype: str) -> dict:
+    return dict(zip(THRESHOLDS, FAMILY_DEFAULTS[quant_family(qtype)], strict=True))
 
 
 @dataclass(frozen=True)
@@ -74,6 +124,19 @@ class Source:
 
 
 @dataclass(frozen=True)
+class EvalSet:
+    name: str
+    text: Path
+    ctx: int
+    chunks: int
+    thresholds: tuple[tuple[str, float], ...] = ()
+    text_sha256: str | None = None
+
+    def describe(self) -> dict:
+        return {"name": self.name, "text": self.text.name, "ctx": self.ctx, "chunks": self.chunks}
+
+
+@dataclass(frozen=True)
 class Quant:
     type: str
     variant: str | None = None
@@ -82,6 +145,7 @@ class Quant:
     tensor_types: tuple[str, ...] = ()
     pure: bool = False
     leave_output_tensor: bool = False
+    gates: tuple[tuple[str, tuple[tuple[str, float], ...]], ...] = ()  # (eval set or "*", thresholds)
 
     @property
     def key(self) -> str:
@@ -122,7 +186,27 @@ class Recipe:
     quants: tuple[Quant, ...]
     description: str | None = None
     license: str | None = None
+    eval_sets: tuple[EvalSet, ...] = ()
+    bench: bool = True
     raw: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def eval_set(self, name: str) -> EvalSet:
+        for es in self.eval_sets:
+            if es.name == name:
+                return es
+        raise PipelineError(f"{self.path}: no eval set {name!r}")
+
+    def thresholds(self, key: str, set_name: str) -> dict:
+        """Effective thresholds of quant ``key`` on eval set ``set_name``: family defaults, then the
+        eval set's, then the quant's overrides for all sets, then its overrides for this set."""
+        q = self.quant(key)
+        out = default_thresholds(q.type)
+        out.update(dict(self.eval_set(set_name).thresholds))
+        for target in ("*", set_name):
+            for name, values in q.gates:
+                if name == target:
+                    out.update(dict(values))
+        return out
 
     def quant(self, key: str) -> Quant:
         for q in self.quants:
@@ -170,6 +254,82 @@ class _Ctx:
         return value
 
 
+def _thresholds(ctx: _Ctx, d: dict, where: str) -> tuple[tuple[str, float], ...]:
+    out = []
+    for name in THRESHOLDS:
+        if name not in d:
+            continue
+        v = d[name]
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            ctx.fail(f"{where}.{name}", f"must be a number, got {v!r}")
+        if v < 0 or (name == "min_same_top_p" and v > 1) or (name == "max_ppl_ratio" and v < 1):
+            rng = "between 0 and 1" if name == "min_same_top_p" else ">= 1" if name == "max_ppl_ratio" else ">= 0"
+            ctx.fail(f"{where}.{name}", f"{v!r} is out of range (must be {rng})")
+        out.append((name, float(v)))
+    return tuple(out)
+
+
+def _integer(ctx: _Ctx, v, where: str, lo: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        ctx.fail(where, f"must be an integer >= {lo}, got {v!r}")
+    return v
+
+
+def _parse_eval_sets(ctx: _Ctx, value) -> tuple[EvalSet, ...]:
+    items = [value] if isinstance(value, dict) else value
+    if not isinstance(items, list) or not items:
+        ctx.fail("gates", "must be a list of eval sets (name, text, ctx, chunks, thresholds)")
+    sets = []
+    for i, item in enumerate(items):
+        where = f"gates[{i}]"
+        d = ctx.mapping(item, where, EVAL_KEYS)
+        name = d.get("name", "default" if len(items) == 1 else None)
+        if name is None:
+            ctx.fail(f"{where}.name", "missing (needed when there are several eval sets)")
+        name = ctx.string(name, f"{where}.name", EVAL_NAME_RE, "an eval set name (a-z 0-9 _ -)")
+        for req in ("text", "ctx", "chunks"):
+            if req not in d:
+                ctx.fail(f"{where}.{req}", "missing")
+        text = Path(ctx.string(d["text"], f"{where}.text")).expanduser()
+        if not text.is_absolute():
+            text = (ctx.path.parent / text).resolve()
+        if not text.is_file():
+            ctx.fail(f"{where}.text", f"eval text {text} does not exist")
+        sha = d.get("text_sha256")
+        if sha is not None:
+            sha = ctx.string(sha, f"{where}.text_sha256", SHA256_RE, "a SHA256 (64 lowercase hex)")
+        n_ctx = _integer(ctx, d["ctx"], f"{where}.ctx", 16)
+        chunks = _integer(ctx, d["chunks"], f"{where}.chunks", 1)
+        scored = chunks * (n_ctx - 1 - n_ctx // 2)
+        if scored < MIN_SCORED_TOKENS:
+            ctx.fail(f"{where}.chunks", f"ctx {n_ctx} x {chunks} chunks scores only {scored} tokens; at least "
+                                        f"{MIN_SCORED_TOKENS} are needed for a meaningful evaluation")
+        if any(es.name == name for es in sets):
+            ctx.fail(f"{where}.name", f"eval set {name!r} repeats")
+        sets.append(EvalSet(name=name, text=text, ctx=n_ctx, chunks=chunks,
+                            thresholds=_thresholds(ctx, d, where), text_sha256=sha))
+    return tuple(sets)
+
+
+def _parse_quant_gates(ctx: _Ctx, value, where: str, set_names: set[str]):
+    if not isinstance(value, dict) or not value:
+        ctx.fail(where, "must be a mapping of thresholds, or of eval set name -> thresholds")
+    if not set_names:
+        ctx.fail(where, "per-quant gates need a top-level `gates:` section")
+    if all(k in THRESHOLDS for k in value):
+        return (("*", _thresholds(ctx, value, where)),)
+    out = []
+    for k, v in value.items():
+        if k in THRESHOLDS:
+            ctx.fail(f"{where}.{k}", "do not mix thresholds with per-eval-set entries")
+        if k not in set_names:
+            ctx.fail(f"{where}.{k}", f"unknown key (thresholds: {', '.join(THRESHOLDS)}; eval sets: "
+                                     f"{', '.join(sorted(set_names))})")
+        d = ctx.mapping(v, f"{where}.{k}", set(THRESHOLDS))
+        out.append((k, _thresholds(ctx, d, f"{where}.{k}")))
+    return tuple(out)
+
+
 @functools.lru_cache(maxsize=4)
 def known_quant_types(quantize_exe: str) -> tuple[frozenset[str], int]:
     """Quant type names accepted by this llama-quantize (parsed from its usage text)."""
@@ -209,7 +369,7 @@ def _check_quant_type(ctx: _Ctx, value: str, where: str, known: set[str] | None,
     return t
 
 
-def _parse_quant(ctx: _Ctx, item, i: int, known, build) -> Quant:
+def _parse_quant(ctx: _Ctx, item, i: int, known, build, set_names: set[str]) -> Quant:
     where = f"quants[{i}]"
     if isinstance(item, str):
         return Quant(type=_check_quant_type(ctx, item, where, known, build))
@@ -234,6 +394,8 @@ def _parse_quant(ctx: _Ctx, item, i: int, known, build) -> Quant:
     for key in ("pure", "leave_output_tensor"):
         if key in d:
             kw[key] = ctx.boolean(d[key], f"{where}.{key}")
+    if "gates" in d:
+        kw["gates"] = _parse_quant_gates(ctx, d["gates"], f"{where}.gates", set_names)
     return Quant(type=qtype, variant=variant, **kw)
 
 
@@ -297,11 +459,14 @@ def load_recipe(path: str | Path, quantize_exe: str | None = None) -> Recipe:
     qs = d["quants"]
     if not isinstance(qs, list) or not qs:
         ctx.fail("quants", "must be a non-empty list")
+    eval_sets = _parse_eval_sets(ctx, d["gates"]) if "gates" in d else ()
+    set_names = {es.name for es in eval_sets}
+    bench = ctx.boolean(d.get("bench", True), "bench")
     known = build = None
     if quantize_exe:
         known_set, build = known_quant_types(quantize_exe)
         known = set(known_set)
-    quants = tuple(_parse_quant(ctx, item, i, known, build) for i, item in enumerate(qs))
+    quants = tuple(_parse_quant(ctx, item, i, known, build, set_names) for i, item in enumerate(qs))
     seen: dict[str, int] = {}
     for i, q in enumerate(quants):
         if q.key in seen:
@@ -322,6 +487,8 @@ def load_recipe(path: str | Path, quantize_exe: str | None = None) -> Recipe:
         quants=quants,
         description=d.get("description"),
         license=d.get("license"),
+        eval_sets=eval_sets,
+        bench=bench,
         raw=d,
     )
 

@@ -7,7 +7,9 @@ Config keys (``--config key=value``, all optional):
 * ``llama_cpp_dir``: a user's own llama.cpp build (same as the ``LLAMA_CPP_DIR`` variable)
 * ``hf_hub_cache``: Hugging Face hub cache folder (default: huggingface_hub's own)
 * ``quantized_by``: written into the GGUFs' ``general.quantized_by`` (default ``ggufpipe``)
-* ``threads``: threads per llama.cpp job (default 4, capped by ``--cores``)
+* ``threads``: threads per quantize job (default 4, capped by ``--cores``)
+* ``eval_threads``: threads of every llama-perplexity and llama-bench run (default 2). Fixed rather than
+  scaled with ``--cores`` so that metrics are bit-identical whatever ``--cores`` a build uses.
 """
 
 from __future__ import annotations
@@ -16,24 +18,12 @@ import os
 import re
 import shlex
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import PipelineError
+from .layout import Layout
 from .recipe import Recipe, load_recipe, load_recipes
 from .tools import find_toolchain
-
-
-@dataclass
-class Layout:
-    artifacts: Path
-    work: Path
-
-    def art(self, name: str, file: str = "") -> str:
-        return str(self.artifacts / name / file) if file else str(self.artifacts / name)
-
-    def wrk(self, name: str, file: str) -> str:
-        return str(self.work / name / file)
 
 
 class Workflow:
@@ -56,11 +46,12 @@ class Workflow:
                 self.recipes[r.name] = r
         self.layout = Layout(Path(config.get("artifacts", "artifacts")), Path(config.get("work", "work")))
         self.threads = int(config.get("threads", 4))
+        self.eval_threads = int(config.get("eval_threads", 2))
         self.quantized_by = str(config.get("quantized_by", "ggufpipe"))
         self.hub_cache = config.get("hf_hub_cache") or os.environ.get("HF_HUB_CACHE") or ""
         self.python = shlex.quote(sys.executable)
 
-    # wildcard constraints: only declared names and quant keys match
+    # wildcard constraints: only declared names, quant keys and eval sets match
     def name_regex(self) -> str:
         return "|".join(re.escape(n) for n in sorted(self.recipes)) or "(?!)"
 
@@ -68,31 +59,25 @@ class Workflow:
         keys = sorted({q.key for r in self.recipes.values() for q in r.quants})
         return "|".join(re.escape(k) for k in keys) or "(?!)"
 
+    def evalset_regex(self) -> str:
+        sets = sorted({es.name for r in self.recipes.values() for es in r.eval_sets})
+        return "|".join(re.escape(s) for s in sets) or "(?!)"
+
     def recipe(self, name: str) -> Recipe:
         return self.recipes[name]
 
     def targets(self) -> list[str]:
-        return [self.layout.art(n, "manifest.json") for n in self.recipes]
+        return [str(self.layout.gate_ok(n)) for n in self.recipes]
 
     def base_file(self, name: str) -> str:
-        return self.layout.art(name, self.recipes[name].base_file)
+        return str(self.layout.base_gguf(self.recipes[name]))
 
-    def convert_record(self, name: str) -> str:
-        return self.layout.wrk(name, f"records/convert-{self.recipes[name].outtype.upper()}.json")
-
-    def quant_files(self, name: str) -> list[str]:
+    def bench_input(self, name: str, key: str) -> str:
         r = self.recipes[name]
-        return [self.layout.art(name, r.file_for(q.key)) for q in r.quants]
+        return self.base_file(name) if key == r.outtype.upper() else str(self.layout.quant(r, key))
 
-    def quant_records(self, name: str) -> list[str]:
-        return [self.layout.wrk(name, f"records/quant-{q.key}.json") for q in self.recipes[name].quants]
-
-    def quant_record_args(self, name: str) -> str:
-        r = self.recipes[name]
-        return " ".join(
-            f"--quant-record {shlex.quote(q.key + '=' + self.layout.wrk(name, f'records/quant-{q.key}.json'))}"
-            for q in r.quants
-        )
+    def publish_inputs(self, name: str) -> dict[str, list[str]]:
+        return self.layout.publish_inputs(self.recipes[name])
 
     # params that decide whether a stage's output is stale (Snakemake's params rerun trigger)
     def fetch_params(self, name: str) -> str:
@@ -104,7 +89,15 @@ class Workflow:
         return repr((r.outtype, r.license, self.quantized_by, self.toolchain.build_number, self.toolchain.commit))
 
     def quant_params(self, name: str, key: str) -> str:
-        return repr((self.recipes[name].quant(key).describe(), self.toolchain.build_number, self.toolchain.commit))
+        q = self.recipes[name].quant(key)
+        return repr((q.type, q.quantize_args(), self.toolchain.build_number, self.toolchain.commit))
+
+    def eval_base_params(self, name: str, es: str) -> str:
+        e = self.recipes[name].eval_set(es)
+        return repr((str(e.text), e.ctx, e.chunks, self.eval_threads, self.toolchain.build_number))
+
+    def publish_params(self, name: str) -> str:
+        return self.recipes[name].sha256  # thresholds, eval sets, bench...: any recipe change re-publishes
 
 
 def mem_mb(input_mb: float, factor: float, floor: int = 512) -> int:

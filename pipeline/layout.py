@@ -1,0 +1,95 @@
+"""Where every file of a recipe lives: one place for the Snakefile and the stages.
+
+``artifacts/<name>/`` holds what devices pull (published GGUFs, manifest, metrics, report, card);
+``work/<name>/`` holds intermediates (git-ignored, not published).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .recipe import Recipe
+
+
+@dataclass(frozen=True)
+class Layout:
+    artifacts: Path = Path("artifacts")
+    work: Path = Path("work")
+
+    # artifacts (published)
+    def art_dir(self, name: str) -> Path:
+        return self.artifacts / name
+
+    def base_gguf(self, r: Recipe) -> Path:
+        return self.art_dir(r.name) / r.base_file
+
+    def published(self, r: Recipe, key: str) -> Path:
+        return self.art_dir(r.name) / r.file_for(key)
+
+    def manifest(self, name: str) -> Path:
+        return self.art_dir(name) / "manifest.json"
+
+    def metrics(self, name: str) -> Path:
+        return self.art_dir(name) / "metrics.json"
+
+    def report(self, name: str) -> Path:
+        return self.art_dir(name) / "report.md"
+
+    def plot(self, name: str) -> Path:
+        return self.art_dir(name) / "report.png"
+
+    def card(self, name: str) -> Path:
+        return self.art_dir(name) / "README.md"
+
+    # work (intermediates)
+    def wrk(self, name: str, *parts: str) -> Path:
+        return self.work.joinpath(name, *parts)
+
+    def hf(self, name: str) -> Path:
+        return self.wrk(name, "hf")
+
+    def fetch_record(self, name: str) -> Path:
+        return self.wrk(name, "records", "fetch.json")
+
+    def convert_record(self, r: Recipe) -> Path:
+        return self.wrk(r.name, "records", f"convert-{r.outtype.upper()}.json")
+
+    def quant(self, r: Recipe, key: str) -> Path:
+        return self.wrk(r.name, "quants", r.file_for(key))
+
+    def quant_record(self, name: str, key: str) -> Path:
+        return self.wrk(name, "records", f"quant-{key}.json")
+
+    def base_logits(self, name: str, es: str) -> Path:
+        return self.wrk(name, "eval", es, "base.logits")
+
+    def base_record(self, name: str, es: str) -> Path:
+        return self.wrk(name, "eval", es, "base.json")
+
+    def eval_record(self, name: str, es: str, key: str) -> Path:
+        return self.wrk(name, "eval", es, f"{key}.json")
+
+    def bench_record(self, name: str, key: str) -> Path:
+        return self.wrk(name, "bench", f"{key}.json")
+
+    def gate_ok(self, name: str) -> Path:
+        return self.wrk(name, "gate.ok")
+
+    def log(self, name: str, stage: str) -> Path:
+        return self.wrk(name, "logs", f"{stage}.log")
+
+    # everything the publish stage reads, for the Snakefile's input lists
+    def publish_inputs(self, r: Recipe) -> dict[str, list[str]]:
+        keys = [q.key for q in r.quants]
+        out = {
+            "base": [str(self.base_gguf(r))],
+            "quants": [str(self.quant(r, k)) for k in keys],
+            "quant_records": [str(self.quant_record(r.name, k)) for k in keys],
+            "fetch_record": [str(self.fetch_record(r.name))],
+            "convert_record": [str(self.convert_record(r))],
+            "base_records": [str(self.base_record(r.name, es.name)) for es in r.eval_sets],
+            "evals": [str(self.eval_record(r.name, es.name, k)) for es in r.eval_sets for k in keys],
+            "bench": [str(self.bench_record(r.name, k)) for k in [r.outtype.upper(), *keys]] if r.bench else [],
+        }
+        return out
