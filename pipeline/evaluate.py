@@ -116,12 +116,30 @@ def check_text(es: EvalSet, what: str) -> str:
     return digest
 
 
+def count_tokens(tc: Toolchain, model: str | Path, text: str | Path, log: Path | None = None) -> int:
+    """Tokens of ``text`` under ``model``'s vocabulary (llama-tokenize; loads the vocab only)."""
+    res = run_tool(tc, "llama-tokenize", ["-m", model, "-f", text, "--show-count", "--ids", "--log-disable"], None)
+    m = re.search(r"Total number of tokens: (\d+)", res.output)
+    if not m:
+        raise PipelineError(f"llama-tokenize printed no token count for {text}: {tail(res.output)}")
+    if log:
+        with open(log, "a", encoding="utf-8") as fh:
+            fh.write(f"[{text}: {m.group(1)} tokens]\n")
+    return int(m.group(1))
+
+
 def eval_base(recipe_name: str, es: EvalSet, base_gguf: str | Path, out_logits: str | Path, record: str | Path,
               threads: int = 2, log: str | Path | None = None, tc: Toolchain | None = None) -> dict:
     """Entry function: base logits of the unquantized GGUF on one eval set (run once per set)."""
     tc = tc or find_toolchain()
     what = f"{recipe_name}: eval set {es.name}: base"
     digest = check_text(es, what)
+    n_tokens = count_tokens(tc, base_gguf, es.text, Path(log) if log else None)
+    if n_tokens < es.ctx * es.chunks:
+        raise PipelineError(
+            f"{what}: eval text {es.text} is too short: {n_tokens} tokens, ctx {es.ctx} x {es.chunks} chunks needs "
+            f"{es.ctx * es.chunks}; use a longer text or fewer chunks"
+        )
     with atomic_output(out_logits) as tmp:
         res = run_tool(tc, "llama-perplexity", ["-m", base_gguf, "-f", es.text, *_common_args(es, threads),
                                                 "--kl-divergence-base", tmp], Path(log) if log else None, check=False)
@@ -134,6 +152,7 @@ def eval_base(recipe_name: str, es: EvalSet, base_gguf: str | Path, out_logits: 
         "eval_set": es.name,
         "text": es.text.name,
         "text_sha256": digest,
+        "text_tokens": n_tokens,
         "ctx": es.ctx,
         "chunks": es.chunks,
         "scored_tokens": scored_tokens(es.ctx, es.chunks),

@@ -54,6 +54,8 @@ def test_eval_text_normalised(eval_text):
     from pipeline.demo import BOTCHAN_SHA256
 
     assert hashlib.sha256(raw).hexdigest() == BOTCHAN_SHA256
+    # the copy in the repo that the demo recipe gates on is exactly that text
+    assert (DEMO_RECIPE.parent.parent / "data" / "botchan.txt").read_bytes() == raw
 
 
 def test_llama_tokenize_matches_hf_tokenizer(f16, demo_snapshot, eval_text, toolchain, tmp_path):

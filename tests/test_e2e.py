@@ -48,7 +48,7 @@ def test_manifest_provenance(demo_build):
     assert m["tools"]["llama_cpp_build"] == 11312 and m["tools"]["llama_cpp_commit"] == "0c1e570"
     assert {"torch", "transformers", "gguf", "safetensors"} <= set(m["tools"]["python"])
     assert m["build_id"].startswith(NAME + "-") and len(m["build_id"]) == len(NAME) + 13
-    assert set(m["build"]) == {"timestamp"}
+    assert set(m["build"]) == {"timestamp", "bench", "bench_label"}  # the only volatile section
     q4 = next(e for e in m["artifacts"] if e["quant_type"] == "Q4_K_M")
     assert q4["requested"] == {"type": "Q4_K_M"} and q4["role"] == "quant"
 
@@ -85,12 +85,14 @@ def test_determinism_second_build_identical(demo_build, demo_hub, tmp_path):
     recipe = tmp_path / "recipes" / DEMO_RECIPE.name
     recipe.parent.mkdir()
     shutil.copyfile(DEMO_RECIPE, recipe)  # same recipe bytes, so the same build_id
+    (tmp_path / "data").mkdir()  # the recipe's eval text, at the same relative path
+    shutil.copyfile(DEMO_RECIPE.parent.parent / "data" / "botchan.txt", tmp_path / "data" / "botchan.txt")
     res = snakemake(tmp_path / "b", recipe, cores=1, hub=demo_hub,
-                    extra=[f"artifacts/{NAME}/{NAME}-Q4_K_M.gguf", f"artifacts/{NAME}/{NAME}-F16.gguf"])
+                    extra=[f"work/{NAME}/quants/{NAME}-Q4_K_M.gguf", f"artifacts/{NAME}/{NAME}-F16.gguf"])
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     for t in ("F16", "Q4_K_M"):
         a = demo_build / "artifacts" / NAME / f"{NAME}-{t}.gguf"
-        b = tmp_path / "b" / "artifacts" / NAME / f"{NAME}-{t}.gguf"
+        b = tmp_path / "b" / ("artifacts" if t == "F16" else "work") / NAME / ("quants" if t != "F16" else "") / f"{NAME}-{t}.gguf"
         assert sha256_file(a) == sha256_file(b), t
     # the manifest of the complete second build equals the first apart from the timestamp
     res = snakemake(tmp_path / "b", recipe, cores=2, hub=demo_hub)
