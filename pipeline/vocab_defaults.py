@@ -1,0 +1,445 @@
+"""The vocabulary facts llama.cpp derives from a GGUF's metadata, computed without llama.cpp.
+
+This mirrors ``llama_vocab::impl::load`` in ``src/llama-vocab.cpp`` of the pinned llama.cpp (build b11312,
+commit 0c1e570, vendored by llama-cpp-python 0.3.36), as far as it decides the values that
+``common_speculative_are_compatible`` (``common/speculative.cpp``) compares between a target and a draft
+model: the vocab type (``llama_vocab_type``), ``llama_vocab_get_add_bos`` / ``llama_vocab_bos``,
+``llama_vocab_get_add_eos`` / ``llama_vocab_eos`` and ``llama_vocab_n_tokens``. In order, llama.cpp:
+
+1. maps ``tokenizer.ggml.model`` to a vocab type and default special token ids (``no_vocab``/``none``
+   stop there: no BOS/EOS, no add flags, ``<arch>.vocab_size`` dummy tokens);
+2. for BPE vocabs, maps ``tokenizer.ggml.pre`` to a pre-tokenizer, some of which change the defaults
+   (``llama3``-like, ``tekken`` and ``chameleon`` turn add_bos on; ``chatglm-bpe``, ``glm4`` and ``glm5``
+   drop the default BOS id); other vocab types get fixed per-type add_bos/add_eos defaults;
+3. counts ``tokenizer.ggml.tokens``;
+4. disables a default special id that lies outside the vocab, then takes ``tokenizer.ggml.bos_token_id`` /
+   ``eos_token_id`` when present and inside the vocab (an out-of-range id in the file keeps the default);
+5. takes ``tokenizer.ggml.add_bos_token`` / ``add_eos_token`` when present, and finally forces add_bos on
+   for the Gemma 4 pre-tokenizer (``gemma4`` and ``granite-embed-multi-311m``) even if the file says false.
+
+Where llama.cpp refuses a file while doing this (unknown tokenizer or pre-tokenizer, a key of the wrong
+GGUF type, missing tokens or merges, duplicate token texts...), :func:`effective_vocab` raises
+``ValueError`` with llama.cpp's message instead of returning values llama.cpp would never use.
+
+GGUF metadata is read either from a ``gguf.GGUFReader`` or, given a path, by a small header parser here
+(GGUFReader decodes every array element and takes seconds on a 256k-token vocabulary; llama.cpp's checks
+only need the array types and lengths, and the token texts).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["VOCAB_TYPES", "BPE_PRE_TOKENIZERS", "effective_vocab"]
+
+# enum llama_vocab_type (include/llama.h), in enum order: LLAMA_VOCAB_TYPE_NONE = 0 ... LLAMA_VOCAB_TYPE_TEST = 7.
+VOCAB_TYPES = ("none", "spm", "bpe", "wpm", "ugm", "rwkv", "plamo2", "test")
+
+# tokenizer.ggml.model -> (vocab type, default special_bos_id, default special_eos_id); None = LLAMA_TOKEN_NULL.
+# Mirrors the "determine vocab type" chain at the top of llama_vocab::impl::load. "no_vocab"/"none" are
+# handled apart (early return); "gemma4" also overrides tokenizer.ggml.pre with "gemma4".
+_TOKENIZER_MODELS: dict[str, tuple[str, int | None, int | None]] = {
+    "llama": ("spm", 1, 2),
+    "bert": ("wpm", 101, None),
+    "gpt2": ("bpe", 11, 11),
+    "hybriddna": ("bpe", 11, 11),
+    "whitespace": ("bpe", 11, 11),
+    "t5": ("ugm", None, 1),
+    "rwkv": ("rwkv", None, None),
+    "test": ("test", None, None),
+    "plamo2": ("plamo2", 1, 2),
+    "gemma4": ("bpe", None, None),
+}
+_NO_VOCAB_MODELS = ("no_vocab", "none")
+# Tokenizer models whose BPE merges must be present (gpt2-like ones may omit them for pre "kimi-k2").
+_BPE_MERGES_MODELS = ("gpt2", "hybriddna", "whitespace", "gemma4")
+
+# Flags llama_vocab::impl starts from (member initialisers in src/llama-vocab.cpp).
+_IMPL_DEFAULT_FLAGS: dict[str, bool] = {
+    "add_space_prefix": False,
+    "add_bos": False,
+    "add_eos": False,
+    "add_sep": False,
+    "ignore_merges": False,
+    "clean_spaces": False,
+    "escape_whitespaces": True,
+    "lowercase": True,
+}
+# What every BPE vocab sets before looking at its pre-tokenizer.
+_BPE_BASE_FLAGS: dict[str, bool] = {"add_space_prefix": False, "escape_whitespaces": False, "clean_spaces": True}
+# The non-BPE branches after the pre-tokenizer chain ("plamo2" and "test" keep the member defaults).
+_VOCAB_TYPE_FLAGS: dict[str, dict[str, bool]] = {
+    "spm": {"add_space_prefix": True, "clean_spaces": False, "add_bos": True, "add_eos": False},
+    "wpm": {"add_space_prefix": False, "clean_spaces": True, "add_bos": True, "add_eos": False, "add_sep": True},
+    "ugm": {"add_bos": False, "add_eos": True},
+    "rwkv": {"add_space_prefix": False, "clean_spaces": False, "add_bos": False, "add_eos": False},
+}
+
+# BPE pre-tokenizers known to b11312: (LLAMA_VOCAB_PRE_TYPE_* lower-cased, tokenizer.ggml.pre values, flag
+# changes). Mirrors the `if (type == LLAMA_VOCAB_TYPE_BPE)` else-if chain on tokenizer_pre in
+# llama_vocab::impl::load (src/llama-vocab.cpp), in its order; a missing/empty tokenizer.ggml.pre means
+# "default", any value not listed here makes llama.cpp refuse the model. Flag changes use the impl member
+# names; "bos_id": None is `special_bos_id = LLAMA_TOKEN_NULL`, "lowercase" is normalizer_opts.lowercase.
+BPE_PRE_TOKENIZERS: tuple[tuple[str, tuple[str, ...], Mapping[str, Any]], ...] = (
+    ("default", ("default",), {}),
+    ("minicpm5", ("minicpm5",), {"ignore_merges": True}),
+    ("llama3", ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
+                "jina-v5-nano"), {"ignore_merges": True, "add_bos": True}),
+    ("deepseek_llm", ("deepseek-llm",), {"clean_spaces": False}),
+    ("deepseek_coder", ("deepseek-coder",), {"clean_spaces": False}),
+    ("deepseek3_llm", ("deepseek-v3",), {"clean_spaces": False}),
+    ("spark2_5", ("spark2_5",), {"clean_spaces": False}),
+    ("youtu", ("youtu",), {"clean_spaces": False, "ignore_merges": True}),
+    ("falcon", ("falcon",), {}),
+    ("mpt", ("mpt",), {}),
+    ("starcoder", ("starcoder",), {}),
+    ("gpt2", ("gpt-2", "phi-2", "jina-es", "jina-de", "gigachat", "jina-v2-es", "jina-v2-de", "a.x-4.0", "mellum",
+              "modern-bert"), {}),
+    ("jais2", ("jais-2",), {}),
+    ("gemma4", ("gemma4", "granite-embed-multi-311m"), {"escape_whitespaces": True}),
+    ("sarvam_moe", ("sarvam-moe",), {"escape_whitespaces": True, "clean_spaces": False}),
+    ("gpt2", ("jina-v1-en", "jina-v2-code", "roberta-bpe"), {"add_sep": True}),
+    ("whitespace", ("whitespace",), {"lowercase": False}),
+    ("refact", ("refact",), {}),
+    ("command_r", ("command-r",), {"clean_spaces": False}),
+    ("qwen2", ("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2"), {"clean_spaces": False}),
+    ("qwen35", ("qwen35",), {"clean_spaces": False}),
+    ("stablelm2", ("stablelm2",), {}),
+    ("olmo", ("olmo",), {}),
+    ("dbrx", ("dbrx",), {}),
+    ("smaug", ("smaug-bpe",), {}),
+    ("poro", ("poro-chat",), {"clean_spaces": False}),
+    ("chatglm4", ("chatglm-bpe",), {"bos_id": None}),
+    ("chatglm4", ("glm4", "glm5"), {"bos_id": None, "ignore_merges": True}),
+    ("viking", ("viking",), {"clean_spaces": False}),
+    ("jais", ("jais",), {}),
+    ("tekken", ("tekken",), {"clean_spaces": False, "ignore_merges": True, "add_bos": True}),
+    ("smollm", ("smollm",), {"clean_spaces": False}),
+    ("codeshell", ("codeshell",), {}),
+    ("bloom", ("bloom",), {}),
+    ("gpt3_finnish", ("gpt3-finnish",), {}),
+    ("exaone", ("exaone",), {}),
+    ("gpt2", ("exaone4",), {}),
+    ("exaone_moe", ("exaone-moe",), {}),
+    ("chameleon", ("chameleon",), {"add_bos": True, "clean_spaces": False}),
+    ("minerva", ("minerva-7b",), {}),
+    ("qwen2", ("megrez",), {}),
+    ("gpt4o", ("gpt-4o", "llama4", "kanana2", "talkie"), {"clean_spaces": False}),
+    ("granite_emb_multi", ("granite-embed-multi-97m",), {"clean_spaces": False, "ignore_merges": True}),
+    ("tiny_aya", ("tiny_aya", "cohere2moe"), {"clean_spaces": False}),
+    ("superbpe", ("superbpe",), {"clean_spaces": False}),
+    ("trillion", ("trillion",), {"clean_spaces": False}),
+    ("granite_docling", ("granite-docling",), {"clean_spaces": False}),
+    ("bailingmoe", ("bailingmoe", "bailingmoe2", "llada-moe"), {"clean_spaces": False}),
+    ("seed_coder", ("seed-coder",), {"clean_spaces": False}),
+    ("hunyuan", ("hunyuan",), {"clean_spaces": False}),
+    ("hunyuan_dense", ("hunyuan-dense",), {"clean_spaces": False}),
+    ("hy_v4", ("hy_v4",), {"clean_spaces": False}),
+    ("joyai_llm", ("joyai-llm",), {"clean_spaces": False}),
+    ("kimi_k2", ("kimi-k2",), {"clean_spaces": False}),
+    ("ufakzeka", ("ufakzeka",), {"clean_spaces": False}),
+    ("grok_2", ("grok-2",), {"clean_spaces": False}),
+    ("afmoe", ("afmoe",), {"clean_spaces": False}),
+    ("laguna", ("laguna",), {"clean_spaces": False}),
+    ("minimax_m2", ("minimax-m2",), {"clean_spaces": False}),
+    ("solar_open", ("solar-open",), {"clean_spaces": False}),
+    ("mellum2", ("mellum2",), {}),
+)
+_PRE_BY_NAME: dict[str, tuple[str, Mapping[str, Any]]] = {
+    name: (pre_type, flags) for pre_type, names, flags in BPE_PRE_TOKENIZERS for name in names
+}
+# After tokenizer.ggml.add_bos_token is read: "workaround for Gemma 4" (llama.cpp PR 21500).
+_FORCE_ADD_BOS_PRE_TYPES = ("gemma4",)
+
+# GGUF value types (enum gguf_type, ggml/include/gguf.h).
+_UINT8, _INT8, _UINT16, _INT16, _UINT32, _INT32, _FLOAT32, _BOOL, _STRING, _ARRAY, _UINT64, _INT64, _FLOAT64 = range(13)
+_TYPE_NAMES = ("u8", "i8", "u16", "i16", "u32", "i32", "f32", "bool", "str", "arr", "u64", "i64", "f64")
+_SCALAR_FORMATS = {_UINT8: "<B", _INT8: "<b", _UINT16: "<H", _INT16: "<h", _UINT32: "<I", _INT32: "<i",
+                   _FLOAT32: "<f", _BOOL: "<?", _UINT64: "<Q", _INT64: "<q", _FLOAT64: "<d"}
+
+# Keys llama.cpp reads here with get_key<uint32_t> (a present key of another type fails the load).
+_SPECIAL_ID_KEYS = tuple(f"tokenizer.ggml.{k}" for k in (
+    "bos_token_id", "eos_token_id", "eot_token_id", "eom_token_id", "unknown_token_id", "seperator_token_id",
+    "padding_token_id", "mask_token_id", "fim_pre_token_id", "fim_suf_token_id", "fim_mid_token_id",
+    "fim_pad_token_id", "fim_rep_token_id", "fim_sep_token_id", "prefix_token_id", "suffix_token_id",
+    "middle_token_id"))
+# Keys read with get_key<bool> before the tokens, and after the special token ids.
+_PRE_TOKENS_BOOL_KEYS = ("tokenizer.ggml.add_space_prefix", "tokenizer.ggml.remove_extra_whitespaces")
+_POST_IDS_BOOL_KEYS = ("tokenizer.ggml.add_bos_token", "tokenizer.ggml.add_eos_token", "tokenizer.ggml.add_sep_token",
+                       "tokenizer.ggml.normalizer.lowercase", "tokenizer.ggml.normalizer.strip_accents")
+
+_TOKENS = "tokenizer.ggml.tokens"
+_CHARSMAP = "tokenizer.ggml.precompiled_charsmap"
+
+
+@dataclass(frozen=True)
+class _Array:
+    """A GGUF array value: element type, length, and (only for the keys that need them) its elements."""
+
+    elem_type: int
+    count: int
+    strings: list[bytes] | None = None  # the elements of a string array that was asked for
+    raw: bytes | None = None  # the data of a numeric array that was asked for
+
+
+@dataclass(frozen=True)
+class _KV:
+    type: int  # the GGUF type; _ARRAY for arrays
+    value: Any  # Python scalar, str, or _Array
+
+
+def effective_vocab(path_or_reader: str | os.PathLike | Any) -> dict[str, Any]:
+    """The vocabulary facts llama.cpp b11312 derives when it loads this GGUF.
+
+    ``path_or_reader`` is a GGUF path or a ``gguf.GGUFReader``. Returns a dict with:
+
+    - ``vocab_type``: ``llama_vocab_type`` as a lower-case LLAMA_VOCAB_TYPE_* name (see :data:`VOCAB_TYPES`);
+    - ``n_tokens``: ``llama_vocab_n_tokens``;
+    - ``bos_id`` / ``eos_id``: ``llama_vocab_bos`` / ``llama_vocab_eos``, None for LLAMA_TOKEN_NULL;
+    - ``add_bos`` / ``add_eos``: ``llama_vocab_get_add_bos`` / ``llama_vocab_get_add_eos``;
+    - ``model``: ``tokenizer.ggml.model``; ``pre``: ``tokenizer.ggml.pre`` as in the file, or None.
+
+    Raises ValueError where llama.cpp would fail to load the vocabulary.
+    """
+    kvs = _metadata(path_or_reader)
+    model = _get(kvs, "tokenizer.ggml.model", _STRING, required=True)
+    pre_key = _get(kvs, "tokenizer.ggml.pre", _STRING)
+    _get(kvs, "tokenizer.ggml.token_type_count", _UINT32)
+    facts: dict[str, Any] = {"vocab_type": "none", "n_tokens": 0, "bos_id": None, "eos_id": None,
+                             "add_bos": False, "add_eos": False, "model": model, "pre": pre_key}
+
+    if model in _NO_VOCAB_MODELS:
+        # no tokens; `<arch>.vocab_size` dummy ones if present, nothing else is read
+        arch = _get(kvs, "general.architecture", _STRING) or ""
+        facts["n_tokens"] = _get(kvs, f"{arch}.vocab_size", _UINT32) or 0
+        return facts
+    if model not in _TOKENIZER_MODELS:
+        raise ValueError(f"unknown tokenizer: '{model}'")
+    vocab_type, bos_id, eos_id = _TOKENIZER_MODELS[model]
+    pre = "gemma4" if model == "gemma4" else (pre_key or "")
+    _check_model_arrays(kvs, model, pre)
+
+    flags = dict(_IMPL_DEFAULT_FLAGS)
+    pre_type = "default"
+    if vocab_type == "bpe":
+        flags.update(_BPE_BASE_FLAGS)
+        if pre:
+            if pre not in _PRE_BY_NAME:
+                raise ValueError(f"unknown pre-tokenizer type: '{pre}'")
+            pre_type, changes = _PRE_BY_NAME[pre]
+            for name, value in changes.items():
+                if name == "bos_id":
+                    bos_id = value
+                else:
+                    flags[name] = value
+    else:
+        flags.update(_VOCAB_TYPE_FLAGS.get(vocab_type, {}))
+    for key in _PRE_TOKENS_BOOL_KEYS:
+        _get(kvs, key, _BOOL)
+
+    n_tokens = _check_tokens(kvs)
+
+    # special tokens: a default outside the vocab is disabled; a key outside the vocab keeps the default
+    ids = {"bos": bos_id, "eos": eos_id}
+    for key in _SPECIAL_ID_KEYS:
+        new_id = _get(kvs, key, _UINT32)
+        which = key.removeprefix("tokenizer.ggml.").removesuffix("_token_id")
+        if which not in ids:
+            continue
+        if ids[which] is not None and ids[which] >= n_tokens:
+            ids[which] = None
+        if new_id is not None and new_id < n_tokens:
+            ids[which] = new_id
+
+    for key in _POST_IDS_BOOL_KEYS:
+        _get(kvs, key, _BOOL)
+    add_bos = _get(kvs, "tokenizer.ggml.add_bos_token", _BOOL)
+    add_eos = _get(kvs, "tokenizer.ggml.add_eos_token", _BOOL)
+    if add_bos is not None:
+        flags["add_bos"] = add_bos
+    if add_eos is not None:
+        flags["add_eos"] = add_eos
+    if pre_type in _FORCE_ADD_BOS_PRE_TYPES:
+        flags["add_bos"] = True
+    _get_array(kvs, "tokenizer.ggml.suppress_tokens", (_INT32,))
+
+    facts.update(vocab_type=vocab_type, n_tokens=n_tokens, bos_id=ids["bos"], eos_id=ids["eos"],
+                 add_bos=bool(flags["add_bos"]), add_eos=bool(flags["add_eos"]))
+    return facts
+
+
+# --------------------------------------------------------------------------- llama.cpp's load-time checks
+
+
+def _check_model_arrays(kvs: dict[str, _KV], model: str, pre: str) -> None:
+    """The per-tokenizer-model array checks of the "determine vocab type" block."""
+    if model in _BPE_MERGES_MODELS:
+        if "tokenizer.ggml.merges" not in kvs:
+            if model == "gemma4" or pre != "kimi-k2":
+                raise ValueError("cannot find tokenizer merges in model file")
+        else:
+            _get_array(kvs, "tokenizer.ggml.merges", (_STRING,))
+    elif model == "t5" and _CHARSMAP in kvs:
+        charsmap = _get_array(kvs, _CHARSMAP, (_INT8, _UINT8))
+        data = charsmap.raw or b""
+        if len(data) < 4:
+            raise ValueError("precompiled_charsmap too small for xcda_blob_size header!")
+        if struct.unpack_from("<I", data)[0] + 4 >= len(data):
+            raise ValueError("Index out of array bounds in precompiled charsmap!")
+
+
+def _check_tokens(kvs: dict[str, _KV]) -> int:
+    """Token count; the token list, scores and token types checks, and the duplicate-text assertion."""
+    if _TOKENS not in kvs:
+        raise ValueError("cannot find tokenizer vocab in model file")
+    tokens = _get_array(kvs, _TOKENS, (_STRING,))
+    n_tokens = tokens.count
+    scores = _get_array(kvs, "tokenizer.ggml.scores", (_INT32, _FLOAT32))
+    if scores is not None and scores.count < n_tokens:
+        raise ValueError(f"Index out of array bounds for scores ({scores.count} < {n_tokens})")
+    toktypes = _get_array(kvs, "tokenizer.ggml.token_type", (_INT32,))
+    if toktypes is not None and toktypes.count < n_tokens:
+        raise ValueError(f"Index out of array bounds for toktypes ({toktypes.count} < {n_tokens})")
+    # token_to_id is keyed by text (an empty text becomes "[EMPTY_<id>]"); GGML_ASSERT(sizes equal) aborts
+    texts = {t or f"[EMPTY_{i}]".encode() for i, t in enumerate(tokens.strings or ())}
+    if tokens.strings is not None and len(texts) != n_tokens:
+        raise ValueError(f"duplicate token texts: {n_tokens} tokens but {len(texts)} distinct texts "
+                         "(llama.cpp aborts: id_to_token.size() == token_to_id.size())")
+    return n_tokens
+
+
+def _get(kvs: dict[str, _KV], key: str, gguf_type: int, required: bool = False) -> Any:
+    """llama_model_loader::get_key: None when absent (or an error if required), an error on a wrong type."""
+    kv = kvs.get(key)
+    if kv is None:
+        if required:
+            raise ValueError(f"key not found in model: {key}")
+        return None
+    if kv.type != gguf_type:
+        raise ValueError(f"key {key} has wrong type {_TYPE_NAMES[kv.type]} but expected type {_TYPE_NAMES[gguf_type]}")
+    return kv.value
+
+
+def _get_array(kvs: dict[str, _KV], key: str, elem_types: tuple[int, ...]) -> Any:
+    """An array key llama.cpp checks with gguf_get_kv_type/gguf_get_arr_type: None when absent."""
+    kv = kvs.get(key)
+    if kv is None:
+        return None
+    if kv.type != _ARRAY or kv.value.elem_type not in elem_types:
+        raise ValueError(f"invalid gguf type for {key}")
+    return kv.value
+
+
+# --------------------------------------------------------------------------- GGUF metadata
+
+
+def _metadata(path_or_reader: Any) -> dict[str, _KV]:
+    if isinstance(path_or_reader, (str, os.PathLike)):
+        return _read_gguf_kv(Path(path_or_reader))
+    if hasattr(path_or_reader, "fields"):
+        return _reader_kv(path_or_reader)
+    raise TypeError(f"expected a GGUF path or a gguf.GGUFReader, got {type(path_or_reader).__name__}")
+
+
+def _reader_kv(reader: Any) -> dict[str, _KV]:
+    """The metadata of a gguf.GGUFReader (its synthetic ``GGUF.*`` header fields left out)."""
+    out: dict[str, _KV] = {}
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        vtype = int(field.types[0])
+        if vtype == _STRING:
+            out[key] = _KV(vtype, bytes(field.parts[field.data[0]]).decode("utf-8", "surrogateescape"))
+        elif vtype != _ARRAY:
+            out[key] = _KV(vtype, field.contents())
+        else:
+            # parts: key length, key, value type, element type, element count, elements...
+            elem_type, count = int(field.parts[3][0]), int(field.parts[4][0])
+            strings = raw = None
+            if key == _TOKENS and elem_type == _STRING:
+                strings = [bytes(field.parts[i]) for i in field.data]
+            elif key == _CHARSMAP and elem_type in _SCALAR_FORMATS:
+                raw = b"".join(bytes(field.parts[i]) for i in field.data)
+            elif elem_type not in _SCALAR_FORMATS and elem_type != _STRING:
+                raise ValueError(f"key '{key}' has invalid GGUF type {elem_type}")
+            out[key] = _KV(_ARRAY, _Array(elem_type, count, strings, raw))
+    return out
+
+
+def _read_gguf_kv(path: Path) -> dict[str, _KV]:
+    """Parse the GGUF header's key/value section (what gguf_init_from_file checks there) from a file."""
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+        return _parse_kv(mm, str(path))
+
+
+def _parse_kv(buf: Any, name: str) -> dict[str, _KV]:
+    if len(buf) < 24 or buf[:4] != b"GGUF":
+        raise ValueError(f"{name}: not a GGUF file (magic {bytes(buf[:4])!r})")
+    version, _n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
+    if version & 0xFFFF == 0:
+        raise ValueError(f"{name}: GGUF version {version:#x}: a big-endian GGUF file?")
+    if version not in (2, 3):
+        raise ValueError(f"{name}: unsupported GGUF version {version}")
+    pos = 24
+    u64 = struct.Struct("<Q")
+    u32 = struct.Struct("<I")
+
+    def read_str(p: int) -> tuple[bytes, int]:
+        (n,) = u64.unpack_from(buf, p)
+        end = p + 8 + n
+        if end > len(buf):
+            raise ValueError(f"{name}: truncated GGUF metadata")
+        return buf[p + 8:end], end
+
+    out: dict[str, _KV] = {}
+    try:
+        for _ in range(n_kv):
+            raw_key, pos = read_str(pos)
+            key = raw_key.decode("utf-8", "surrogateescape")
+            if not key or key in out:
+                raise ValueError(f"{name}: {'empty' if not key else 'duplicate'} key '{key}'")
+            (vtype,) = u32.unpack_from(buf, pos)
+            pos += 4
+            if vtype == _ARRAY:
+                elem_type, count = struct.unpack_from("<IQ", buf, pos)
+                pos += 12
+                strings = raw = None
+                if elem_type == _STRING:
+                    if key == _TOKENS:
+                        strings = []
+                        for _ in range(count):
+                            s, pos = read_str(pos)
+                            strings.append(s)
+                    else:
+                        for _ in range(count):
+                            (n,) = u64.unpack_from(buf, pos)
+                            pos += 8 + n
+                elif elem_type in _SCALAR_FORMATS:
+                    size = struct.calcsize(_SCALAR_FORMATS[elem_type]) * count
+                    if key == _CHARSMAP:
+                        raw = bytes(buf[pos:pos + size])
+                    pos += size
+                else:
+                    raise ValueError(f"{name}: key '{key}' has invalid GGUF type {elem_type}")
+                if pos > len(buf):
+                    raise ValueError(f"{name}: truncated GGUF metadata")
+                out[key] = _KV(_ARRAY, _Array(elem_type, count, strings, raw))
+            elif vtype == _STRING:
+                s, pos = read_str(pos)
+                out[key] = _KV(_STRING, s.decode("utf-8", "surrogateescape"))
+            elif vtype in _SCALAR_FORMATS:
+                fmt = _SCALAR_FORMATS[vtype]
+                (value,) = struct.unpack_from(fmt, buf, pos)
+                pos += struct.calcsize(fmt)
+                out[key] = _KV(vtype, value)
+            else:
+                raise ValueError(f"{name}: key '{key}' has invalid GGUF type {vtype}")
+    except struct.error as exc:
+        raise ValueError(f"{name}: truncated GGUF metadata") from exc
+    return out
