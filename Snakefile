@@ -24,6 +24,8 @@ wildcard_constraints:
     es=W.evalset_regex(),
     outtype="F16|BF16",
     bkey=W.quant_regex() + "|F16|BF16",
+    mkey=W.pair_key_regex(),
+    dkey=W.pair_key_regex(),
 
 
 rule all:
@@ -51,7 +53,7 @@ rule fetch:
     conda:
         ENV
     shell:
-        "{params.py} -m pipeline.cli stage fetch --recipe {params.recipe:q} {params.roots}"
+        "{params.py} -m pipeline.cli stage fetch --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
         " --hub-cache {params.hub_cache:q} > {log:q} 2>&1"
 
 
@@ -77,7 +79,7 @@ rule convert:
     conda:
         ENV
     shell:
-        "{params.py} -m pipeline.cli stage convert --recipe {params.recipe:q} {params.roots}"
+        "{params.py} -m pipeline.cli stage convert --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
         " --quantized-by {params.quantized_by:q}"
 
 
@@ -102,7 +104,7 @@ rule quantize:
     conda:
         ENV
     shell:
-        "{params.py} -m pipeline.cli stage quantize --recipe {params.recipe:q} {params.roots}"
+        "{params.py} -m pipeline.cli stage quantize --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
         " --quant {wildcards.quant:q} --threads {threads}"
 
 
@@ -128,7 +130,7 @@ rule eval_base:
     conda:
         ENV
     shell:
-        "{params.py} -m pipeline.cli stage eval-base --recipe {params.recipe:q} {params.roots}"
+        "{params.py} -m pipeline.cli stage eval-base --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
         " --eval-set {wildcards.es:q} --threads {params.threads}"
 
 
@@ -154,7 +156,7 @@ rule eval:
     conda:
         ENV
     shell:
-        "{params.py} -m pipeline.cli stage eval --recipe {params.recipe:q} {params.roots}"
+        "{params.py} -m pipeline.cli stage eval --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
         " --eval-set {wildcards.es:q} --quant {wildcards.quant:q} --threads {params.threads}"
 
 
@@ -177,8 +179,80 @@ rule bench:
     conda:
         ENV
     shell:
-        "{params.py} -m pipeline.cli stage bench --recipe {params.recipe:q} {params.roots}"
+        "{params.py} -m pipeline.cli stage bench --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
         " --quant {wildcards.bkey:q} --threads {params.threads}"
+
+
+rule vocab_check:
+    input:
+        main=lambda wc: W.main_gguf(wc.name, wc.mkey),
+        draft=lambda wc: W.draft_gguf(wc.name, wc.dkey),
+    output:
+        L.vocab_record("{name}", "{mkey}", "{dkey}"),
+    log:
+        L.log("{name}", "vocab-{mkey}--{dkey}"),
+    params:
+        recipe=RECIPE,
+        py=W.python,
+        roots=ROOTS,
+    threads: 1
+    resources:
+        mem_mb=1024,
+        runtime=10,
+    conda:
+        ENV
+    shell:
+        "{params.py} -m pipeline.cli stage vocab --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
+        " --quant {wildcards.mkey:q} --draft-quant {wildcards.dkey:q} > {log:q} 2>&1"
+
+
+rule acceptance:
+    input:
+        main=lambda wc: W.main_gguf(wc.name, wc.mkey),
+        draft=lambda wc: W.draft_gguf(wc.name, wc.dkey),
+        vocab=rules.vocab_check.output,
+    output:
+        L.spec_record("{name}", "{mkey}", "{dkey}"),
+    log:
+        L.log("{name}", "acceptance-{mkey}--{dkey}"),
+    params:
+        recipe=RECIPE,
+        py=W.python,
+        roots=ROOTS,
+        threads=W.eval_threads,
+        trigger=lambda wc: W.draft_params(wc.name),
+    threads: W.eval_threads
+    resources:
+        mem_mb=lambda wc, input: mem_mb(input.size_mb, 1.5, 1024),
+        runtime=60,
+    conda:
+        ENV
+    shell:
+        "{params.py} -m pipeline.cli stage acceptance --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
+        " --quant {wildcards.mkey:q} --draft-quant {wildcards.dkey:q} --threads {params.threads}"
+
+
+rule agreement:
+    input:
+        unpack(lambda wc: W.agreement_inputs(wc.name, wc.dkey)),
+    output:
+        L.agreement_record("{name}", "{dkey}"),
+    log:
+        L.log("{name}", "agreement-{dkey}"),
+    params:
+        recipe=RECIPE,
+        py=W.python,
+        roots=ROOTS,
+        threads=W.eval_threads,
+    threads: W.eval_threads
+    resources:
+        mem_mb=lambda wc, input: mem_mb(input.size_mb, 1.3, 1024),
+        runtime=60,
+    conda:
+        ENV
+    shell:
+        "{params.py} -m pipeline.cli stage agreement --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
+        " --draft-quant {wildcards.dkey:q} --threads {params.threads}"
 
 
 rule publish:
@@ -204,7 +278,7 @@ rule publish:
     conda:
         ENV
     shell:
-        "{params.py} -m pipeline.cli stage publish --recipe {params.recipe:q} {params.roots} > {log:q} 2>&1"
+        "{params.py} -m pipeline.cli stage publish --recipe {params.recipe:q} --name {wildcards.name} {params.roots} > {log:q} 2>&1"
 
 
 rule gate:
@@ -224,4 +298,4 @@ rule gate:
     conda:
         ENV
     shell:
-        "{params.py} -m pipeline.cli stage gate --recipe {params.recipe:q} {params.roots} 2>&1 | tee {log:q}"
+        "{params.py} -m pipeline.cli stage gate --recipe {params.recipe:q} --name {wildcards.name} {params.roots} 2>&1 | tee {log:q}"

@@ -15,18 +15,24 @@ from pathlib import Path
 from .errors import PipelineError
 
 
-def _recipe(path: str):
+def _recipe(path: str, name: str | None = None):
+    """The recipe in ``path``; ``name`` may select its derived draft recipe (``<name>-draft``)."""
     from .recipe import load_recipe
     from .tools import find_toolchain
 
-    return load_recipe(path, str(find_toolchain().tool("llama-quantize")))
+    recipe = load_recipe(path, str(find_toolchain().tool("llama-quantize")))
+    if name and name != recipe.name:
+        if name == recipe.draft_name and recipe.draft_recipe() is not None:
+            return recipe.draft_recipe()
+        raise PipelineError(f"{path}: defines no recipe named {name!r}")
+    return recipe
 
 
 def cmd_stage(args) -> None:
     """One stage of one recipe; every path comes from the layout (pipeline/layout.py)."""
     from .layout import Layout
 
-    recipe = _recipe(args.recipe)
+    recipe = _recipe(args.recipe, args.name)
     L = Layout(Path(args.artifacts), Path(args.work))
     name, st = recipe.name, args.stage
     if st == "fetch":
@@ -60,6 +66,26 @@ def cmd_stage(args) -> None:
 
         gguf = L.base_gguf(recipe) if args.quant == recipe.outtype.upper() else L.quant(recipe, args.quant)
         bench(gguf, L.bench_record(name, args.quant), threads=args.threads, log=L.log(name, f"bench-{args.quant}"))
+    elif st == "vocab":
+        from .draft import vocab_check
+
+        vocab_check(L.main_gguf(recipe, args.quant), L.draft_gguf(recipe, args.draft_quant),
+                    L.vocab_record(name, args.quant, args.draft_quant))
+    elif st == "acceptance":
+        from .draft import acceptance
+
+        d = recipe.draft
+        acceptance(L.main_gguf(recipe, args.quant), L.draft_gguf(recipe, args.draft_quant),
+                   L.vocab_record(name, args.quant, args.draft_quant), d.eval_text, d.n_max, d.prompts, d.n_predict,
+                   L.spec_record(name, args.quant, args.draft_quant), threads=args.threads,
+                   log=L.log(name, f"acceptance-{args.quant}--{args.draft_quant}"))
+    elif st == "agreement":
+        from .draft import agreement
+
+        es = recipe.eval_sets[0]
+        agreement(name, L.draft_gguf(recipe, args.draft_quant), L.base_gguf(recipe), es, L.base_logits(name, es.name),
+                  L.base_record(name, es.name), L.agreement_record(name, args.draft_quant), threads=args.threads,
+                  log=L.log(name, f"agreement-{args.draft_quant}"))
     elif st == "publish":
         from .manifest import publish
 
@@ -143,11 +169,14 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("stage", help="run one stage of one recipe (used by the Snakefile)")
-    p.add_argument("stage", choices=["fetch", "convert", "quantize", "eval-base", "eval", "bench", "publish", "gate"])
+    p.add_argument("stage", choices=["fetch", "convert", "quantize", "eval-base", "eval", "bench", "vocab", "acceptance",
+                                     "agreement", "publish", "gate"])
     p.add_argument("--recipe", required=True)
+    p.add_argument("--name", help="recipe name (default: the file's; `<name>-draft` selects its draft)")
     p.add_argument("--artifacts", default="artifacts", help="artifact root (default: artifacts)")
     p.add_argument("--work", default="work", help="work root (default: work)")
     p.add_argument("--quant", help="quant key (TYPE[-variant]); for bench also the outtype")
+    p.add_argument("--draft-quant", help="draft quant key (or `gguf` for a given draft file)")
     p.add_argument("--eval-set")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--hub-cache", default=os.environ.get("HF_HUB_CACHE"))

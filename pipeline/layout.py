@@ -73,6 +73,26 @@ class Layout:
     def bench_record(self, name: str, key: str) -> Path:
         return self.wrk(name, "bench", f"{key}.json")
 
+    # drafts (speculative decoding)
+    def main_gguf(self, r: Recipe, key: str) -> Path:
+        """A main-model file for a draft pair: the base file or a quant in work/."""
+        return self.base_gguf(r) if key == r.outtype.upper() else self.quant(r, key)
+
+    def draft_gguf(self, r: Recipe, key: str) -> Path:
+        """A draft file: the given GGUF, or a quant of the derived ``<name>-draft`` recipe."""
+        if r.draft.gguf is not None:
+            return r.draft.gguf
+        return self.quant(r.draft_recipe(), key)
+
+    def vocab_record(self, name: str, mkey: str, dkey: str) -> Path:
+        return self.wrk(name, "draft", f"vocab-{mkey}--{dkey}.json")
+
+    def spec_record(self, name: str, mkey: str, dkey: str) -> Path:
+        return self.wrk(name, "draft", f"acceptance-{mkey}--{dkey}.json")
+
+    def agreement_record(self, name: str, dkey: str) -> Path:
+        return self.wrk(name, "draft", f"agreement-{dkey}.json")
+
     def gate_ok(self, name: str) -> Path:
         return self.wrk(name, "gate.ok")
 
@@ -92,4 +112,12 @@ class Layout:
             "evals": [str(self.eval_record(r.name, es.name, k)) for es in r.eval_sets for k in keys],
             "bench": [str(self.bench_record(r.name, k)) for k in [r.outtype.upper(), *keys]] if r.bench else [],
         }
+        if r.draft:
+            pairs = r.draft.pairs
+            out["vocab"] = [str(self.vocab_record(r.name, m, d)) for m, d in pairs]
+            out["acceptance"] = [str(self.spec_record(r.name, m, d)) for m, d in pairs]
+            if r.eval_sets:
+                out["agreement"] = [str(self.agreement_record(r.name, d)) for d in sorted({d for _, d in pairs})]
+            if r.draft.source is not None:
+                out["draft_manifest"] = [str(self.manifest(r.draft_name))]
         return out

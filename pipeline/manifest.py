@@ -21,11 +21,13 @@ import os
 import time
 from pathlib import Path
 
+from .draft import deployment_line
 from .errors import PipelineError
 from .evaluate import failure_message, verdict
-from .fsutil import atomic_output, write_json_atomic
+from .fsutil import atomic_output, sha256_file, write_json_atomic
 from .ggufinfo import general_metadata, read_facts
 from .layout import Layout
+from .mtp import lost_heads, mtp_facts
 from .recipe import Recipe
 
 SCHEMA_VERSION = 1
@@ -104,7 +106,10 @@ def build_manifest(recipe: Recipe, layout: Layout) -> tuple[dict, dict]:
     if eval_base:
         metrics_out[base.quant_type] = {s: {"ppl": v["ppl"]} for s, v in eval_base.items()}
 
+    base_mtp = mtp_facts(base_path)
     artifacts = [{**base.as_dict(), "role": "base"}]
+    if base_mtp["tensors"]:
+        artifacts[0]["mtp"] = {k: base_mtp[k] for k in ("tensors", "layers", "nextn_predict_layers")}
     rejected = []
     for q in recipe.quants:
         work_path = layout.quant(recipe, q.key)
@@ -119,7 +124,17 @@ def build_manifest(recipe: Recipe, layout: Layout) -> tuple[dict, dict]:
             ev = _load(layout.eval_record(name, es.name, q.key))
             per_set[es.name] = {k: ev["metrics"][k] for k in GATE_METRICS}
             thresholds[es.name] = recipe.thresholds(q.key, es.name)
-            failures += [{**f, "eval_set": es.name} for f in verdict(ev["metrics"], thresholds[es.name])]
+            failures += [{**f, "eval_set": es.name, "check": "gate",
+                          "message": failure_message(name, q.key, es.name, f)}
+                         for f in verdict(ev["metrics"], thresholds[es.name])]
+        if base_mtp["tensors"]:
+            q_mtp = mtp_facts(work_path)
+            entry["mtp"] = {k: q_mtp[k] for k in ("tensors", "layers", "nextn_predict_layers")}
+            lost = lost_heads(base_mtp, q_mtp)
+            if lost:
+                failures.append({"check": "mtp", "lost": lost, "message": (
+                    f"MTP heads lost: recipe {name}, quant {q.key} lacks {len(lost)} of the {base_mtp['tensors']} "
+                    f"nextn tensors of the {base.quant_type} file (first: {lost[0]})")})
         if recipe.eval_sets:
             entry["metrics"] = per_set
             entry["gate"] = {"passed": not failures, "thresholds": thresholds}
@@ -133,12 +148,16 @@ def build_manifest(recipe: Recipe, layout: Layout) -> tuple[dict, dict]:
             _link(work_path, layout.published(recipe, q.key))
             artifacts.append(entry)
 
+    draft, draft_failures, draft_timings = _draft_section(recipe, layout) if recipe.draft else (None, [], {})
+
     bench = {}
     if recipe.bench:
         for key, fname in [(recipe.outtype.upper(), recipe.base_file)] + [(q.key, recipe.file_for(q.key)) for q in recipe.quants]:
             b = _load(layout.bench_record(name, key))
             bench[fname] = {k: b[k] for k in ("pp_tokens_per_s", "tg_tokens_per_s", "pp_tokens", "tg_tokens", "threads")}
     build = {"timestamp": timestamp()}
+    if draft_timings:
+        build["draft_decode_tokens_per_s"] = draft_timings
     if bench:
         build["bench"] = bench
         build["bench_label"] = "llama-bench on the build box (CPU), not device speed"
@@ -156,9 +175,52 @@ def build_manifest(recipe: Recipe, layout: Layout) -> tuple[dict, dict]:
         "eval_base": eval_base,
         "artifacts": artifacts,
         "rejected": rejected,
-        "build": build,
     }
+    if draft is not None:
+        manifest["draft"] = draft
+        manifest["failures"] = draft_failures
+    manifest["build"] = build
     return manifest, metrics_out
+
+
+def _draft_section(recipe: Recipe, layout: Layout) -> tuple[dict, list[dict], dict]:
+    """The manifest's ``draft`` section: files, the vocab verdict and measured acceptance per pair,
+    top-1 agreement, deployment lines; plus recipe-level failures and the volatile timings."""
+    d, name = recipe.draft, recipe.name
+    info: dict = {"eval_text": d.eval_text.name, "n_max": list(d.n_max), "min_acceptance": d.min_acceptance}
+    if d.source is not None:
+        dm = _load(layout.manifest(recipe.draft_name))
+        info.update(recipe=recipe.draft_name, folder=f"../{recipe.draft_name}", build_id=dm["build_id"],
+                    source=dm["source"], files=[{k: a[k] for k in ("file", "quant_type", "sha256", "size_bytes")}
+                                                for a in dm["artifacts"]])
+        draft_file = {q.key: recipe.draft_recipe().file_for(q.key) for q in d.quants}
+    else:
+        info["gguf"] = {"file": d.gguf.name, "sha256": sha256_file(d.gguf), "size_bytes": d.gguf.stat().st_size}
+        draft_file = {"gguf": d.gguf.name}
+    failures, timings, pairs = [], {}, []
+    for mkey, dkey in d.pairs:
+        main_file = recipe.base_file if mkey == recipe.outtype.upper() else recipe.file_for(mkey)
+        v = _load(layout.vocab_record(name, mkey, dkey))
+        a = _load(layout.spec_record(name, mkey, dkey))
+        pair = {"main": main_file, "draft": draft_file[dkey], "compatible": v["compatible"], "rule": v["rule"],
+                "reason": v["reason"], "diff": v["diff"], "warnings": v["warnings"]}
+        label = f"{main_file} + {draft_file[dkey]}"
+        if not v["compatible"]:
+            failures.append({"check": "draft_vocab", "message": v["message"]})
+        else:
+            timings[label] = a.pop("build_box_decode_tokens_per_s", {})
+            pair["acceptance"] = a
+            pair["deploy"] = deployment_line(main_file, draft_file[dkey], a["best_n_max"])
+            if d.min_acceptance is not None and a["acceptance_rate"] < d.min_acceptance:
+                failures.append({"check": "draft_acceptance", "message": (
+                    f"draft acceptance too low: recipe {name}, {label}: acceptance {a['acceptance_rate']:.4f} "
+                    f"< min_acceptance {d.min_acceptance:g} (n_max {a['best_n_max']})")})
+        pairs.append(pair)
+    info["pairs"] = pairs
+    if recipe.eval_sets:
+        info["top1_agreement"] = {draft_file[k]: _load(layout.agreement_record(name, k))
+                                  for k in sorted({dk for _, dk in d.pairs})}
+    return info, failures, timings
 
 
 def publish(recipe: Recipe, layout: Layout) -> dict:
@@ -179,9 +241,9 @@ def publish(recipe: Recipe, layout: Layout) -> dict:
 
 
 def gate_messages(manifest: dict) -> list[str]:
-    return [failure_message(manifest["name"], e["file"].removeprefix(manifest["name"] + "-").removesuffix(".gguf"),
-                            f["eval_set"], f)
-            for e in manifest.get("rejected", []) for f in e.get("failures", [])]
+    """One line per failed check: quant gates, lost MTP heads, draft vocab / acceptance."""
+    return ([f["message"] for e in manifest.get("rejected", []) for f in e.get("failures", [])]
+            + [f["message"] for f in manifest.get("failures", [])])
 
 
 def check_gates(manifest_path: str | Path, ok_path: str | Path) -> None:
@@ -195,7 +257,7 @@ def check_gates(manifest_path: str | Path, ok_path: str | Path) -> None:
                                 "`snakemake --forcerun publish`")
     msgs = gate_messages(manifest)
     if msgs:
-        raise PipelineError("; ".join(msgs) + f" ({len(manifest['artifacts']) - 1} other quant(s) published)")
+        raise PipelineError("; ".join(msgs) + f" ({len(manifest['artifacts']) - 1} quant(s) published)")
     from .fsutil import write_text_atomic
 
     write_text_atomic(ok_path, manifest["build_id"] + "\n")

@@ -27,6 +27,16 @@ Schema (keys not listed are refused)::
         leave_output_tensor: false  # --leave-output-tensor
         gates: {max_kld_mean: 0.01}     # per-quant threshold overrides (all eval sets) ...
         # gates: {botchan: {max_kld_mean: 0.01}}   # ... or per eval set
+    draft:                          # optional draft model for speculative decoding
+      source: {repo: org/small, revision: <sha>}  # built like the main model, as <name>-draft ...
+      # gguf: path/to/draft.gguf    # ... or an existing GGUF: checked, not rebuilt
+      quants: [Q4_0]
+      pairs: [[Q8_0, Q4_0]]         # (main, draft) pairs to check; default: every main x every draft quant
+      n_max: [4, 8]                 # draft lengths measured (llama-speculative-simple --spec-draft-n-max)
+      eval_text: ../data/code.txt   # prompts for the acceptance measurement (default: the first gate text)
+      prompts: 3                    # prompts taken from that text, n_predict tokens each
+      n_predict: 96
+      min_acceptance: 0.5           # optional gate on the acceptance rate at the best draft length
     gates:                          # quality gates: one or more eval sets
       - name: botchan               # [a-z0-9_-]
         text: ../data/botchan.txt   # relative paths are relative to the recipe file
@@ -66,7 +76,9 @@ NOT_QUANTS = {"F16", "BF16", "F32", "COPY"}
 # tensor_requires_imatrix): their mixes contain IQ1/IQ2/IQ3_XXS tensors, or Q2_K in Q2_K_S.
 NEEDS_IMATRIX = {"IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ3_XXS", "IQ3_XS", "Q2_K_S"}
 
-TOP_KEYS = {"name", "description", "license", "source", "outtype", "quants", "gates", "bench"}
+TOP_KEYS = {"name", "description", "license", "source", "outtype", "quants", "gates", "bench", "draft"}
+DRAFT_KEYS = {"source", "gguf", "outtype", "quants", "pairs", "n_max", "eval_text", "min_acceptance", "prompts",
+              "n_predict"}
 SOURCE_KEYS = {"repo", "revision", "path", "allow_pickle", "trust_remote_code"}
 QUANT_KEYS = {"type", "variant", "output_tensor_type", "token_embedding_type", "tensor_types", "pure",
               "leave_output_tensor", "gates"}
@@ -177,6 +189,22 @@ class Quant:
 
 
 @dataclass(frozen=True)
+class Draft:
+    """A draft model for speculative decoding, built beside the main model or given as a GGUF."""
+
+    source: Source | None
+    gguf: Path | None
+    outtype: str
+    quants: tuple[Quant, ...]
+    pairs: tuple[tuple[str, str], ...]  # (main quant key, draft quant key or "gguf")
+    n_max: tuple[int, ...]  # draft lengths measured; the best one goes into the deployment line
+    eval_text: Path
+    min_acceptance: float | None = None
+    prompts: int = 3
+    n_predict: int = 96
+
+
+@dataclass(frozen=True)
 class Recipe:
     path: Path
     sha256: str
@@ -188,7 +216,21 @@ class Recipe:
     license: str | None = None
     eval_sets: tuple[EvalSet, ...] = ()
     bench: bool = True
+    draft: Draft | None = None
     raw: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def draft_name(self) -> str:
+        return f"{self.name}-draft"
+
+    def draft_recipe(self) -> Recipe | None:
+        """The draft as a recipe of its own (``<name>-draft``), built by the same stages."""
+        d = self.draft
+        if d is None or d.source is None:
+            return None
+        return Recipe(path=self.path, sha256=self.sha256, name=self.draft_name, source=d.source, outtype=d.outtype,
+                      quants=d.quants, description=f"draft model of {self.name}", license=self.license,
+                      eval_sets=(), bench=False, draft=None, raw={})
 
     def eval_set(self, name: str) -> EvalSet:
         for es in self.eval_sets:
@@ -369,8 +411,7 @@ def _check_quant_type(ctx: _Ctx, value: str, where: str, known: set[str] | None,
     return t
 
 
-def _parse_quant(ctx: _Ctx, item, i: int, known, build, set_names: set[str]) -> Quant:
-    where = f"quants[{i}]"
+def _parse_quant(ctx: _Ctx, item, where: str, known, build, set_names: set[str]) -> Quant:
     if isinstance(item, str):
         return Quant(type=_check_quant_type(ctx, item, where, known, build))
     d = ctx.mapping(item, where, QUANT_KEYS)
@@ -397,6 +438,112 @@ def _parse_quant(ctx: _Ctx, item, i: int, known, build, set_names: set[str]) -> 
     if "gates" in d:
         kw["gates"] = _parse_quant_gates(ctx, d["gates"], f"{where}.gates", set_names)
     return Quant(type=qtype, variant=variant, **kw)
+
+
+def _parse_source(ctx: _Ctx, value, where: str) -> Source:
+    s = ctx.mapping(value, where, SOURCE_KEYS)
+    if ("repo" in s) == ("path" in s):
+        ctx.fail(where, "give exactly one of `repo` (with `revision`) or `path`")
+    if "repo" in s:
+        repo = ctx.string(s["repo"], f"{where}.repo", REPO_RE, "a Hugging Face repo id (org/name)")
+        if "revision" not in s or s["revision"] in (None, ""):
+            ctx.fail(f"{where}.revision", "missing: pin the repo to a commit SHA (or at least a tag)")
+        rev = s["revision"]
+        if not isinstance(rev, str):  # YAML reads an all-digit SHA prefix as a number
+            ctx.fail(f"{where}.revision", f"must be a string (quote it), got {rev!r}")
+        revision = ctx.string(rev, f"{where}.revision", REVISION_RE, "a git revision")
+        local = None
+    else:
+        if "revision" in s:
+            ctx.fail(f"{where}.revision", "only valid with `repo`")
+        repo = revision = None
+        local = ctx.string(s["path"], f"{where}.path")
+    return Source(
+        repo=repo,
+        revision=revision,
+        path=local,
+        allow_pickle=ctx.boolean(s.get("allow_pickle", False), f"{where}.allow_pickle"),
+        trust_remote_code=ctx.boolean(s.get("trust_remote_code", False), f"{where}.trust_remote_code"),
+    )
+
+
+def _parse_quants(ctx: _Ctx, qs, where: str, known, build, set_names: set[str]) -> tuple[Quant, ...]:
+    if not isinstance(qs, list) or not qs:
+        ctx.fail(where, "must be a non-empty list")
+    quants = tuple(_parse_quant(ctx, item, f"{where}[{i}]", known, build, set_names) for i, item in enumerate(qs))
+    seen: dict[str, int] = {}
+    for i, q in enumerate(quants):
+        if q.key in seen:
+            ctx.fail(f"{where}[{i}]", f"{q.key} repeats {where}[{seen[q.key]}]: give one of them a `variant`")
+        seen[q.key] = i
+        if q.type in NEEDS_IMATRIX:
+            ctx.fail(f"{where}[{i}].type", f"{q.type} needs an importance matrix, which this recipe does not configure")
+    return quants
+
+
+def _parse_draft(ctx: _Ctx, value, main_quants: tuple[Quant, ...], eval_sets, known, build, outtype: str) -> Draft:
+    d = ctx.mapping(value, "draft", DRAFT_KEYS)
+    if ("source" in d) == ("gguf" in d):
+        ctx.fail("draft", "give exactly one of `source` (built like the main model) or `gguf` (an existing file)")
+    source = gguf = None
+    quants: tuple[Quant, ...] = ()
+    if "source" in d:
+        source = _parse_source(ctx, d["source"], "draft.source")
+        if "quants" not in d:
+            ctx.fail("draft.quants", "missing")
+        quants = _parse_quants(ctx, d["quants"], "draft.quants", known, build, set())
+    else:
+        for key in ("quants", "outtype"):
+            if key in d:
+                ctx.fail(f"draft.{key}", "only valid with draft.source (a `gguf` draft is checked, not rebuilt)")
+        gguf = Path(ctx.string(d["gguf"], "draft.gguf")).expanduser()
+        if not gguf.is_absolute():
+            gguf = (ctx.path.parent / gguf).resolve()
+        if not gguf.is_file():
+            ctx.fail("draft.gguf", f"{gguf} does not exist")
+    d_outtype = d.get("outtype", outtype)
+    if d_outtype not in OUTTYPES:
+        ctx.fail("draft.outtype", f"{d_outtype!r} is not one of {', '.join(OUTTYPES)}")
+    main_keys = [q.key for q in main_quants]
+    draft_keys = [q.key for q in quants] if quants else ["gguf"]
+    pairs = [(m, dk) for m in main_keys for dk in draft_keys]
+    if "pairs" in d:
+        raw = d["pairs"]
+        if not isinstance(raw, list) or not raw:
+            ctx.fail("draft.pairs", "must be a list of [main quant, draft quant]")
+        pairs = []
+        for i, pr in enumerate(raw):
+            if not (isinstance(pr, list) and len(pr) == 2 and all(isinstance(x, str) for x in pr)):
+                ctx.fail(f"draft.pairs[{i}]", f"must be [main quant, draft quant], got {pr!r}")
+            m, dk = (QUANT_ALIASES.get(x.upper(), x) if "-" not in x else x for x in pr)
+            if m not in main_keys and m != outtype.upper():
+                ctx.fail(f"draft.pairs[{i}]", f"{m!r} is not a main quant ({', '.join(main_keys)})")
+            if dk not in draft_keys:
+                ctx.fail(f"draft.pairs[{i}]", f"{dk!r} is not a draft quant ({', '.join(draft_keys)})")
+            pairs.append((m, dk))
+    n_max = d.get("n_max", [4, 8])
+    n_max = n_max if isinstance(n_max, list) else [n_max]
+    if not n_max or not all(isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 64 for n in n_max):
+        ctx.fail("draft.n_max", f"must be a draft length 1-64 or a list of them, got {d.get('n_max')!r}")
+    text = d.get("eval_text")
+    if text is not None:
+        text = Path(ctx.string(text, "draft.eval_text")).expanduser()
+        if not text.is_absolute():
+            text = (ctx.path.parent / text).resolve()
+        if not text.is_file():
+            ctx.fail("draft.eval_text", f"{text} does not exist")
+    elif eval_sets:
+        text = eval_sets[0].text
+    else:
+        ctx.fail("draft.eval_text", "missing (and there is no gates eval set to take the text from)")
+    min_acc = d.get("min_acceptance")
+    if min_acc is not None and (isinstance(min_acc, bool) or not isinstance(min_acc, (int, float)) or not 0 <= min_acc <= 1):
+        ctx.fail("draft.min_acceptance", f"must be a number between 0 and 1, got {min_acc!r}")
+    prompts = _integer(ctx, d.get("prompts", 3), "draft.prompts", 1)
+    n_predict = _integer(ctx, d.get("n_predict", 96), "draft.n_predict", 8)
+    return Draft(source=source, gguf=gguf, outtype=d_outtype, quants=quants, pairs=tuple(pairs),
+                 n_max=tuple(sorted(set(n_max))), eval_text=text, min_acceptance=min_acc, prompts=prompts,
+                 n_predict=n_predict)
 
 
 def load_recipe(path: str | Path, quantize_exe: str | None = None) -> Recipe:
@@ -427,37 +574,13 @@ def load_recipe(path: str | Path, quantize_exe: str | None = None) -> Recipe:
     if ".." in name:
         ctx.fail("name", f"{name!r} must not contain '..'")
 
-    s = ctx.mapping(d["source"], "source", SOURCE_KEYS)
-    if ("repo" in s) == ("path" in s):
-        ctx.fail("source", "give exactly one of `repo` (with `revision`) or `path`")
-    if "repo" in s:
-        repo = ctx.string(s["repo"], "source.repo", REPO_RE, "a Hugging Face repo id (org/name)")
-        if "revision" not in s or s["revision"] in (None, ""):
-            ctx.fail("source.revision", "missing: pin the repo to a commit SHA (or at least a tag)")
-        rev = s["revision"]
-        if not isinstance(rev, str):  # YAML reads an all-digit SHA prefix as a number
-            ctx.fail("source.revision", f"must be a string (quote it), got {rev!r}")
-        revision = ctx.string(rev, "source.revision", REVISION_RE, "a git revision")
-        local = None
-    else:
-        if "revision" in s:
-            ctx.fail("source.revision", "only valid with `repo`")
-        repo = revision = None
-        local = ctx.string(s["path"], "source.path")
-    source = Source(
-        repo=repo,
-        revision=revision,
-        path=local,
-        allow_pickle=ctx.boolean(s.get("allow_pickle", False), "source.allow_pickle"),
-        trust_remote_code=ctx.boolean(s.get("trust_remote_code", False), "source.trust_remote_code"),
-    )
+    source = _parse_source(ctx, d["source"], "source")
 
     outtype = d.get("outtype", "f16")
     if outtype not in OUTTYPES:
         ctx.fail("outtype", f"{outtype!r} is not one of {', '.join(OUTTYPES)}")
 
-    qs = d["quants"]
-    if not isinstance(qs, list) or not qs:
+    if "quants" in d and not isinstance(d["quants"], list):
         ctx.fail("quants", "must be a non-empty list")
     eval_sets = _parse_eval_sets(ctx, d["gates"]) if "gates" in d else ()
     set_names = {es.name for es in eval_sets}
@@ -466,14 +589,8 @@ def load_recipe(path: str | Path, quantize_exe: str | None = None) -> Recipe:
     if quantize_exe:
         known_set, build = known_quant_types(quantize_exe)
         known = set(known_set)
-    quants = tuple(_parse_quant(ctx, item, i, known, build, set_names) for i, item in enumerate(qs))
-    seen: dict[str, int] = {}
-    for i, q in enumerate(quants):
-        if q.key in seen:
-            ctx.fail(f"quants[{i}]", f"{q.key} repeats quants[{seen[q.key]}]: give one of them a `variant`")
-        seen[q.key] = i
-        if q.type in NEEDS_IMATRIX:
-            ctx.fail(f"quants[{i}].type", f"{q.type} needs an importance matrix, which this recipe does not configure")
+    quants = _parse_quants(ctx, d["quants"], "quants", known, build, set_names)
+    draft = _parse_draft(ctx, d["draft"], quants, eval_sets, known, build, outtype) if "draft" in d else None
 
     for key in ("description", "license"):
         if key in d and d[key] is not None:
@@ -489,6 +606,7 @@ def load_recipe(path: str | Path, quantize_exe: str | None = None) -> Recipe:
         license=d.get("license"),
         eval_sets=eval_sets,
         bench=bench,
+        draft=draft,
         raw=d,
     )
 

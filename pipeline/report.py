@@ -94,6 +94,25 @@ def _eval_desc(manifest: dict) -> str:
     return "\n".join(out)
 
 
+def draft_table(manifest: dict) -> str:
+    d = manifest.get("draft")
+    if not d:
+        return ""
+    agree = d.get("top1_agreement", {})
+    lines = [f"Draft-eval text `{d['eval_text']}`; draft lengths measured: {', '.join(map(str, d['n_max']))}.", "",
+             "| main | draft | vocab | acceptance | best n_max | top-1 agreement | deploy |", "|---|---|---|---|---|---|---|"]
+    for p in d["pairs"]:
+        a = p.get("acceptance") or {}
+        ag = agree.get(p["draft"], {})
+        vocab = "compatible" + (f" ({len(p['warnings'])} warning(s))" if p["warnings"] else "") if p["compatible"] \
+            else f"INCOMPATIBLE ({p['rule']}): {p['reason']}"
+        lines.append(f"| `{p['main']}` | `{p['draft']}` | {vocab} | "
+                     f"{_fmt(a.get('acceptance_rate'), '.3f')} ({a.get('accepted', '–')}/{a.get('drafted', '–')}) | "
+                     f"{a.get('best_n_max', '–')} | {_fmt(ag.get('top1_agreement'), '.4f')} | "
+                     f"`{p.get('deploy', '–')}` |")
+    return "\n".join(lines)
+
+
 def write_report(manifest: dict, out_md: str | Path, out_png: str | Path) -> None:
     plot(manifest, out_png)
     parts = [f"# {manifest['name']}: quantization report", "",
@@ -106,6 +125,8 @@ def write_report(manifest: dict, out_md: str | Path, out_png: str | Path) -> Non
         if es:
             parts += [f"## Eval set `{es}`", ""]
         parts += [markdown_table(manifest, es, speed=True), ""]
+    if manifest.get("draft"):
+        parts += ["## Draft model (speculative decoding)", "", draft_table(manifest), ""]
     parts += ["pp/tg t/s: `llama-bench` prompt processing / generation tokens/s on the build box (CPU), same "
               "threads for all quants: build-box figures, not device speed.", "", f"![size vs mean KLD]({Path(out_png).name})", ""]
     write_text_atomic(out_md, "\n".join(parts))
@@ -142,4 +163,6 @@ def write_card(manifest: dict, out: str | Path) -> None:
     first = manifest["artifacts"][-1]["file"]
     body += ["```", "", "Serve one file over HTTP (OpenAI-compatible API):", "", "```sh",
              f"llama-server -m {first} --port 8080", "```", ""]
+    if manifest.get("draft"):
+        body += ["## Speculative decoding with the draft model", "", draft_table(manifest), ""]
     write_text_atomic(out, "\n".join(front + body))

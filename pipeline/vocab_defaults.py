@@ -176,6 +176,9 @@ _POST_IDS_BOOL_KEYS = ("tokenizer.ggml.add_bos_token", "tokenizer.ggml.add_eos_t
 
 _TOKENS = "tokenizer.ggml.tokens"
 _CHARSMAP = "tokenizer.ggml.precompiled_charsmap"
+# arrays whose elements are kept (the rest are only measured): what the vocab checks compare
+_KEEP_STRINGS = {_TOKENS, "tokenizer.ggml.merges"}
+_KEEP_RAW = {_CHARSMAP, "tokenizer.ggml.token_type"}
 
 
 @dataclass(frozen=True)
@@ -203,7 +206,8 @@ def effective_vocab(path_or_reader: str | os.PathLike | Any) -> dict[str, Any]:
     - ``n_tokens``: ``llama_vocab_n_tokens``;
     - ``bos_id`` / ``eos_id``: ``llama_vocab_bos`` / ``llama_vocab_eos``, None for LLAMA_TOKEN_NULL;
     - ``add_bos`` / ``add_eos``: ``llama_vocab_get_add_bos`` / ``llama_vocab_get_add_eos``;
-    - ``model``: ``tokenizer.ggml.model``; ``pre``: ``tokenizer.ggml.pre`` as in the file, or None.
+    - ``model``: ``tokenizer.ggml.model``; ``pre``: ``tokenizer.ggml.pre`` as in the file, or None (for the
+      tokenizer model "gemma4" llama.cpp uses the pre-tokenizer "gemma4" whatever the file says).
 
     Raises ValueError where llama.cpp would fail to load the vocabulary.
     """
@@ -245,17 +249,10 @@ def effective_vocab(path_or_reader: str | os.PathLike | Any) -> dict[str, Any]:
 
     n_tokens = _check_tokens(kvs)
 
-    # special tokens: a default outside the vocab is disabled; a key outside the vocab keeps the default
-    ids = {"bos": bos_id, "eos": eos_id}
-    for key in _SPECIAL_ID_KEYS:
-        new_id = _get(kvs, key, _UINT32)
-        which = key.removeprefix("tokenizer.ggml.").removesuffix("_token_id")
-        if which not in ids:
-            continue
-        if ids[which] is not None and ids[which] >= n_tokens:
-            ids[which] = None
-        if new_id is not None and new_id < n_tokens:
-            ids[which] = new_id
+    for key in _SPECIAL_ID_KEYS:  # all are read (and type-checked); only BOS and EOS matter here
+        _get(kvs, key, _UINT32)
+    bos_id = _special_id(kvs, "tokenizer.ggml.bos_token_id", bos_id, n_tokens)
+    eos_id = _special_id(kvs, "tokenizer.ggml.eos_token_id", eos_id, n_tokens)
 
     for key in _POST_IDS_BOOL_KEYS:
         _get(kvs, key, _BOOL)
@@ -269,7 +266,7 @@ def effective_vocab(path_or_reader: str | os.PathLike | Any) -> dict[str, Any]:
         flags["add_bos"] = True
     _get_array(kvs, "tokenizer.ggml.suppress_tokens", (_INT32,))
 
-    facts.update(vocab_type=vocab_type, n_tokens=n_tokens, bos_id=ids["bos"], eos_id=ids["eos"],
+    facts.update(vocab_type=vocab_type, n_tokens=n_tokens, bos_id=bos_id, eos_id=eos_id,
                  add_bos=bool(flags["add_bos"]), add_eos=bool(flags["add_eos"]))
     return facts
 
@@ -292,6 +289,14 @@ def _check_model_arrays(kvs: dict[str, _KV], model: str, pre: str) -> None:
             raise ValueError("precompiled_charsmap too small for xcda_blob_size header!")
         if struct.unpack_from("<I", data)[0] + 4 >= len(data):
             raise ValueError("Index out of array bounds in precompiled charsmap!")
+
+
+def _special_id(kvs: dict[str, _KV], key: str, default: int | None, n_tokens: int) -> int | None:
+    """A default id outside the vocab is disabled; the key's id replaces it unless it is outside the vocab."""
+    if default is not None and default >= n_tokens:
+        default = None
+    new_id = _get(kvs, key, _UINT32)
+    return new_id if new_id is not None and new_id < n_tokens else default
 
 
 def _check_tokens(kvs: dict[str, _KV]) -> int:
@@ -339,6 +344,18 @@ def _get_array(kvs: dict[str, _KV], key: str, elem_types: tuple[int, ...]) -> An
 # --------------------------------------------------------------------------- GGUF metadata
 
 
+def tokenizer_metadata(path_or_reader: Any) -> dict[str, Any]:
+    """Tokenizer keys for the draft checks, read fast and byte-exact: token texts and merges as
+    ``bytes`` (not necessarily UTF-8), token types as raw bytes, other values as Python scalars."""
+    out: dict[str, Any] = {}
+    for key, kv in _metadata(path_or_reader).items():
+        if not key.startswith("tokenizer."):
+            continue
+        v = kv.value
+        out[key] = (v.strings if v.strings is not None else v.raw) if isinstance(v, _Array) else v
+    return out
+
+
 def _metadata(path_or_reader: Any) -> dict[str, _KV]:
     if isinstance(path_or_reader, (str, os.PathLike)):
         return _read_gguf_kv(Path(path_or_reader))
@@ -362,9 +379,9 @@ def _reader_kv(reader: Any) -> dict[str, _KV]:
             # parts: key length, key, value type, element type, element count, elements...
             elem_type, count = int(field.parts[3][0]), int(field.parts[4][0])
             strings = raw = None
-            if key == _TOKENS and elem_type == _STRING:
+            if key in _KEEP_STRINGS and elem_type == _STRING:
                 strings = [bytes(field.parts[i]) for i in field.data]
-            elif key == _CHARSMAP and elem_type in _SCALAR_FORMATS:
+            elif key in _KEEP_RAW and elem_type in _SCALAR_FORMATS:
                 raw = b"".join(bytes(field.parts[i]) for i in field.data)
             elif elem_type not in _SCALAR_FORMATS and elem_type != _STRING:
                 raise ValueError(f"key '{key}' has invalid GGUF type {elem_type}")
@@ -411,7 +428,7 @@ def _parse_kv(buf: Any, name: str) -> dict[str, _KV]:
                 pos += 12
                 strings = raw = None
                 if elem_type == _STRING:
-                    if key == _TOKENS:
+                    if key in _KEEP_STRINGS:
                         strings = []
                         for _ in range(count):
                             s, pos = read_str(pos)
@@ -422,7 +439,7 @@ def _parse_kv(buf: Any, name: str) -> dict[str, _KV]:
                             pos += 8 + n
                 elif elem_type in _SCALAR_FORMATS:
                     size = struct.calcsize(_SCALAR_FORMATS[elem_type]) * count
-                    if key == _CHARSMAP:
+                    if key in _KEEP_RAW:
                         raw = bytes(buf[pos:pos + size])
                     pos += size
                 else:

@@ -41,9 +41,13 @@ class Workflow:
                 continue
             found = load_recipes(p, exe) if p.is_dir() else [load_recipe(p, exe)]
             for r in found:
-                if r.name in self.recipes:
-                    raise PipelineError(f"{r.path}: name: {r.name!r} is already used by {self.recipes[r.name].path}")
-                self.recipes[r.name] = r
+                for rr in (r, r.draft_recipe()):  # a built draft is a recipe of its own: <name>-draft
+                    if rr is None:
+                        continue
+                    if rr.name in self.recipes:
+                        raise PipelineError(f"{rr.path}: name: {rr.name!r} is already used by "
+                                            f"{self.recipes[rr.name].path}")
+                    self.recipes[rr.name] = rr
         self.layout = Layout(Path(config.get("artifacts", "artifacts")), Path(config.get("work", "work")))
         self.threads = int(config.get("threads", 4))
         self.eval_threads = int(config.get("eval_threads", 2))
@@ -62,6 +66,25 @@ class Workflow:
     def evalset_regex(self) -> str:
         sets = sorted({es.name for r in self.recipes.values() for es in r.eval_sets})
         return "|".join(re.escape(s) for s in sets) or "(?!)"
+
+    def pair_key_regex(self) -> str:
+        return self.quant_regex() + "|F16|BF16|gguf"
+
+    def main_gguf(self, name: str, key: str) -> str:
+        return str(self.layout.main_gguf(self.recipes[name], key))
+
+    def draft_gguf(self, name: str, key: str) -> str:
+        return str(self.layout.draft_gguf(self.recipes[name], key))
+
+    def agreement_inputs(self, name: str, dkey: str) -> dict[str, str]:
+        r = self.recipes[name]
+        es = r.eval_sets[0].name
+        return {"draft": self.draft_gguf(name, dkey), "logits": str(self.layout.base_logits(name, es)),
+                "base_record": str(self.layout.base_record(name, es))}
+
+    def draft_params(self, name: str) -> str:
+        d = self.recipes[name].draft
+        return repr((str(d.eval_text), d.n_max, d.prompts, d.n_predict, self.eval_threads, self.toolchain.build_number))
 
     def recipe(self, name: str) -> Recipe:
         return self.recipes[name]

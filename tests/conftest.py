@@ -88,3 +88,28 @@ def copy_recipe(src: Path, dest_dir: Path, **changes) -> Path:
     out.write_text(yaml.safe_dump(data, sort_keys=False))
     return out
 
+
+
+@pytest.fixture(scope="session")
+def failing_build(tmp_path_factory, demo_hub):
+    """One real build that must fail: Q8_0 passes, a Q2_K has an impossible gate, and the draft is a
+    tiny model with llama.cpp's llama-spm test vocabulary (incompatible with the demo's BPE vocab).
+    Returns (workdir, recipe, snakemake result, draft path); shared by test_gates and test_draft."""
+    import yaml
+    from gguf_factory import tiny_llama
+
+    from pipeline.tools import find_toolchain
+
+    work = tmp_path_factory.mktemp("gates")
+    draft = tiny_llama(work / "tiny-spm.gguf",
+                       tokenizer_from=find_toolchain().root / "vocab" / "ggml-vocab-llama-spm.gguf")
+    data = yaml.safe_load(DEMO_RECIPE.read_text())
+    data.update(name="smollm2-gates", bench=False,
+                quants=["Q8_0", {"type": "Q2_K", "gates": {"max_kld_mean": 0.0001}}],
+                draft={"gguf": str(draft), "n_max": 4, "prompts": 1})
+    data["gates"][0]["text"] = str(ROOT / "data" / "botchan.txt")
+    recipe = work / "recipes" / "smollm2-gates.yaml"
+    recipe.parent.mkdir()
+    recipe.write_text(yaml.safe_dump(data, sort_keys=False))
+    res = snakemake(work, recipe, cores=2, hub=demo_hub)
+    return work, recipe, res, draft
