@@ -162,7 +162,7 @@ rule eval:
 
 rule bench:
     input:
-        gguf=lambda wc: W.bench_input(wc.name, wc.bkey),
+        gguf=lambda wc: W.main_gguf(wc.name, wc.bkey),
     output:
         L.bench_record("{name}", "{bkey}"),
     log:

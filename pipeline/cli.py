@@ -59,13 +59,13 @@ def cmd_stage(args) -> None:
         from .evaluate import eval_quant
 
         es = recipe.eval_set(args.eval_set)
-        eval_quant(name, args.quant, es, L.quant(recipe, args.quant), L.base_logits(name, es.name), L.base_record(name, es.name), L.eval_record(name, es.name, args.quant),
-                   threads=args.threads, log=L.log(name, f"eval-{es.name}-{args.quant}"))
+        eval_quant(name, args.quant, es, L.quant(recipe, args.quant), L.base_logits(name, es.name),
+                   L.base_record(name, es.name), L.eval_record(name, es.name, args.quant), threads=args.threads,
+                   log=L.log(name, f"eval-{es.name}-{args.quant}"))
     elif st == "bench":
         from .bench import bench
 
-        gguf = L.base_gguf(recipe) if args.quant == recipe.outtype.upper() else L.quant(recipe, args.quant)
-        bench(gguf, L.bench_record(name, args.quant), threads=args.threads, log=L.log(name, f"bench-{args.quant}"))
+        bench(L.main_gguf(recipe, args.quant), L.bench_record(name, args.quant), threads=args.threads, log=L.log(name, f"bench-{args.quant}"))
     elif st == "vocab":
         from .draft import vocab_check
 

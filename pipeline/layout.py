@@ -75,7 +75,7 @@ class Layout:
 
     # drafts (speculative decoding)
     def main_gguf(self, r: Recipe, key: str) -> Path:
-        """A main-model file for a draft pair: the base file or a quant in work/."""
+        """The file of key ``key``: the base file (key = outtype) or a quant in work/."""
         return self.base_gguf(r) if key == r.outtype.upper() else self.quant(r, key)
 
     def draft_gguf(self, r: Recipe, key: str) -> Path:

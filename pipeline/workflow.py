@@ -95,10 +95,6 @@ class Workflow:
     def base_file(self, name: str) -> str:
         return str(self.layout.base_gguf(self.recipes[name]))
 
-    def bench_input(self, name: str, key: str) -> str:
-        r = self.recipes[name]
-        return self.base_file(name) if key == r.outtype.upper() else str(self.layout.quant(r, key))
-
     def publish_inputs(self, name: str) -> dict[str, list[str]]:
         return self.layout.publish_inputs(self.recipes[name])
 
