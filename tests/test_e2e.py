@@ -99,3 +99,24 @@ def test_determinism_second_build_identical(demo_build, demo_hub, tmp_path):
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     m2 = json.loads((tmp_path / "b" / "artifacts" / NAME / "manifest.json").read_text())
     assert strip_volatile(m2) == strip_volatile(_manifest(demo_build))
+
+
+def test_verify_against_manifest(demo_build, tmp_path):
+    """`ggufpipe verify`: a pulled file checked against its manifest; altered or truncated copies fail."""
+    from pipeline.cli import main
+
+    src = demo_build / "artifacts" / NAME
+    shutil.copyfile(src / "manifest.json", tmp_path / "manifest.json")
+    good = tmp_path / f"{NAME}-Q4_K_M.gguf"
+    shutil.copyfile(src / good.name, good)
+    assert main(["verify", str(good)]) == 0
+    with open(good, "r+b") as fh:  # flip one byte in the tensor data
+        fh.seek(good.stat().st_size // 2)
+        b = fh.read(1)
+        fh.seek(-1, 1)
+        fh.write(bytes([b[0] ^ 0xFF]))
+    assert main(["verify", str(good)]) == 1
+    with open(good, "r+b") as fh:
+        fh.truncate(1000)
+    assert main(["verify", str(good)]) == 1
+    assert main(["verify", str(tmp_path / "nope.gguf")]) == 1
