@@ -32,17 +32,13 @@ from typing import Any
 import pytest
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
-from pipeline.tools import PINNED_BUILD, cache_root, pinned_dir
+from pipeline.tools import cache_root, pinned_dir
 from pipeline.vocab_defaults import BPE_PRE_TOKENIZERS, VOCAB_TYPES, effective_vocab
 
-ROOT = Path(__file__).resolve().parent.parent
 VOCAB_FILES = sorted((pinned_dir() / "vocab").glob("ggml-vocab-*.gguf"))
-# ggml-vocab-*.gguf files that llama-tokenize b11312 cannot load, each with the reason. Empty: all of them load.
-UNLOADABLE: dict[str, str] = {}
-REAL_MODELS = (
-    ROOT / "artifacts" / "smollm2-135m" / "smollm2-135m-Q4_K_M.gguf",  # built by the demo recipe
-    cache_root() / "demo" / "SmolLM2-135M-Instruct.Q4_1.gguf",  # the demo's source model
-)
+# the demo's source model (extracted by `ggufpipe setup-demo`, which `make test` runs first); its F16 and
+# quants are checked against llama.cpp in test_vocab_oracle.py
+REAL_MODELS = (cache_root() / "demo" / "SmolLM2-135M-Instruct.Q4_1.gguf",)
 WORKERS = 2
 
 T = GGUFValueType
@@ -327,8 +323,6 @@ def cases(toolchain, tmp_path_factory) -> Cases:
     The tool runs two at a time in the background, starting with the pinned tree's vocab files while the
     GGUFs derived from them are written.
     """
-    if toolchain.build_number != PINNED_BUILD:
-        pytest.skip(f"effective_vocab mirrors llama.cpp b{PINNED_BUILD}; LLAMA_CPP_DIR is b{toolchain.build_number}")
     exe = toolchain.tool("llama-tokenize")
     folder = tmp_path_factory.mktemp("vocab-variants")
     with ThreadPoolExecutor(WORKERS) as pool:
@@ -338,8 +332,7 @@ def cases(toolchain, tmp_path_factory) -> Cases:
             jobs[name] = (path, pool.submit(observe, exe, path))
 
         for path in [*VOCAB_FILES, *REAL_MODELS]:
-            if path.is_file() and path.name not in UNLOADABLE:
-                submit(path.name, path)
+            submit(path.name, path)
         donors = {"spm": _donor("llama-spm"), "bpe": _donor("deepseek-coder")}
         bases = {"spm": donors["spm"][2], "bpe": donors["bpe"][2], "spm512": _first_tokens(donors["spm"][2], 512),
                  "bpe259": bpe259()}
@@ -361,13 +354,10 @@ def cases(toolchain, tmp_path_factory) -> Cases:
 
 def test_vocab_files_present():
     assert len(VOCAB_FILES) >= 19, f"expected the pinned tree's ggml-vocab-*.gguf files in {pinned_dir() / 'vocab'}"
-    assert set(UNLOADABLE) <= {f.name for f in VOCAB_FILES}
 
 
 @pytest.mark.parametrize("gguf", VOCAB_FILES, ids=lambda p: p.stem.removeprefix("ggml-vocab-"))
 def test_vocab_file_matches_llama_cpp(gguf, cases):
-    if gguf.name in UNLOADABLE:
-        pytest.skip(UNLOADABLE[gguf.name])
     _, seen = cases.seen[gguf.name]
     assert seen.facts is not None, f"llama-tokenize could not load {gguf.name}: {seen.log[-2000:]}"
     assert "add_bos" in seen.facts, f"{gguf.name}: add_bos not observed"  # all of them are SPM/BPE/WPM/UGM
@@ -376,8 +366,7 @@ def test_vocab_file_matches_llama_cpp(gguf, cases):
 
 @pytest.mark.parametrize("gguf", REAL_MODELS, ids=lambda p: p.name)
 def test_real_model_matches_llama_cpp(gguf, cases):
-    if not gguf.is_file():
-        pytest.skip(f"{gguf} is absent (built by the demo recipe / extracted by the demo setup)")
+    assert gguf.is_file(), f"{gguf} is missing: run `ggufpipe setup-demo` (make test does)"
     _, seen = cases.seen[gguf.name]
     assert seen.facts is not None, seen.log[-2000:]
     ours = assert_agrees(gguf, seen)
