@@ -132,3 +132,32 @@ def test_publish_rejects_quant_that_lost_mtp_heads(mtp_model, toolchain, tmp_pat
     write_json_atomic(L.manifest(r.name), manifest)
     with pytest.raises(PipelineError, match="MTP heads lost"):
         check_gates(L.manifest(r.name), tmp_path / "ok")
+
+
+def test_min_acceptance_gate(tmp_path):
+    """The publish stage fails a compatible pair whose measured acceptance is below min_acceptance."""
+    import yaml
+
+    from pipeline.layout import Layout
+    from pipeline.manifest import _draft_section
+    from pipeline.recipe import load_recipe
+
+    draft = tmp_path / "draft.gguf"
+    draft.write_bytes(b"GGUF draft stand-in")  # only hashed here; the records below are what is judged
+    text = tmp_path / "text.txt"
+    text.write_text("some prose\n" * 100)
+    recipe_file = tmp_path / "r.yaml"
+    recipe_file.write_text(yaml.safe_dump({"name": "m", "source": {"path": str(tmp_path)}, "quants": ["Q8_0"],
+                                           "draft": {"gguf": str(draft), "eval_text": str(text), "n_max": [4],
+                                                     "min_acceptance": 0.6}}))
+    r = load_recipe(recipe_file)
+    L = Layout(tmp_path / "artifacts", tmp_path / "work")
+    L.vocab_record("m", "Q8_0", "gguf").parent.mkdir(parents=True)
+    L.vocab_record("m", "Q8_0", "gguf").write_text(json.dumps(
+        {"compatible": True, "rule": None, "reason": None, "diff": [], "warnings": []}))
+    L.spec_record("m", "Q8_0", "gguf").write_text(json.dumps(
+        {"acceptance_rate": 0.5, "best_n_max": 4, "drafted": 100, "accepted": 50, "build_box_decode_tokens_per_s": {}}))
+    info, failures, _ = _draft_section(r, L)
+    assert info["pairs"][0]["deploy"].endswith("-md draft.gguf --spec-type draft-simple --spec-draft-n-max 4")
+    assert [f["message"] for f in failures] == [
+        "draft acceptance too low: recipe m, m-Q8_0.gguf + draft.gguf: acceptance 0.5000 < min_acceptance 0.6 (n_max 4)"]
