@@ -21,6 +21,8 @@ $(BIN)/.installed: pyproject.toml requirements/constraints.txt
 	$(BIN)/python -m pip install -q --upgrade "pip>=24"
 	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -c requirements/constraints.txt -e '.[build,dev]'
+	# AutoAWQ 0.2.9 is archived upstream: installed without its declared deps (see pyproject.toml)
+	$(BIN)/python -m pip install -q --no-deps autoawq==0.2.9
 	rm -f $(BIN)/.gguf-py-*
 	touch $@
 

@@ -1,0 +1,39 @@
+"""The install: AutoAWQ imports with the pinned transformers; reading GGUFs, manifests and verifying a
+file work without the heavy packages (what a device has)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+
+def test_autoawq_imports_with_pinned_transformers():
+    code = "import transformers, awq; from awq import AutoAWQForCausalLM; print(transformers.__version__)"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.strip().splitlines()[-1] == "4.56.2"
+
+
+def test_light_paths_need_no_heavy_packages(demo_build):
+    """pipeline.ggufinfo / manifest / verify / cli import and verify a file with torch, transformers,
+    awq, snakemake, huggingface_hub and tokenizers made unimportable."""
+    target = demo_build / "artifacts" / "smollm2-135m" / "smollm2-135m-Q4_K_M.gguf"
+    code = textwrap.dedent(f"""
+        import sys
+        class Block:
+            HEAVY = ("torch", "transformers", "awq", "snakemake", "huggingface_hub", "tokenizers", "matplotlib")
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] in self.HEAVY:
+                    raise ImportError(f"blocked heavy import: {{name}}")
+        sys.meta_path.insert(0, Block())
+        import pipeline.ggufinfo, pipeline.manifest, pipeline.verify, pipeline.recipe
+        from pipeline.cli import main
+        rc = main(["verify", {str(target)!r}])
+        heavy = [m for m in sys.modules if m.split(".")[0] in Block.HEAVY]
+        print("rc", rc, "heavy", heavy)
+        sys.exit(rc)
+    """)
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "rc 0 heavy []" in res.stdout
