@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .errors import PipelineError
 from .fsutil import atomic_output, sha256_file, write_json_atomic
-from .recipe import EvalSet
+from .recipe import EvalSet, scored_tokens
 from .tools import Toolchain, find_toolchain, run_tool, tail
 
 _PPL_RE = re.compile(r"Final estimate: PPL = ([0-9.]+) \+/- ([0-9.]+)")
@@ -50,13 +50,6 @@ METRICS = {  # gate threshold -> (metric, direction)
     "max_kld_p99": ("kld_p99", "max"),
     "min_same_top_p": ("same_top_p", "min"),
 }
-MIN_SCORED_TOKENS = 2048
-
-
-def scored_tokens(ctx: int, chunks: int) -> int:
-    """Tokens llama-perplexity scores: the second half of each chunk's context."""
-    return chunks * (ctx - 1 - ctx // 2)
-
 
 def tool_errors(output: str) -> list[str]:
     return [m.group(1) for m in _ERROR_LINE.finditer(output)]

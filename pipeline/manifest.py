@@ -73,17 +73,12 @@ def _link(src: Path, dst: Path) -> None:
             shutil.copyfile(src, tmp)
 
 
-def _unpublish(path: Path) -> None:
-    if path.exists():
-        path.unlink()
-
-
 GATE_METRICS = ("ppl_q", "ppl_ratio", "ln_ppl_ratio", "kld_mean", "kld_median", "kld_p99", "kld_max", "rms_dp",
                 "same_top_p")
 
 
 def build_manifest(recipe: Recipe, layout: Layout) -> tuple[dict, dict]:
-    """(manifest, metrics) from the stage records; publishes/unpublishes the quant files."""
+    """(manifest, metrics) from the stage records and the files; writes nothing."""
     name = recipe.name
     fetched = _load(layout.fetch_record(name))
     converted = _load(layout.convert_record(recipe))
@@ -143,9 +138,7 @@ def build_manifest(recipe: Recipe, layout: Layout) -> tuple[dict, dict]:
         if failures:
             entry["failures"] = failures
             rejected.append(entry)
-            _unpublish(layout.published(recipe, q.key))
         else:
-            _link(work_path, layout.published(recipe, q.key))
             artifacts.append(entry)
 
     draft, draft_failures, draft_timings = _draft_section(recipe, layout) if recipe.draft else (None, [], {})
@@ -229,6 +222,9 @@ def publish(recipe: Recipe, layout: Layout) -> dict:
 
     manifest, metrics = build_manifest(recipe, layout)
     name = recipe.name
+    for q in recipe.quants:
+        if any(e["file"] == recipe.file_for(q.key) for e in manifest["artifacts"]):
+            _link(layout.quant(recipe, q.key), layout.published(recipe, q.key))
     keep = {e["file"] for e in manifest["artifacts"]}
     for stale in layout.art_dir(name).glob(f"{name}-*.gguf"):
         if stale.name not in keep:  # quants removed from the recipe or now failing

@@ -102,6 +102,11 @@ FAMILY_DEFAULTS = {
 }
 
 
+def scored_tokens(ctx: int, chunks: int) -> int:
+    """Tokens llama-perplexity scores: the second half of each chunk's context."""
+    return chunks * (ctx - 1 - ctx // 2)
+
+
 def quant_family(qtype: str) -> str:
     t = qtype.upper()
     if t.startswith("Q8") or t == "F32":
@@ -342,7 +347,7 @@ def _parse_eval_sets(ctx: _Ctx, value) -> tuple[EvalSet, ...]:
             sha = ctx.string(sha, f"{where}.text_sha256", SHA256_RE, "a SHA256 (64 lowercase hex)")
         n_ctx = _integer(ctx, d["ctx"], f"{where}.ctx", 16)
         chunks = _integer(ctx, d["chunks"], f"{where}.chunks", 1)
-        scored = chunks * (n_ctx - 1 - n_ctx // 2)
+        scored = scored_tokens(n_ctx, chunks)
         if scored < MIN_SCORED_TOKENS:
             ctx.fail(f"{where}.chunks", f"ctx {n_ctx} x {chunks} chunks scores only {scored} tokens; at least "
                                         f"{MIN_SCORED_TOKENS} are needed for a meaningful evaluation")

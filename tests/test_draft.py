@@ -46,12 +46,11 @@ def test_demo_draft_checked_and_measured(demo_build):
 
 
 def test_incompatible_draft_fails_build(failing_build):
-    work, _recipe, res, _draft = failing_build
+    res, m = failing_build.res, failing_build.manifest
     out = res.stdout + res.stderr
     assert res.returncode != 0
     assert re.search(r"draft tiny-spm\.gguf is incompatible with smollm2-gates-Q8_0\.gguf \(llama\.cpp rule "
                      r"vocab_type\): vocab type differs: main bpe, draft spm", out), out[-3000:]
-    m = json.loads((work / "artifacts" / "smollm2-gates" / "manifest.json").read_text())
     pair = m["draft"]["pairs"][0]
     assert pair["compatible"] is False and pair["rule"] == "vocab_type" and "acceptance" not in pair
     assert m["draft"]["gguf"]["file"] == "tiny-spm.gguf" and len(m["draft"]["gguf"]["sha256"]) == 64
@@ -60,7 +59,7 @@ def test_incompatible_draft_fails_build(failing_build):
 
 
 def test_llama_cpp_agrees_the_pair_is_incompatible(failing_build, toolchain, tmp_path):
-    work, _recipe, _res, draft = failing_build
+    work, draft = failing_build.work, failing_build.draft
     prompt = tmp_path / "p.txt"
     prompt.write_text("Once upon a time")
     main = work / "work" / "smollm2-gates" / "quants" / "smollm2-gates-Q8_0.gguf"
@@ -100,7 +99,7 @@ def test_mtp_kept_by_quantize_and_lost_by_pruning(mtp_model, toolchain, tmp_path
 def test_publish_rejects_quant_that_lost_mtp_heads(mtp_model, toolchain, tmp_path):
     """The publish stage itself: a quant without the base file's MTP heads is rejected."""
     from pipeline.layout import Layout
-    from pipeline.manifest import build_manifest
+    from pipeline.manifest import check_gates, publish
     from pipeline.recipe import load_recipe
 
     recipe_file = tmp_path / "recipes" / "mtp.yaml"
@@ -120,14 +119,13 @@ def test_publish_rejects_quant_that_lost_mtp_heads(mtp_model, toolchain, tmp_pat
     L.convert_record(r).write_text(json.dumps({"toolchain": toolchain.describe(), "python": {}}))
     for q in r.quants:
         L.quant_record(r.name, q.key).write_text(json.dumps({"quant": q.describe()}))
-    manifest, _ = build_manifest(r, L)
+    manifest = publish(r, L)
     assert manifest["artifacts"][0]["mtp"]["tensors"] == mtp_facts(mtp_model)["tensors"]
     assert [e["file"] for e in manifest["artifacts"]] == ["mtp-F16.gguf", "mtp-Q8_0.gguf"]
     assert [e["file"] for e in manifest["rejected"]] == ["mtp-Q8_0-pruned.gguf"]
     msg = manifest["rejected"][0]["failures"][0]["message"]
     assert msg.startswith("MTP heads lost: recipe mtp, quant Q8_0-pruned lacks") and "blk.2.nextn." in msg
     from pipeline.fsutil import write_json_atomic
-    from pipeline.manifest import check_gates
 
     write_json_atomic(L.manifest(r.name), manifest)
     with pytest.raises(PipelineError, match="MTP heads lost"):
