@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -90,11 +92,22 @@ def copy_recipe(src: Path, dest_dir: Path, **changes) -> Path:
 
 
 
+class FailingBuild(NamedTuple):
+    work: Path
+    recipe: Path
+    res: subprocess.CompletedProcess
+    draft: Path
+    manifest: dict  # as the failing build left it
+    published: list[str]  # GGUF files in its artifact folder then
+    gate_ok: bool
+
+
 @pytest.fixture(scope="session")
 def failing_build(tmp_path_factory, demo_hub):
     """One real build that must fail: Q8_0 passes, a Q2_K has an impossible gate, and the draft is a
     tiny model with llama.cpp's llama-spm test vocabulary (incompatible with the demo's BPE vocab).
-    Returns (workdir, recipe, snakemake result, draft path); shared by test_gates and test_draft."""
+    Shared by test_gates and test_draft; what the build left is snapshotted here, since
+    test_gates' re-judging test rebuilds in the same folder afterwards."""
     import yaml
     from gguf_factory import tiny_llama
 
@@ -112,4 +125,7 @@ def failing_build(tmp_path_factory, demo_hub):
     recipe.parent.mkdir()
     recipe.write_text(yaml.safe_dump(data, sort_keys=False))
     res = snakemake(work, recipe, cores=2, hub=demo_hub)
-    return work, recipe, res, draft
+    folder = work / "artifacts" / "smollm2-gates"
+    return FailingBuild(work, recipe, res, draft, json.loads((folder / "manifest.json").read_text()),
+                        sorted(p.name for p in folder.glob("*.gguf")),
+                        (work / "work" / "smollm2-gates" / "gate.ok").exists())

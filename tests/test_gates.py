@@ -164,21 +164,19 @@ def test_demo_gates_in_manifest(demo_build):
 
 
 def test_impossible_gate_fails_build_keeps_others(failing_build):
-    work, _recipe, res, _draft = failing_build
+    res, m = failing_build.res, failing_build.manifest
     out = res.stdout + res.stderr
     assert res.returncode != 0
     assert re.search(r"gate failed: recipe smollm2-gates, quant Q2_K, eval set botchan: kld_mean = [0-9.]+ > "
                      r"max_kld_mean 0\.0001", out), out[-3000:]
-    folder = work / "artifacts" / "smollm2-gates"
-    m = json.loads((folder / "manifest.json").read_text())
     assert [e["quant_type"] for e in m["artifacts"]] == ["F16", "Q8_0"]
     assert [e["quant_type"] for e in m["rejected"]] == ["Q2_K"] and m["rejected"][0]["gate"]["passed"] is False
-    assert sorted(p.name for p in folder.glob("*.gguf")) == ["smollm2-gates-F16.gguf", "smollm2-gates-Q8_0.gguf"]
-    assert not (work / "work" / "smollm2-gates" / "gate.ok").exists()
+    assert failing_build.published == ["smollm2-gates-F16.gguf", "smollm2-gates-Q8_0.gguf"]
+    assert not failing_build.gate_ok
 
 
 def test_base_logits_computed_once_per_eval_set(failing_build):
-    work = failing_build[0]
+    work = failing_build.work
     runs = [ln for log in (work / "work" / "smollm2-gates" / "logs").glob("*.log") for ln in log.read_text().splitlines()
             if ln.startswith("$ ") and "llama-perplexity" in ln]
     base_runs = [ln for ln in runs if "--kl-divergence-base" in ln and not ln.endswith("--kl-divergence")]
@@ -188,7 +186,7 @@ def test_base_logits_computed_once_per_eval_set(failing_build):
 
 
 def test_loosened_gate_republishes_without_reevaluating(failing_build, demo_hub):
-    work, recipe, _, _ = failing_build
+    work, recipe = failing_build.work, failing_build.recipe
     data = yaml.safe_load(recipe.read_text())
     data["quants"][1]["gates"] = {"max_kld_mean": 5.0, "max_kld_p99": 50.0, "max_ppl_ratio": 10.0, "min_same_top_p": 0.1}
     del data["draft"]  # and drop the incompatible draft (see test_draft.py)
