@@ -23,6 +23,7 @@ wildcard_constraints:
     quant=W.quant_regex(),
     es=W.evalset_regex(),
     outtype="F16|BF16",
+    base="plain|awq",
     bkey=W.quant_regex() + "|F16|BF16",
     mkey=W.pair_key_regex(),
     dkey=W.pair_key_regex(),
@@ -83,9 +84,88 @@ rule convert:
         " --quantized-by {params.quantized_by:q}"
 
 
+rule awq:
+    input:
+        hf=rules.fetch.output.hf,
+        text=lambda wc: W.calibration_text(wc.name, "awq"),
+    output:
+        hf=directory(L.hf_awq("{name}")),
+        record=L.awq_record("{name}"),
+    log:
+        L.log("{name}", "awq"),
+    params:
+        recipe=RECIPE,
+        py=W.python,
+        roots=ROOTS,
+        threads=W.calib_threads,  # fixed, not scaled by --cores: the folded weights stay identical
+        trigger=lambda wc: W.awq_params(wc.name),
+    threads: W.calib_threads
+    resources:
+        mem_mb=lambda wc, input: mem_mb(input.size_mb, 8, 2048),
+        disk_mb=lambda wc, input: mem_mb(input.size_mb, 2),
+        runtime=lambda wc, input: int(30 + input.size_mb / 5),
+    conda:
+        ENV
+    shell:
+        "{params.py} -m pipeline.cli stage awq --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
+        " --threads {params.threads} > {log:q} 2>&1"
+
+
+rule convert_awq:
+    input:
+        hf=rules.awq.output.hf,
+    output:
+        gguf=L.wrk("{name}", "awq", "{name}-{outtype}-awq.gguf"),
+        record=L.wrk("{name}", "records", "convert-{outtype}-awq.json"),
+    log:
+        L.log("{name}", "convert-{outtype}-awq"),
+    params:
+        recipe=RECIPE,
+        py=W.python,
+        roots=ROOTS,
+        quantized_by=W.quantized_by,
+        trigger=lambda wc: W.convert_params(wc.name),
+    threads: 1
+    resources:
+        mem_mb=lambda wc, input: mem_mb(input.size_mb, 1.5),
+        disk_mb=lambda wc, input: mem_mb(input.size_mb, 2.5),
+        runtime=lambda wc, input: int(30 + input.size_mb / 100),
+    conda:
+        ENV
+    shell:
+        "{params.py} -m pipeline.cli stage convert --awq --recipe {params.recipe:q} --name {wildcards.name}"
+        " {params.roots} --quantized-by {params.quantized_by:q}"
+
+
+rule imatrix:
+    input:
+        base=lambda wc: W.source_gguf(wc.name, wc.base),
+        text=lambda wc: W.calibration_text(wc.name, "imatrix"),
+    output:
+        imatrix=L.wrk("{name}", "imatrix", "imatrix-{base}.gguf"),
+        record=L.wrk("{name}", "records", "imatrix-{base}.json"),
+    log:
+        L.log("{name}", "imatrix-{base}"),
+    params:
+        recipe=RECIPE,
+        py=W.python,
+        roots=ROOTS,
+        threads=W.calib_threads,  # fixed, not scaled by --cores: the matrix stays identical
+        trigger=lambda wc: W.imatrix_params(wc.name),
+    threads: W.calib_threads
+    resources:
+        mem_mb=lambda wc, input: mem_mb(input.size_mb, 1.3, 1024),
+        runtime=lambda wc, input: int(30 + input.size_mb / 10),
+    conda:
+        ENV
+    shell:
+        "{params.py} -m pipeline.cli stage imatrix --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
+        " --base {wildcards.base} --threads {params.threads}"
+
+
 rule quantize:
     input:
-        base=lambda wc: W.base_file(wc.name),
+        unpack(lambda wc: W.quant_inputs(wc.name, wc.quant)),
     output:
         gguf=L.wrk("{name}", "quants", "{name}-{quant}.gguf"),
         record=L.quant_record("{name}", "{quant}"),

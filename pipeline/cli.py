@@ -39,16 +39,31 @@ def cmd_stage(args) -> None:
         from .fetch import fetch
 
         fetch(recipe, L.hf(name), L.fetch_record(name), hub_cache=args.hub_cache or None)
+    elif st == "convert" and args.awq:
+        from .convert import convert
+
+        convert(recipe, L.hf_awq(name), L.awq_gguf(recipe), L.awq_convert_record(recipe),
+                log=L.log(name, f"convert-{recipe.outtype.upper()}-awq"), quantized_by=args.quantized_by)
     elif st == "convert":
         from .convert import convert
 
         convert(recipe, L.hf(name), L.base_gguf(recipe), L.convert_record(recipe),
                 log=L.log(name, f"convert-{recipe.outtype.upper()}"), quantized_by=args.quantized_by)
+    elif st == "awq":
+        from .awq import run_awq
+
+        run_awq(recipe, L.hf(name), L.hf_awq(name), L.awq_record(name), threads=args.threads)
+    elif st == "imatrix":
+        from .imatrix import imatrix
+
+        imatrix(recipe, args.base, L.source_gguf(recipe, args.base), L.imatrix(name, args.base),
+                L.imatrix_record(name, args.base), log=L.log(name, f"imatrix-{args.base}"), threads=args.threads)
     elif st == "quantize":
         from .quantize import quantize
 
-        quantize(recipe, args.quant, L.base_gguf(recipe), L.quant(recipe, args.quant),
-                 L.quant_record(name, args.quant), log=L.log(name, f"quantize-{args.quant}"), threads=args.threads)
+        inputs = L.quant_inputs(recipe, args.quant)
+        quantize(recipe, args.quant, inputs["base"], L.quant(recipe, args.quant), L.quant_record(name, args.quant),
+                 log=L.log(name, f"quantize-{args.quant}"), threads=args.threads, imatrix=inputs.get("imatrix"))
     elif st == "eval-base":
         from .evaluate import eval_base
 
@@ -169,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("stage", help="run one stage of one recipe (used by the Snakefile)")
-    p.add_argument("stage", choices=["fetch", "convert", "quantize", "eval-base", "eval", "bench", "vocab", "acceptance",
+    p.add_argument("stage", choices=["fetch", "awq", "convert", "imatrix", "quantize", "eval-base", "eval", "bench", "vocab", "acceptance",
                                      "agreement", "publish", "gate"])
     p.add_argument("--recipe", required=True)
     p.add_argument("--name", help="recipe name (default: the file's; `<name>-draft` selects its draft)")
@@ -178,8 +193,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quant", help="quant key (TYPE[-variant]); for bench also the outtype")
     p.add_argument("--draft-quant", help="draft quant key (or `gguf` for a given draft file)")
     p.add_argument("--eval-set")
+    p.add_argument("--base", choices=["plain", "awq"], help="imatrix: the base GGUF (plain F16 or AWQ-scaled)")
+    p.add_argument("--awq", action="store_true", help="convert: the AWQ-scaled weights")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--hub-cache", default=os.environ.get("HF_HUB_CACHE"))
+    # nargs="?": the Snakefile passes an empty value when no hub cache is configured
+    p.add_argument("--hub-cache", nargs="?", const=None, default=os.environ.get("HF_HUB_CACHE"))
     p.add_argument("--quantized-by", default="ggufpipe")
     p.set_defaults(func=cmd_stage)
 

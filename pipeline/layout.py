@@ -55,6 +55,38 @@ class Layout:
     def convert_record(self, r: Recipe) -> Path:
         return self.wrk(r.name, "records", f"convert-{r.outtype.upper()}.json")
 
+    # calibration: AWQ-scaled weights and importance matrices
+    def hf_awq(self, name: str) -> Path:
+        return self.wrk(name, "hf-awq")
+
+    def awq_record(self, name: str) -> Path:
+        return self.wrk(name, "records", "awq.json")
+
+    def awq_gguf(self, r: Recipe) -> Path:
+        """The base GGUF converted from the AWQ-scaled weights (an intermediate: the published
+        base file stays the unmodified model, the reference every quant is measured against)."""
+        return self.wrk(r.name, "awq", f"{r.name}-{r.outtype.upper()}-awq.gguf")
+
+    def awq_convert_record(self, r: Recipe) -> Path:
+        return self.wrk(r.name, "records", f"convert-{r.outtype.upper()}-awq.json")
+
+    def source_gguf(self, r: Recipe, base: str) -> Path:
+        """The base GGUF a quant of base ``plain`` or ``awq`` is made from."""
+        return self.awq_gguf(r) if base == "awq" else self.base_gguf(r)
+
+    def imatrix(self, name: str, base: str) -> Path:
+        return self.wrk(name, "imatrix", f"imatrix-{base}.gguf")
+
+    def imatrix_record(self, name: str, base: str) -> Path:
+        return self.wrk(name, "records", f"imatrix-{base}.json")
+
+    def quant_inputs(self, r: Recipe, key: str) -> dict[str, str]:
+        q = r.quant(key)
+        out = {"base": str(self.source_gguf(r, q.base))}
+        if q.imatrix:
+            out["imatrix"] = str(self.imatrix(r.name, q.base))
+        return out
+
     def quant(self, r: Recipe, key: str) -> Path:
         return self.wrk(r.name, "quants", r.file_for(key))
 
@@ -108,6 +140,8 @@ class Layout:
             "quant_records": [str(self.quant_record(r.name, k)) for k in keys],
             "fetch_record": [str(self.fetch_record(r.name))],
             "convert_record": [str(self.convert_record(r))],
+            "awq_record": [str(self.awq_record(r.name))] if "awq" in r.bases else [],
+            "imatrix_records": [str(self.imatrix_record(r.name, b)) for b in r.imatrix_bases],
             "base_records": [str(self.base_record(r.name, es.name)) for es in r.eval_sets],
             "evals": [str(self.eval_record(r.name, es.name, k)) for es in r.eval_sets for k in keys],
             "bench": [str(self.bench_record(r.name, k)) for k in [r.outtype.upper(), *keys]] if r.bench else [],

@@ -49,8 +49,11 @@ def source_files_digest(files: dict) -> str:
     return hashlib.sha256(_canonical({k: v["sha256"] for k, v in sorted(files.items())})).hexdigest()
 
 
-def build_id(recipe: Recipe, source: dict, tools: dict) -> str:
-    digest = hashlib.sha256(_canonical({"recipe": recipe.sha256, "source": source, "tools": tools})).hexdigest()
+def build_id(recipe: Recipe, source: dict, tools: dict, calibration: dict | None = None) -> str:
+    inputs = {"recipe": recipe.sha256, "source": source, "tools": tools}
+    if calibration:  # the calibration texts' SHA256s (a text may change while the recipe does not)
+        inputs["calibration"] = calibration
+    digest = hashlib.sha256(_canonical(inputs)).hexdigest()
     return f"{recipe.name}-{digest[:12]}"
 
 
@@ -71,6 +74,45 @@ def _link(src: Path, dst: Path) -> None:
             os.link(src, tmp)
         except OSError:
             shutil.copyfile(src, tmp)
+
+
+IMATRIX_KEYS = ("quantize.imatrix.file", "quantize.imatrix.dataset", "quantize.imatrix.entries_count",
+                "quantize.imatrix.chunks_count")
+
+
+def _calibration(recipe: Recipe, layout: Layout, q, gguf_path: Path, seconds: dict) -> tuple[dict, list[dict]]:
+    """A quant's ``calibration`` entry (AWQ params, imatrix settings and SHA256s) and the failures
+    of its cross-check against the GGUF's own ``quantize.imatrix.*`` keys."""
+    from .ggufinfo import field, open_reader
+
+    out: dict = {}
+    failures: list[dict] = []
+    if q.awq:
+        a = _load(layout.awq_record(recipe.name))
+        out["awq"] = {**a["params"], "calibration_sha256": a["calibration_sha256"], "device": a["device"],
+                      "autoawq": a["autoawq"]}
+        seconds["awq"] = a["seconds"]
+    r = open_reader(gguf_path)
+    keys = {k: field(r, k) for k in IMATRIX_KEYS if k in r.fields}
+    if q.imatrix:
+        m = _load(layout.imatrix_record(recipe.name, q.base))
+        imx_file = layout.imatrix(recipe.name, q.base)
+        out["imatrix"] = {**m["params"], "base": q.base, "file": imx_file.name, "sha256": m["sha256"],
+                          "calibration_sha256": m["calibration_sha256"], "entries": m["facts"]["entries"]}
+        seconds[f"imatrix_{q.base}"] = m["seconds"]
+        want = {"quantize.imatrix.file": imx_file.name, "quantize.imatrix.dataset": m["params"]["calibration"],
+                "quantize.imatrix.entries_count": m["facts"]["entries"],
+                "quantize.imatrix.chunks_count": m["facts"]["chunk_count"]}
+        bad = {k: (keys.get(k), v) for k, v in want.items() if keys.get(k) != v}
+        if bad:
+            failures.append({"check": "calibration", "message": (
+                f"imatrix record mismatch: recipe {recipe.name}, quant {q.key}: the GGUF says "
+                + ", ".join(f"{k}={g!r} where {w!r} was expected" for k, (g, w) in bad.items()))})
+    elif keys:
+        failures.append({"check": "calibration", "message": (
+            f"imatrix record mismatch: recipe {recipe.name}, quant {q.key} was to be made without an importance "
+            f"matrix but its GGUF has {', '.join(sorted(keys))}")})
+    return out, failures
 
 
 GATE_METRICS = ("ppl_q", "ppl_ratio", "ln_ppl_ratio", "kld_mean", "kld_median", "kld_p99", "kld_max", "rms_dp",
@@ -106,6 +148,7 @@ def build_manifest(recipe: Recipe, layout: Layout) -> tuple[dict, dict]:
     if base_mtp["tensors"]:
         artifacts[0]["mtp"] = {k: base_mtp[k] for k in ("tensors", "layers", "nextn_predict_layers")}
     rejected = []
+    calib_seconds: dict = {}
     for q in recipe.quants:
         work_path = layout.quant(recipe, q.key)
         rec = _load(layout.quant_record(name, q.key))
@@ -114,7 +157,10 @@ def build_manifest(recipe: Recipe, layout: Layout) -> tuple[dict, dict]:
         if facts.quant_type != q.type:
             raise PipelineError(f"{work_path}: general.file_type says {facts.quant_type}, recipe asks for {q.type}")
         entry = {**facts.as_dict(), "role": "quant", "requested": rec["quant"]}
-        failures, per_set, thresholds = [], {}, {}
+        calibration, failures = _calibration(recipe, layout, q, work_path, calib_seconds)
+        if calibration:
+            entry["calibration"] = calibration
+        per_set, thresholds = {}, {}
         for es in recipe.eval_sets:
             ev = _load(layout.eval_record(name, es.name, q.key))
             per_set[es.name] = {k: ev["metrics"][k] for k in GATE_METRICS}
@@ -149,6 +195,8 @@ def build_manifest(recipe: Recipe, layout: Layout) -> tuple[dict, dict]:
             b = _load(layout.bench_record(name, key))
             bench[fname] = {k: b[k] for k in ("pp_tokens_per_s", "tg_tokens_per_s", "pp_tokens", "tg_tokens", "threads")}
     build = {"timestamp": timestamp()}
+    if calib_seconds:
+        build["calibration_seconds"] = calib_seconds
     if draft_timings:
         build["draft_decode_tokens_per_s"] = draft_timings
     if bench:
@@ -158,7 +206,7 @@ def build_manifest(recipe: Recipe, layout: Layout) -> tuple[dict, dict]:
     manifest = {
         "schema_version": SCHEMA_VERSION,
         "name": name,
-        "build_id": build_id(recipe, source, tools),
+        "build_id": build_id(recipe, source, tools, _calibration_inputs(recipe)),
         "recipe": {"name": name, "file": recipe.path.name, "sha256": recipe.sha256},
         "source": source,
         "tools": tools,
@@ -174,6 +222,14 @@ def build_manifest(recipe: Recipe, layout: Layout) -> tuple[dict, dict]:
         manifest["failures"] = draft_failures
     manifest["build"] = build
     return manifest, metrics_out
+
+
+def _calibration_inputs(recipe: Recipe) -> dict:
+    out = {}
+    for key, cfg in (("awq", recipe.awq), ("imatrix", recipe.imatrix)):
+        if cfg is not None and any(getattr(q, key) for q in recipe.quants):
+            out[key] = {**cfg.describe(), "calibration_sha256": sha256_file(cfg.calibration)}
+    return out
 
 
 def _draft_section(recipe: Recipe, layout: Layout) -> tuple[dict, list[dict], dict]:

@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 from .errors import PipelineError
-from .fsutil import atomic_output, write_json_atomic
+from .fsutil import atomic_output, sha256_file, write_json_atomic
 from .recipe import Recipe
 from .tools import Toolchain, find_toolchain, run_tool, tail
 
@@ -23,25 +23,41 @@ def explain_failure(output: str) -> str:
 
 
 def quantize(recipe: Recipe, key: str, base_gguf: str | Path, out_gguf: str | Path, record: str | Path,
-             log: str | Path | None = None, threads: int = 1, tc: Toolchain | None = None) -> dict:
-    """Entry function: quantize ``base_gguf`` to ``out_gguf`` as the recipe's quant ``key``."""
+             log: str | Path | None = None, threads: int = 1, tc: Toolchain | None = None,
+             imatrix: str | Path | None = None) -> dict:
+    """Entry function: quantize ``base_gguf`` to ``out_gguf`` as the recipe's quant ``key``
+    (with the importance matrix ``imatrix`` when the quant uses one)."""
     tc = tc or find_toolchain()
     q = recipe.quant(key)
-    base_gguf, out_gguf, record = Path(base_gguf), Path(out_gguf), Path(record)
+    base_gguf, out_gguf, record = Path(base_gguf).resolve(), Path(out_gguf), Path(record)
     if not base_gguf.is_file():
         raise PipelineError(f"{recipe.path}: quantize {key}: {base_gguf} is missing (run convert first)")
+    if q.imatrix and imatrix is None:
+        raise PipelineError(f"{recipe.path}: quantize {key}: this quant uses the importance matrix, none was given")
     args = q.quantize_args()
+    cwd = None
+    if q.imatrix:
+        imatrix = Path(imatrix).resolve()
+        if not imatrix.is_file():
+            raise PipelineError(f"{recipe.path}: quantize {key}: importance matrix {imatrix} is missing (run imatrix first)")
+        # run beside the matrix and name it bare: llama-quantize records the name it was given in the
+        # GGUF (quantize.imatrix.file), which must not depend on the build folder
+        args += ["--imatrix", imatrix.name]
+        cwd = imatrix.parent
     with atomic_output(out_gguf) as tmp:
-        res = run_tool(tc, "llama-quantize", [*args, base_gguf, tmp, q.type, str(max(1, threads))],
-                       Path(log) if log else None, check=False)
+        res = run_tool(tc, "llama-quantize", [*args, base_gguf, tmp.resolve(), q.type, str(max(1, threads))],
+                       Path(log) if log else None, check=False, cwd=cwd)
         if res.returncode != 0 or not tmp.is_file():
             raise PipelineError(f"{recipe.path}: quantize {key}: llama-quantize failed: {explain_failure(res.output)}"
                                 + (f" [log: {log}]" if log else ""))
     rec = {
         "quant": q.describe(),
+        "base": q.base,
         "tool": "llama-quantize",
         "toolchain": tc.describe(),
         "seconds": round(res.seconds, 1),
     }
+    if q.imatrix:
+        rec["imatrix_sha256"] = sha256_file(imatrix)
     write_json_atomic(record, rec)
     return rec

@@ -27,6 +27,24 @@ Schema (keys not listed are refused)::
         leave_output_tensor: false  # --leave-output-tensor
         gates: {max_kld_mean: 0.01}     # per-quant threshold overrides (all eval sets) ...
         # gates: {botchan: {max_kld_mean: 0.01}}   # ... or per eval set
+        imatrix: true               # use the importance matrix (default: when `imatrix:` is set, for
+                                    # types of 4 bits and fewer; IQ1/IQ2/IQ3_XXS... require it)
+        awq: false                  # opt out of the AWQ-scaled base (default: true when `awq:` is set)
+    awq:                            # optional: AutoAWQ scale search folded into the FP weights
+      calibration: ../data/calib.txt  # text file; must differ from every gates text (SHA256)
+      calibration_sha256: <sha256>  # optional pin
+      w_bit: 4                      # 2 | 3 | 4 | 8: the grid the scales are searched for
+      q_group_size: 128             # 32 | 64 | 128 | 256 | -1; must divide every linear's input size
+      zero_point: true
+      version: gemm                 # gemm | gemv | gemv_fast
+      n_samples: 64                 # n_samples windows of seq_len tokens from the start of the text
+      seq_len: 256
+      apply_clip: true              # also search weight clipping (needs out-features % 64 == 0)
+    imatrix:                        # optional: llama-imatrix on the base GGUF, once per base
+      calibration: ../data/calib.txt  # must differ from every gates text (SHA256)
+      calibration_sha256: <sha256>  # optional pin
+      ctx: 512
+      chunks: 32                    # the text must hold ctx x chunks tokens
     draft:                          # optional draft model for speculative decoding
       source: {repo: org/small, revision: <sha>}  # built like the main model, as <name>-draft ...
       # gguf: path/to/draft.gguf    # ... or an existing GGUF: checked, not rebuilt
@@ -48,6 +66,10 @@ Schema (keys not listed are refused)::
         max_kld_p99: 0.5
         min_same_top_p: 0.9
     bench: true                     # llama-bench each quant (build-box speed, report only)
+
+With ``awq:``, the published base file (``<name>-F16.gguf``) is still the unmodified model: it is the
+reference every quant's gates are measured against, AWQ quants included. The AWQ-scaled base is an
+intermediate under ``work/``. Plain and calibrated flavours of one type coexist through variants.
 """
 
 from __future__ import annotations
@@ -55,7 +77,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -76,12 +98,19 @@ NOT_QUANTS = {"F16", "BF16", "F32", "COPY"}
 # tensor_requires_imatrix): their mixes contain IQ1/IQ2/IQ3_XXS tensors, or Q2_K in Q2_K_S.
 NEEDS_IMATRIX = {"IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ3_XXS", "IQ3_XS", "Q2_K_S"}
 
-TOP_KEYS = {"name", "description", "license", "source", "outtype", "quants", "gates", "bench", "draft"}
+TOP_KEYS = {"name", "description", "license", "source", "outtype", "quants", "gates", "bench", "draft", "awq",
+            "imatrix"}
+AWQ_KEYS = {"calibration", "calibration_sha256", "w_bit", "q_group_size", "zero_point", "version", "n_samples",
+            "seq_len", "apply_clip"}
+AWQ_VERSIONS = ("gemm", "gemv", "gemv_fast")
+IMATRIX_KEYS = {"calibration", "calibration_sha256", "ctx", "chunks"}
 DRAFT_KEYS = {"source", "gguf", "outtype", "quants", "pairs", "n_max", "eval_text", "min_acceptance", "prompts",
               "n_predict"}
 SOURCE_KEYS = {"repo", "revision", "path", "allow_pickle", "trust_remote_code"}
 QUANT_KEYS = {"type", "variant", "output_tensor_type", "token_embedding_type", "tensor_types", "pure",
-              "leave_output_tensor", "gates"}
+              "leave_output_tensor", "gates", "awq", "imatrix"}
+# Families that use the recipe's importance matrix unless a quant says `imatrix: false`.
+IMATRIX_DEFAULT_FAMILIES = ("4bit", "3bit", "2bit")
 THRESHOLDS = ("max_ppl_ratio", "max_kld_mean", "max_kld_p99", "min_same_top_p")
 EVAL_KEYS = {"name", "text", "text_sha256", "ctx", "chunks", *THRESHOLDS}
 EVAL_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
@@ -154,6 +183,37 @@ class EvalSet:
 
 
 @dataclass(frozen=True)
+class AwqConfig:
+    """``awq:``: AutoAWQ scale search folded into the FP weights before convert."""
+
+    calibration: Path
+    w_bit: int = 4
+    q_group_size: int = 128
+    zero_point: bool = True
+    version: str = "gemm"
+    n_samples: int = 64
+    seq_len: int = 256
+    apply_clip: bool = True
+
+    def describe(self) -> dict:
+        return {"calibration": self.calibration.name, "w_bit": self.w_bit, "q_group_size": self.q_group_size,
+                "zero_point": self.zero_point, "version": self.version, "n_samples": self.n_samples,
+                "seq_len": self.seq_len, "apply_clip": self.apply_clip}
+
+
+@dataclass(frozen=True)
+class ImatrixConfig:
+    """``imatrix:``: llama-imatrix over the calibration text, once per base GGUF."""
+
+    calibration: Path
+    ctx: int = 512
+    chunks: int = 32
+
+    def describe(self) -> dict:
+        return {"calibration": self.calibration.name, "ctx": self.ctx, "chunks": self.chunks}
+
+
+@dataclass(frozen=True)
 class Quant:
     type: str
     variant: str | None = None
@@ -163,6 +223,13 @@ class Quant:
     pure: bool = False
     leave_output_tensor: bool = False
     gates: tuple[tuple[str, tuple[tuple[str, float], ...]], ...] = ()  # (eval set or "*", thresholds)
+    awq: bool = False  # quantized from the AWQ-scaled base (recipe has `awq:`, quant did not opt out)
+    imatrix: bool = False  # quantized with the recipe's importance matrix
+
+    @property
+    def base(self) -> str:
+        """Which base GGUF this quant is made from: ``plain`` (the published F16) or ``awq``."""
+        return "awq" if self.awq else "plain"
 
     @property
     def key(self) -> str:
@@ -190,6 +257,10 @@ class Quant:
         args = self.quantize_args()
         if args:
             out["llama_quantize_args"] = args
+        if self.awq:
+            out["awq"] = True
+        if self.imatrix:
+            out["imatrix"] = True
         return out
 
 
@@ -222,7 +293,18 @@ class Recipe:
     eval_sets: tuple[EvalSet, ...] = ()
     bench: bool = True
     draft: Draft | None = None
+    awq: AwqConfig | None = None
+    imatrix: ImatrixConfig | None = None
     raw: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def bases(self) -> list[str]:
+        """Base GGUFs the quants are made from (``plain`` is always built: it is the gates' reference)."""
+        return ["plain"] + (["awq"] if any(q.awq for q in self.quants) else [])
+
+    @property
+    def imatrix_bases(self) -> list[str]:
+        return sorted({q.base for q in self.quants if q.imatrix})
 
     @property
     def draft_name(self) -> str:
@@ -442,6 +524,9 @@ def _parse_quant(ctx: _Ctx, item, where: str, known, build, set_names: set[str])
             kw[key] = ctx.boolean(d[key], f"{where}.{key}")
     if "gates" in d:
         kw["gates"] = _parse_quant_gates(ctx, d["gates"], f"{where}.gates", set_names)
+    for key in ("awq", "imatrix"):  # resolved against the recipe's sections in _parse_quants
+        if key in d:
+            kw[key] = ctx.boolean(d[key], f"{where}.{key}")
     return Quant(type=qtype, variant=variant, **kw)
 
 
@@ -472,18 +557,99 @@ def _parse_source(ctx: _Ctx, value, where: str) -> Source:
     )
 
 
-def _parse_quants(ctx: _Ctx, qs, where: str, known, build, set_names: set[str]) -> tuple[Quant, ...]:
+def _parse_quants(ctx: _Ctx, qs, where: str, known, build, set_names: set[str], has_awq: bool = False,
+                  has_imatrix: bool = False) -> tuple[Quant, ...]:
     if not isinstance(qs, list) or not qs:
         ctx.fail(where, "must be a non-empty list")
-    quants = tuple(_parse_quant(ctx, item, f"{where}[{i}]", known, build, set_names) for i, item in enumerate(qs))
+    quants = []
+    for i, item in enumerate(qs):
+        q = _parse_quant(ctx, item, f"{where}[{i}]", known, build, set_names)
+        asked = item if isinstance(item, dict) else {}
+        # awq: every quant of a recipe with an `awq:` section, unless it says `awq: false`
+        if asked.get("awq") and not has_awq:
+            ctx.fail(f"{where}[{i}].awq", "the recipe has no `awq:` section")
+        # imatrix: low-bit quants (4 bits and fewer) by default, any quant that says `imatrix: true`
+        if asked.get("imatrix") and not has_imatrix:
+            ctx.fail(f"{where}[{i}].imatrix", "the recipe has no `imatrix:` section")
+        use_imatrix = asked.get("imatrix", has_imatrix and quant_family(q.type) in IMATRIX_DEFAULT_FAMILIES)
+        q = replace(q, awq=bool(asked.get("awq", has_awq)), imatrix=bool(use_imatrix))
+        quants.append(q)
     seen: dict[str, int] = {}
     for i, q in enumerate(quants):
         if q.key in seen:
             ctx.fail(f"{where}[{i}]", f"{q.key} repeats {where}[{seen[q.key]}]: give one of them a `variant`")
         seen[q.key] = i
-        if q.type in NEEDS_IMATRIX:
-            ctx.fail(f"{where}[{i}].type", f"{q.type} needs an importance matrix, which this recipe does not configure")
-    return quants
+        if q.type in NEEDS_IMATRIX and not q.imatrix:
+            why = "this recipe has no `imatrix:` section" if not has_imatrix else "this quant sets `imatrix: false`"
+            ctx.fail(f"{where}[{i}].type", f"{q.type} needs an importance matrix, and {why}")
+    return tuple(quants)
+
+
+def _text_path(ctx: _Ctx, value, where: str, what: str) -> Path:
+    p = Path(ctx.string(value, where)).expanduser()
+    if not p.is_absolute():
+        p = (ctx.path.parent / p).resolve()
+    if not p.is_file():
+        ctx.fail(where, f"{what} {p} does not exist")
+    return p
+
+
+def _calibration(ctx: _Ctx, d: dict, where: str, eval_sets) -> Path:
+    if "calibration" not in d:
+        ctx.fail(f"{where}.calibration", "missing (a calibration text file)")
+    path = _text_path(ctx, d["calibration"], f"{where}.calibration", "calibration text")
+    digest = _file_sha256(path)
+    pin = d.get("calibration_sha256")
+    if pin is not None:
+        pin = ctx.string(pin, f"{where}.calibration_sha256", SHA256_RE, "a SHA256 (64 lowercase hex)")
+        if pin != digest:
+            ctx.fail(f"{where}.calibration_sha256", f"{path.name} has SHA256 {digest}, not the pinned {pin}")
+    for es in eval_sets:
+        if _file_sha256(es.text) == digest:
+            ctx.fail(f"{where}.calibration", f"{path.name} is the eval text of gates {es.name!r} (same SHA256 "
+                                            f"{digest[:12]}...): the gates would measure on calibration data; "
+                                            "calibrate on a different text")
+    return path
+
+
+def _parse_awq(ctx: _Ctx, value, eval_sets) -> AwqConfig:
+    d = ctx.mapping(value, "awq", AWQ_KEYS)
+    cal = _calibration(ctx, d, "awq", eval_sets)
+    w_bit = d.get("w_bit", 4)
+    if w_bit not in (2, 3, 4, 8) or isinstance(w_bit, bool):
+        ctx.fail("awq.w_bit", f"must be 2, 3, 4 or 8, got {w_bit!r}")
+    group = d.get("q_group_size", 128)
+    if isinstance(group, bool) or not isinstance(group, int) or (group != -1 and group not in (32, 64, 128, 256)):
+        ctx.fail("awq.q_group_size", f"must be 32, 64, 128, 256 or -1 (per channel), got {group!r}")
+    version = d.get("version", "gemm")
+    if not isinstance(version, str) or version.lower() not in AWQ_VERSIONS:
+        ctx.fail("awq.version", f"must be one of {', '.join(AWQ_VERSIONS)}, got {version!r}")
+    return AwqConfig(calibration=cal, w_bit=w_bit, q_group_size=group,
+                     zero_point=ctx.boolean(d.get("zero_point", True), "awq.zero_point"), version=version.lower(),
+                     n_samples=_integer(ctx, d.get("n_samples", 64), "awq.n_samples", 1),
+                     seq_len=_integer(ctx, d.get("seq_len", 256), "awq.seq_len", 16),
+                     apply_clip=ctx.boolean(d.get("apply_clip", True), "awq.apply_clip"))
+
+
+def _parse_imatrix(ctx: _Ctx, value, eval_sets) -> ImatrixConfig:
+    d = ctx.mapping(value, "imatrix", IMATRIX_KEYS)
+    cal = _calibration(ctx, d, "imatrix", eval_sets)
+    return ImatrixConfig(calibration=cal, ctx=_integer(ctx, d.get("ctx", 512), "imatrix.ctx", 16),
+                         chunks=_integer(ctx, d.get("chunks", 32), "imatrix.chunks", 1))
+
+
+@functools.lru_cache(maxsize=64)
+def _file_sha256_cached(path: str, size: int, mtime_ns: int) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _file_sha256(path: Path) -> str:
+    st = path.stat()
+    return _file_sha256_cached(str(path), st.st_size, st.st_mtime_ns)
 
 
 def _parse_draft(ctx: _Ctx, value, main_quants: tuple[Quant, ...], eval_sets, known, build, outtype: str) -> Draft:
@@ -594,7 +760,9 @@ def load_recipe(path: str | Path, quantize_exe: str | None = None) -> Recipe:
     if quantize_exe:
         known_set, build = known_quant_types(quantize_exe)
         known = set(known_set)
-    quants = _parse_quants(ctx, d["quants"], "quants", known, build, set_names)
+    awq = _parse_awq(ctx, d["awq"], eval_sets) if "awq" in d else None
+    imatrix = _parse_imatrix(ctx, d["imatrix"], eval_sets) if "imatrix" in d else None
+    quants = _parse_quants(ctx, d["quants"], "quants", known, build, set_names, awq is not None, imatrix is not None)
     draft = _parse_draft(ctx, d["draft"], quants, eval_sets, known, build, outtype) if "draft" in d else None
 
     for key in ("description", "license"):
@@ -612,6 +780,8 @@ def load_recipe(path: str | Path, quantize_exe: str | None = None) -> Recipe:
         eval_sets=eval_sets,
         bench=bench,
         draft=draft,
+        awq=awq,
+        imatrix=imatrix,
         raw=d,
     )
 

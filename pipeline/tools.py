@@ -246,9 +246,10 @@ def _clean_env(extra: dict | None = None) -> dict:
     return env
 
 
-def run_tool(tc: Toolchain, name: str, args: list[str], log: Path | None, check: bool = True) -> ToolResult:
+def run_tool(tc: Toolchain, name: str, args: list[str], log: Path | None, check: bool = True,
+             cwd: str | Path | None = None) -> ToolResult:
     """Run a compiled llama.cpp tool; raise PipelineError with the log's tail if it fails."""
-    res = _run_logged([str(tc.tool(name)), *map(str, args)], log, _clean_env(), name)
+    res = _run_logged([str(tc.tool(name)), *map(str, args)], log, _clean_env(), name, str(cwd) if cwd else None)
     if check and res.returncode != 0:
         raise PipelineError(f"{name} failed (exit {res.returncode}): {tail(res.output)}" + (f" [log: {log}]" if log else ""))
     return res

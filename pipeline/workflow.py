@@ -10,6 +10,8 @@ Config keys (``--config key=value``, all optional):
 * ``threads``: threads per quantize job (default 4, capped by ``--cores``)
 * ``eval_threads``: threads of every llama-perplexity and llama-bench run (default 2). Fixed rather than
   scaled with ``--cores`` so that metrics are bit-identical whatever ``--cores`` a build uses.
+* ``calib_threads``: threads of the AWQ (CPU) and llama-imatrix runs (default 2); fixed for the same
+  reason: the folded weights and the importance matrix then do not depend on ``--cores``.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ class Workflow:
         self.layout = Layout(Path(config.get("artifacts", "artifacts")), Path(config.get("work", "work")))
         self.threads = int(config.get("threads", 4))
         self.eval_threads = int(config.get("eval_threads", 2))
+        self.calib_threads = int(config.get("calib_threads", 2))
         self.quantized_by = str(config.get("quantized_by", "ggufpipe"))
         self.hub_cache = config.get("hf_hub_cache") or os.environ.get("HF_HUB_CACHE") or ""
         self.python = shlex.quote(sys.executable)
@@ -86,6 +89,15 @@ class Workflow:
         d = self.recipes[name].draft
         return repr((str(d.eval_text), d.n_max, d.prompts, d.n_predict, self.eval_threads, self.toolchain.build_number))
 
+    def calibration_text(self, name: str, section: str) -> str:
+        return str(getattr(self.recipes[name], section).calibration)
+
+    def quant_inputs(self, name: str, key: str) -> dict[str, str]:
+        return self.layout.quant_inputs(self.recipes[name], key)
+
+    def source_gguf(self, name: str, base: str) -> str:
+        return str(self.layout.source_gguf(self.recipes[name], base))
+
     def recipe(self, name: str) -> Recipe:
         return self.recipes[name]
 
@@ -109,7 +121,16 @@ class Workflow:
 
     def quant_params(self, name: str, key: str) -> str:
         q = self.recipes[name].quant(key)
-        return repr((q.type, q.quantize_args(), self.toolchain.build_number, self.toolchain.commit))
+        extra = (q.base, q.imatrix) if (q.awq or q.imatrix) else ()  # unchanged for plain quants
+        return repr((q.type, q.quantize_args(), self.toolchain.build_number, self.toolchain.commit, *extra))
+
+    def awq_params(self, name: str) -> str:
+        r = self.recipes[name]
+        return repr((r.awq.describe(), self.calib_threads))
+
+    def imatrix_params(self, name: str) -> str:
+        r = self.recipes[name]
+        return repr((r.imatrix.describe(), self.calib_threads, self.toolchain.build_number))
 
     def eval_base_params(self, name: str, es: str) -> str:
         e = self.recipes[name].eval_set(es)

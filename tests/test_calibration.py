@@ -1,0 +1,160 @@
+"""Calibration: recipe sections `awq:` and `imatrix:`, the imatrix stage on the demo model, the
+manifest's calibration records and their cross-check with the GGUF's own keys."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import textwrap
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, snakemake
+
+from pipeline.errors import PipelineError
+from pipeline.recipe import load_recipe
+
+CALIB = ROOT / "data" / "botchan-calib.txt"
+EVAL = ROOT / "data" / "botchan.txt"
+
+
+def recipe_text(quants: str, awq: str = "", imatrix: str = "", gates: bool = True) -> str:
+    text = textwrap.dedent("""\
+        name: cal
+        source: {path: hf}
+        quants: QUANTS
+        """).replace("QUANTS", quants)
+    if awq:
+        text += f"awq: {awq}\n"
+    if imatrix:
+        text += f"imatrix: {imatrix}\n"
+    if gates:
+        text += "gates: [{name: botchan, text: eval.txt, ctx: 512, chunks: 16}]\n"
+    return text
+
+
+@pytest.fixture
+def folder(tmp_path):
+    shutil.copyfile(EVAL, tmp_path / "eval.txt")
+    shutil.copyfile(CALIB, tmp_path / "calib.txt")
+    (tmp_path / "short.txt").write_text("Only a few words of calibration text.\n")
+    return tmp_path
+
+
+def load(folder: Path, text: str, quantize_exe: str):
+    p = folder / "r.yaml"
+    p.write_text(text)
+    return load_recipe(p, quantize_exe)
+
+
+def test_flavours_and_defaults(folder, quantize_exe):
+    r = load(folder, recipe_text(
+        "[Q8_0, Q4_K_M, {type: Q4_K_M, variant: plain, imatrix: false}, IQ2_XXS,"
+        " {type: Q3_K_M, variant: awq, awq: true}]",
+        awq="{calibration: calib.txt}", imatrix="{calibration: calib.txt, chunks: 8}"), quantize_exe)
+    flags = {q.key: (q.awq, q.imatrix, q.base) for q in r.quants}
+    # awq: every quant unless it opts out; imatrix: 4 bits and fewer by default
+    assert flags == {"Q8_0": (True, False, "awq"), "Q4_K_M": (True, True, "awq"),
+                     "Q4_K_M-plain": (True, False, "awq"), "IQ2_XXS": (True, True, "awq"),
+                     "Q3_K_M-awq": (True, True, "awq")}
+    assert r.bases == ["plain", "awq"] and r.imatrix_bases == ["awq"]
+    assert r.imatrix.chunks == 8 and r.imatrix.ctx == 512 and r.awq.n_samples == 64
+    r2 = load(folder, recipe_text("[Q4_K_M, {type: Q4_K_M, variant: imat, imatrix: true}]",
+                                  imatrix="{calibration: calib.txt}"), quantize_exe)
+    assert [(q.key, q.imatrix, q.base) for q in r2.quants] == [("Q4_K_M", True, "plain"),
+                                                                ("Q4_K_M-imat", True, "plain")]
+    assert r2.bases == ["plain"]
+
+
+def test_demo_calibration_recipe(quantize_exe):
+    r = load_recipe(ROOT / "recipes" / "smollm2-135m-calib.yaml", quantize_exe)
+    assert {(q.type, q.awq, q.imatrix) for q in r.quants} == {
+        (t, a, i) for t in ("Q4_K_M", "Q3_K_M") for a in (False, True) for i in (False, True)}
+    # calibration and eval texts are different files, and the eval part never overlaps the calibration part
+    assert r.awq.calibration.read_bytes() != r.eval_sets[0].text.read_bytes()
+    eval_part = r.eval_sets[0].text.read_text()[:60_000]  # > 16 x 512 tokens of this text
+    calib = r.imatrix.calibration.read_text()
+    assert eval_part[30_000:30_200] not in calib and calib[:200] not in eval_part
+
+
+BAD = [
+    ("calibration = eval text", "[Q4_K_M]", "", "{calibration: eval.txt}",
+     "imatrix.calibration: eval.txt is the eval text of gates 'botchan'"),
+    ("awq calibration = eval text", "[Q4_K_M]", "{calibration: eval.txt}", "",
+     "awq.calibration: eval.txt is the eval text of gates 'botchan'"),
+    ("missing calibration file", "[Q4_K_M]", "", "{calibration: nope.txt}",
+     "imatrix.calibration: calibration text"),
+    ("calibration key missing", "[Q4_K_M]", "", "{chunks: 4}", "imatrix.calibration: missing"),
+    ("calibration pin differs", "[Q4_K_M]", "", "{calibration: calib.txt, calibration_sha256: " + "f" * 64 + "}",
+     "imatrix.calibration_sha256: calib.txt has SHA256"),
+    ("needs imatrix, none configured", "[IQ2_XS]", "", "", "quants[0].type: IQ2_XS needs an importance matrix"),
+    ("needs imatrix, opted out", "[{type: IQ3_XXS, imatrix: false}]", "", "{calibration: calib.txt}",
+     "quants[0].type: IQ3_XXS needs an importance matrix, and this quant sets `imatrix: false`"),
+    ("imatrix without section", "[{type: Q4_K_M, imatrix: true}]", "", "",
+     "quants[0].imatrix: the recipe has no `imatrix:` section"),
+    ("awq without section", "[{type: Q4_K_M, awq: true}]", "", "", "quants[0].awq: the recipe has no `awq:` section"),
+    ("unknown awq key", "[Q4_K_M]", "{calibration: calib.txt, bits: 4}", "", "awq.bits: unknown key"),
+    ("bad w_bit", "[Q4_K_M]", "{calibration: calib.txt, w_bit: 5}", "", "awq.w_bit: must be 2, 3, 4 or 8"),
+    ("bad group", "[Q4_K_M]", "{calibration: calib.txt, q_group_size: 100}", "", "awq.q_group_size: must be"),
+    ("bad version", "[Q4_K_M]", "{calibration: calib.txt, version: marlin}", "", "awq.version: must be one of"),
+    ("bad chunks", "[Q4_K_M]", "", "{calibration: calib.txt, chunks: 0}", "imatrix.chunks: must be an integer >= 1"),
+]
+
+
+@pytest.mark.parametrize("label,quants,awq,imatrix,expected", BAD, ids=[b[0] for b in BAD])
+def test_bad_calibration_recipes(folder, quantize_exe, label, quants, awq, imatrix, expected):
+    with pytest.raises(PipelineError) as exc:
+        load(folder, recipe_text(quants, awq, imatrix), quantize_exe)
+    msg = str(exc.value)
+    assert "\n" not in msg and msg.startswith(f"{folder / 'r.yaml'}: "), msg
+    assert expected in msg, msg
+
+
+def test_imatrix_text_too_short(folder, quantize_exe, demo_build):
+    from pipeline.imatrix import imatrix
+
+    r = load(folder, recipe_text("[Q4_K_M]", imatrix="{calibration: short.txt}"), quantize_exe)
+    f16 = demo_build / "artifacts" / "smollm2-135m" / "smollm2-135m-F16.gguf"
+    out = folder / "imx" / "imatrix-plain.gguf"
+    (folder / "imx").mkdir()
+    with pytest.raises(PipelineError, match=r"imatrix.calibration: short.txt has \d+ tokens, fewer than ctx x chunks"):
+        imatrix(r, "plain", f16, out, folder / "imx" / "rec.json", log=folder / "imx" / "log")
+    assert not out.exists() and not list((folder / "imx").glob(".*tmp*"))
+
+
+def test_imatrix_build_on_demo_model(tmp_path, demo_hub):
+    """imatrix flavours of the demo model built by the real workflow: the quant records the matrix
+    (GGUF keys), the manifest records it with SHA256s, and both agree; the plain flavour has none."""
+    from pipeline.ggufinfo import field, open_reader
+    from pipeline.manifest import IMATRIX_KEYS
+
+    recipe = tmp_path / "recipes" / "imx.yaml"
+    recipe.parent.mkdir()
+    recipe.write_text(textwrap.dedent(f"""\
+        name: imx
+        source: {{repo: HuggingFaceTB/SmolLM2-135M-Instruct, revision: "6b5982a638c6ed4e3da15711b6a5a1328c34a53e"}}
+        imatrix: {{calibration: {CALIB}, ctx: 256, chunks: 4}}
+        quants: [Q4_K_M, {{type: Q4_K_M, variant: plain, imatrix: false}}, IQ3_XXS]
+        bench: false
+        """))
+    res = snakemake(tmp_path, recipe, hub=demo_hub)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    folder = tmp_path / "artifacts" / "imx"
+    manifest = json.loads((folder / "manifest.json").read_text())
+    rec = json.loads((tmp_path / "work" / "imx" / "records" / "imatrix-plain.json").read_text())
+    by_file = {a["file"]: a for a in manifest["artifacts"]}
+    for f in ("imx-Q4_K_M.gguf", "imx-IQ3_XXS.gguf"):
+        cal = by_file[f]["calibration"]["imatrix"]
+        assert cal["sha256"] == rec["sha256"] and len(cal["sha256"]) == 64
+        assert cal["calibration"] == "botchan-calib.txt" and cal["chunks"] == 4 and cal["ctx"] == 256
+        assert cal["calibration_sha256"] == "20400aa480e8368d54e02e63d441531782ea327651c4f056120ebab70ac41c95"
+        r = open_reader(folder / f)
+        assert field(r, "quantize.imatrix.dataset") == "botchan-calib.txt"
+        assert field(r, "quantize.imatrix.chunks_count") == 4
+        assert field(r, "quantize.imatrix.entries_count") == cal["entries"] > 0
+        assert field(r, "quantize.imatrix.file") == "imatrix-plain.gguf"  # no build-folder path in the file
+    plain = by_file["imx-Q4_K_M-plain.gguf"]
+    assert "calibration" not in plain
+    assert not any(k in open_reader(folder / plain["file"]).fields for k in IMATRIX_KEYS)
+    # the imatrix changed the quant: same type, different bytes
+    assert by_file["imx-Q4_K_M.gguf"]["sha256"] != plain["sha256"]
