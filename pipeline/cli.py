@@ -44,6 +44,11 @@ def cmd_stage(args) -> None:
 
         convert(recipe, L.hf(name), L.base_gguf(recipe), L.convert_record(recipe),
                 log=L.log(name, f"convert-{recipe.outtype.upper()}"), quantized_by=args.quantized_by)
+    elif st == "convert-mtp":
+        from .convert import convert_mtp
+
+        convert_mtp(recipe, L.hf(name), L.mtp_gguf(recipe), L.mtp_record(recipe),
+                    log=L.log(name, f"convert-mtp-{recipe.outtype.upper()}"), quantized_by=args.quantized_by)
     elif st == "quantize":
         from .quantize import quantize
 
@@ -169,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("stage", help="run one stage of one recipe (used by the Snakefile)")
-    p.add_argument("stage", choices=["fetch", "convert", "quantize", "eval-base", "eval", "bench", "vocab", "acceptance",
+    p.add_argument("stage", choices=["fetch", "convert", "convert-mtp", "quantize", "eval-base", "eval", "bench", "vocab", "acceptance",
                                      "agreement", "publish", "gate"])
     p.add_argument("--recipe", required=True)
     p.add_argument("--name", help="recipe name (default: the file's; `<name>-draft` selects its draft)")
