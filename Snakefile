@@ -163,6 +163,33 @@ rule imatrix:
         " --base {wildcards.base} --threads {params.threads}"
 
 
+# mtp: separate only: the MTP heads exported alone (converter --mtp) as a speculative draft
+rule convert_mtp:
+    input:
+        hf=rules.fetch.output.hf,
+    output:
+        gguf=str(L.artifacts / "{name}" / "{name}-mtp-{outtype}.gguf"),
+        record=L.wrk("{name}", "records", "convert-mtp-{outtype}.json"),
+    log:
+        L.log("{name}", "convert-mtp-{outtype}"),
+    params:
+        recipe=RECIPE,
+        py=W.python,
+        roots=ROOTS,
+        quantized_by=W.quantized_by,
+        trigger=lambda wc: W.convert_params(wc.name),
+    threads: 1
+    resources:
+        mem_mb=lambda wc, input: mem_mb(input.size_mb, 1.5),
+        disk_mb=lambda wc, input: mem_mb(input.size_mb, 1.5),
+        runtime=lambda wc, input: int(30 + input.size_mb / 100),
+    conda:
+        ENV
+    shell:
+        "{params.py} -m pipeline.cli stage convert-mtp --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
+        " --quantized-by {params.quantized_by:q}"
+
+
 rule quantize:
     input:
         unpack(lambda wc: W.quant_inputs(wc.name, wc.quant)),

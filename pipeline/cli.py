@@ -58,6 +58,11 @@ def cmd_stage(args) -> None:
 
         imatrix(recipe, args.base, L.source_gguf(recipe, args.base), L.imatrix(name, args.base),
                 L.imatrix_record(name, args.base), log=L.log(name, f"imatrix-{args.base}"), threads=args.threads)
+    elif st == "convert-mtp":
+        from .convert import convert_mtp
+
+        convert_mtp(recipe, L.hf(name), L.mtp_gguf(recipe), L.mtp_record(recipe),
+                    log=L.log(name, f"convert-mtp-{recipe.outtype.upper()}"), quantized_by=args.quantized_by)
     elif st == "quantize":
         from .quantize import quantize
 
@@ -184,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("stage", help="run one stage of one recipe (used by the Snakefile)")
-    p.add_argument("stage", choices=["fetch", "awq", "convert", "imatrix", "quantize", "eval-base", "eval", "bench", "vocab", "acceptance",
+    p.add_argument("stage", choices=["fetch", "awq", "convert", "convert-mtp", "imatrix", "quantize", "eval-base", "eval",
+                                     "bench", "vocab", "acceptance",
                                      "agreement", "publish", "gate"])
     p.add_argument("--recipe", required=True)
     p.add_argument("--name", help="recipe name (default: the file's; `<name>-draft` selects its draft)")

@@ -2,6 +2,18 @@
 
 The converter runs as a subprocess of the pinned (or user-provided) llama.cpp tree, with the gguf-py
 vendored beside it. Its well-known failures become one clear line saying what to do.
+
+Multi-token-prediction (nextn / MTP) heads follow the recipe's ``mtp``: ``keep`` converts as the
+converter does by default (heads in the file, for the models that have them); ``strip`` passes
+``--no-mtp``; ``separate`` passes ``--no-mtp`` here and :func:`convert_mtp` runs a second pass with
+``--mtp``, which writes only the heads (plus the token embedding, output norm and output matrix they
+use) as a GGUF that llama.cpp loads as a ``--spec-type draft-mtp`` draft of the main model. The
+converter accepts both flags only for architectures whose model class sets ``supports_mtp_export``
+(b11312: Glm4Moe, Glm4vMoe, Glm4MoeLite, GlmMoeDsa, Glm5Next, DeepseekV32, DeepseekV4, Qwen3Next,
+Qwen3_5, Qwen3_5Moe, MiMoV2(Flash), Step3p5/Step3p7, NemotronH, HYV3, BailingMoeV3(VL), Dots3Note,
+MiniCPMV4_6); for the others it exits 1 with ``--mtp / --no-nextn are not supported for <arch>``.
+With ``--outfile`` the file is written under exactly that name (the ``mtp-`` prefix of its help text
+applies only when the converter names the file itself).
 """
 
 from __future__ import annotations
@@ -13,6 +25,7 @@ from pathlib import Path
 
 from .errors import PipelineError
 from .fsutil import atomic_output, write_json_atomic
+from .mtp import MTP_KEYS, mtp_facts
 from .provenance import python_versions
 from .recipe import Recipe
 from .tools import Toolchain, find_toolchain, run_converter, tail
@@ -30,16 +43,23 @@ KNOWN_FAILURES = [
     (re.compile(r"No such file or directory: '([^']*tokenizer[^']*)'|Can't load tokenizer|"
                 r"tokenizer\.model not found|Error loading tokenizer"),
      "the tokenizer could not be loaded: check the source's tokenizer files"),
+    (re.compile(r"--mtp / --no-nextn are not supported for (\S+)"),
+     "mtp: {mtp}: llama.cpp b{build}'s converter cannot split multi-token-prediction heads off {0} models "
+     "(--mtp / --no-mtp are refused for that architecture); set `mtp: keep`"),
     (re.compile(r"No space left on device"), "no space left on device while writing the GGUF"),
 ]
 
+# Converter flags of the main (model) pass per recipe ``mtp`` mode.
+MAIN_MTP_ARGS = {"keep": [], "strip": ["--no-mtp"], "separate": ["--no-mtp"]}
+DRAFT_MTP_ARGS = ["--mtp"]
 
-def explain_failure(output: str, build: int) -> str:
+
+def explain_failure(output: str, build: int, mtp: str = "keep") -> str:
     for rx, msg in KNOWN_FAILURES:
         m = rx.search(output)
         if m:
             groups = [g for g in m.groups() if g] or [m.group(0)]
-            return msg.format(*groups, build=build)
+            return msg.format(*groups, build=build, mtp=mtp)
     return f"convert_hf_to_gguf.py failed: {tail(output)}"
 
 
@@ -84,12 +104,10 @@ def _model_view(hf_dir: Path, view: Path, license: str | None) -> Path:
     return view
 
 
-def convert(recipe: Recipe, hf_dir: str | Path, out_gguf: str | Path, record: str | Path,
-            log: str | Path | None = None, quantized_by: str = "ggufpipe", tc: Toolchain | None = None) -> dict:
-    """Entry function: convert ``hf_dir`` to ``out_gguf`` (recipe.outtype); write ``record``."""
-    tc = tc or find_toolchain()
-    hf_dir, out_gguf, record = Path(hf_dir), Path(out_gguf), Path(record)
-    log = Path(log) if log else None
+def _run(recipe: Recipe, hf_dir: Path, out_gguf: Path, extra: list[str], log: Path | None, quantized_by: str,
+         tc: Toolchain, check=None) -> tuple[dict, float]:
+    """One converter pass into ``out_gguf`` (atomically); ``check(tmp_gguf)`` may refuse the result
+    before it is renamed into place. Returns (general.* metadata written, seconds)."""
     if not (hf_dir / "config.json").is_file():
         raise PipelineError(f"{recipe.path}: convert: {hf_dir} has no config.json (run the fetch stage first)")
     meta = gguf_metadata(recipe, quantized_by)
@@ -97,18 +115,74 @@ def convert(recipe: Recipe, hf_dir: str | Path, out_gguf: str | Path, record: st
         meta_file = Path(tmpd) / "metadata.json"
         meta_file.write_text(json.dumps(meta))
         model_dir = _model_view(hf_dir, Path(tmpd) / "model", recipe.license)
-        args = [str(model_dir), "--outfile", str(tmp), "--outtype", recipe.outtype, "--metadata", str(meta_file)]
+        args = [str(model_dir), "--outfile", str(tmp), "--outtype", recipe.outtype, "--metadata", str(meta_file), *extra]
         res = run_converter(tc, args, log)
         if res.returncode != 0 or not tmp.is_file():
-            raise PipelineError(f"{recipe.path}: convert: {explain_failure(res.output, tc.build_number)}"
+            raise PipelineError(f"{recipe.path}: convert: {explain_failure(res.output, tc.build_number, recipe.mtp)}"
                                 + (f" [log: {log}]" if log else ""))
+        if check:
+            check(tmp)
+    return meta, res.seconds
+
+
+def convert(recipe: Recipe, hf_dir: str | Path, out_gguf: str | Path, record: str | Path,
+            log: str | Path | None = None, quantized_by: str = "ggufpipe", tc: Toolchain | None = None) -> dict:
+    """Entry function: convert ``hf_dir`` to ``out_gguf`` (recipe.outtype, MTP heads per recipe.mtp);
+    write ``record``."""
+    tc = tc or find_toolchain()
+    hf_dir, out_gguf, record = Path(hf_dir), Path(out_gguf), Path(record)
+    log = Path(log) if log else None
+    extra = MAIN_MTP_ARGS[recipe.mtp]
+
+    def no_heads_left(tmp: Path) -> None:
+        left = mtp_facts(tmp)["tensors"] if extra else 0
+        if left:
+            raise PipelineError(f"{recipe.path}: convert: mtp: {recipe.mtp}: the converter left {left} nextn tensors "
+                                f"in {out_gguf.name} despite --no-mtp")
+
+    meta, seconds = _run(recipe, hf_dir, out_gguf, extra, log, quantized_by, tc, no_heads_left)
     rec = {
         "outtype": recipe.outtype,
         "tool": "convert_hf_to_gguf.py",
         "toolchain": tc.describe(),
         "python": python_versions(),
         "gguf_metadata": meta,
-        "seconds": round(res.seconds, 1),
+        "seconds": round(seconds, 1),
+    }
+    if recipe.mtp != "keep":
+        rec["mtp"] = {"mode": recipe.mtp, "converter_args": extra}
+    write_json_atomic(record, rec)
+    return rec
+
+
+def convert_mtp(recipe: Recipe, hf_dir: str | Path, out_gguf: str | Path, record: str | Path,
+                log: str | Path | None = None, quantized_by: str = "ggufpipe", tc: Toolchain | None = None) -> dict:
+    """Entry function (``mtp: separate``): export only the MTP heads of ``hf_dir`` to ``out_gguf``
+    (``--mtp``), a draft for llama.cpp's ``--spec-type draft-mtp``; write ``record``. A model without
+    MTP heads is refused: the converter would write a draft holding none."""
+    if recipe.mtp != "separate":
+        raise PipelineError(f"{recipe.path}: mtp: {recipe.mtp}: the MTP draft is exported only with `mtp: separate`")
+    tc = tc or find_toolchain()
+    hf_dir, out_gguf, record = Path(hf_dir), Path(out_gguf), Path(record)
+    log = Path(log) if log else None
+    facts: dict = {}
+
+    def has_heads(tmp: Path) -> None:
+        facts.update(mtp_facts(tmp))
+        if not facts["tensors"]:
+            raise PipelineError(f"{recipe.path}: convert: mtp: separate: the model has no multi-token-prediction heads "
+                                "(the converter's --mtp export holds no nextn tensors); set `mtp: keep`")
+
+    meta, seconds = _run(recipe, hf_dir, out_gguf, DRAFT_MTP_ARGS, log, quantized_by, tc, has_heads)
+    rec = {
+        "outtype": recipe.outtype,
+        "tool": "convert_hf_to_gguf.py",
+        "converter_args": DRAFT_MTP_ARGS,
+        "toolchain": tc.describe(),
+        "python": python_versions(),
+        "gguf_metadata": meta,
+        "mtp": {k: facts[k] for k in MTP_KEYS},
+        "seconds": round(seconds, 1),
     }
     write_json_atomic(record, rec)
     return rec

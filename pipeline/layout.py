@@ -24,6 +24,10 @@ class Layout:
     def base_gguf(self, r: Recipe) -> Path:
         return self.art_dir(r.name) / r.base_file
 
+    def mtp_gguf(self, r: Recipe) -> Path:
+        """The MTP-head draft of ``mtp: separate``, written by the convert-mtp stage."""
+        return self.art_dir(r.name) / r.mtp_file
+
     def published(self, r: Recipe, key: str) -> Path:
         return self.art_dir(r.name) / r.file_for(key)
 
@@ -86,6 +90,8 @@ class Layout:
         if q.imatrix:
             out["imatrix"] = str(self.imatrix(r.name, q.base))
         return out
+    def mtp_record(self, r: Recipe) -> Path:
+        return self.wrk(r.name, "records", f"convert-mtp-{r.outtype.upper()}.json")
 
     def quant(self, r: Recipe, key: str) -> Path:
         return self.wrk(r.name, "quants", r.file_for(key))
@@ -146,6 +152,8 @@ class Layout:
             "evals": [str(self.eval_record(r.name, es.name, k)) for es in r.eval_sets for k in keys],
             "bench": [str(self.bench_record(r.name, k)) for k in [r.outtype.upper(), *keys]] if r.bench else [],
         }
+        if r.mtp == "separate":
+            out["mtp"] = [str(self.mtp_gguf(r)), str(self.mtp_record(r))]
         if r.draft:
             pairs = r.draft.pairs
             out["vocab"] = [str(self.vocab_record(r.name, m, d)) for m, d in pairs]

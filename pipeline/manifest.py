@@ -27,7 +27,7 @@ from .evaluate import failure_message, verdict
 from .fsutil import atomic_output, sha256_file, write_json_atomic
 from .ggufinfo import general_metadata, read_facts
 from .layout import Layout
-from .mtp import lost_heads, mtp_facts
+from .mtp import MTP_KEYS, lost_heads, mtp_facts
 from .recipe import Recipe
 
 SCHEMA_VERSION = 1
@@ -146,7 +146,13 @@ def build_manifest(recipe: Recipe, layout: Layout) -> tuple[dict, dict]:
     base_mtp = mtp_facts(base_path)
     artifacts = [{**base.as_dict(), "role": "base"}]
     if base_mtp["tensors"]:
-        artifacts[0]["mtp"] = {k: base_mtp[k] for k in ("tensors", "layers", "nextn_predict_layers")}
+        artifacts[0]["mtp"] = {k: base_mtp[k] for k in MTP_KEYS}
+    converted_mode = converted.get("mtp", {}).get("mode", "keep")
+    if converted_mode != recipe.mtp:
+        raise PipelineError(f"{layout.convert_record(recipe)}: converted with mtp: {converted_mode}, the recipe asks for "
+                            f"mtp: {recipe.mtp}: re-run the convert stage")
+    if recipe.mtp == "separate":
+        artifacts.append(_mtp_draft_entry(recipe, layout))
     rejected = []
     calib_seconds: dict = {}
     for q in recipe.quants:
@@ -170,7 +176,7 @@ def build_manifest(recipe: Recipe, layout: Layout) -> tuple[dict, dict]:
                          for f in verdict(ev["metrics"], thresholds[es.name])]
         if base_mtp["tensors"]:
             q_mtp = mtp_facts(work_path)
-            entry["mtp"] = {k: q_mtp[k] for k in ("tensors", "layers", "nextn_predict_layers")}
+            entry["mtp"] = {k: q_mtp[k] for k in MTP_KEYS}
             lost = lost_heads(base_mtp, q_mtp)
             if lost:
                 failures.append({"check": "mtp", "lost": lost, "message": (
@@ -217,6 +223,8 @@ def build_manifest(recipe: Recipe, layout: Layout) -> tuple[dict, dict]:
         "artifacts": artifacts,
         "rejected": rejected,
     }
+    if recipe.mtp != "keep":
+        manifest["mtp"] = _mtp_section(recipe, converted, artifacts)
     if draft is not None:
         manifest["draft"] = draft
         manifest["failures"] = draft_failures
@@ -230,6 +238,38 @@ def _calibration_inputs(recipe: Recipe) -> dict:
         if cfg is not None and any(getattr(q, key) for q in recipe.quants):
             out[key] = {**cfg.describe(), "calibration_sha256": sha256_file(cfg.calibration)}
     return out
+
+
+def _mtp_draft_entry(recipe: Recipe, layout: Layout) -> dict:
+    """The artifact entry of the MTP-head draft exported by ``mtp: separate``."""
+    path = layout.mtp_gguf(recipe)
+    rec = _load(layout.mtp_record(recipe))
+    facts = read_facts(path)
+    if facts.quant_type != recipe.outtype.upper():
+        raise PipelineError(f"{path}: general.file_type says {facts.quant_type}, recipe asks for {recipe.outtype.upper()}")
+    heads = mtp_facts(path)
+    if not heads["tensors"]:
+        raise PipelineError(f"{path}: holds no nextn (MTP) tensors: re-run the convert-mtp stage")
+    return {**facts.as_dict(), "role": "mtp-draft", "converter_args": rec["converter_args"],
+            "mtp": {k: heads[k] for k in MTP_KEYS}}
+
+
+def _mtp_section(recipe: Recipe, converted: dict, artifacts: list[dict]) -> dict:
+    """The manifest's ``mtp`` section (recipe ``mtp: strip`` or ``separate``): what was done to the
+    multi-token-prediction heads on purpose, and how to use an exported MTP draft."""
+    out: dict = {"mode": recipe.mtp, "converter_args": converted["mtp"]["converter_args"]}
+    if recipe.mtp == "strip":
+        out["note"] = "multi-token-prediction heads left out of every file on purpose (recipe mtp: strip)"
+    else:
+        out["note"] = ("multi-token-prediction heads left out of the model files and published alone as a draft "
+                       "for llama.cpp's --spec-type draft-mtp (recipe mtp: separate)")
+        out["draft_file"] = recipe.mtp_file
+        out["deploy"] = [mtp_deployment_line(e["file"], recipe.mtp_file) for e in artifacts if e["role"] != "mtp-draft"]
+    return out
+
+
+def mtp_deployment_line(main_file: str, mtp_file: str) -> str:
+    return f"llama-server -m {main_file} -md {mtp_file} --spec-type draft-mtp"
 
 
 def _draft_section(recipe: Recipe, layout: Layout) -> tuple[dict, list[dict], dict]:
@@ -309,7 +349,8 @@ def check_gates(manifest_path: str | Path, ok_path: str | Path) -> None:
                                 "`snakemake --forcerun publish`")
     msgs = gate_messages(manifest)
     if msgs:
-        raise PipelineError("; ".join(msgs) + f" ({len(manifest['artifacts']) - 1} quant(s) published)")
+        quants = sum(e.get("role") == "quant" for e in manifest["artifacts"])
+        raise PipelineError("; ".join(msgs) + f" ({quants} quant(s) published)")
     from .fsutil import write_text_atomic
 
     write_text_atomic(ok_path, manifest["build_id"] + "\n")

@@ -8,14 +8,21 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .ggufinfo import field, open_reader
 
+if TYPE_CHECKING:
+    from gguf import GGUFReader
+
 _NEXTN = re.compile(r"^blk\.(\d+)\.nextn\.")
+# The facts the manifest records per file.
+MTP_KEYS = ("tensors", "layers", "nextn_predict_layers")
 
 
-def mtp_facts(path: str | Path) -> dict:
-    r = open_reader(path)
+def mtp_facts(source: str | Path | GGUFReader) -> dict:
+    """MTP facts of a GGUF: ``source`` is its path or an open GGUFReader."""
+    r = source if hasattr(source, "tensors") else open_reader(source)
     arch = field(r, "general.architecture", "")
     names = sorted(t.name for t in r.tensors if _NEXTN.match(t.name))
     layers = sorted({int(_NEXTN.match(n).group(1)) for n in names})

@@ -16,6 +16,12 @@ Schema (keys not listed are refused)::
       allow_pickle: false           # accept *.bin / *.pt weights (pickle) — off by default
       trust_remote_code: false      # accept repos whose config needs custom code — off by default
     outtype: f16                    # f16 | bf16: the unquantized GGUF the quants are made from
+    mtp: keep                       # multi-token-prediction (nextn) heads, for models that have them:
+                                    #   keep: as the converter writes them (in every file); strip: left out
+                                    #   (--no-mtp); separate: left out of the model files and exported
+                                    #   alone (--mtp) as the draft <name>-mtp-<OUTTYPE>.gguf. strip and
+                                    #   separate need an architecture whose converter supports it; the
+                                    #   convert stage says so in one line otherwise
     quants:                         # llama-quantize types; a plain string or a mapping
       - Q8_0
       - type: Q4_K_M
@@ -90,6 +96,9 @@ REVISION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 TENSOR_TYPE_RE = re.compile(r"^[A-Za-z0-9_.*+?\\\[\]()|^$-]+=[A-Za-z0-9_]+$")
 OUTTYPES = ("f16", "bf16")
+# What to do with multi-token-prediction (nextn) heads: keep (the converter's default), strip
+# (convert with --no-mtp), separate (--no-mtp, plus a --mtp pass exporting the heads as a draft GGUF).
+MTP_MODES = ("keep", "strip", "separate")
 # llama-quantize's aliases, resolved so that file names and read-back types agree.
 QUANT_ALIASES = {"Q3_K": "Q3_K_M", "Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M"}
 # Not quantization targets: the outtype file is built by convert itself.
@@ -99,7 +108,7 @@ NOT_QUANTS = {"F16", "BF16", "F32", "COPY"}
 NEEDS_IMATRIX = {"IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ3_XXS", "IQ3_XS", "Q2_K_S"}
 
 TOP_KEYS = {"name", "description", "license", "source", "outtype", "quants", "gates", "bench", "draft", "awq",
-            "imatrix"}
+            "imatrix", "mtp"}
 AWQ_KEYS = {"calibration", "calibration_sha256", "w_bit", "q_group_size", "zero_point", "version", "n_samples",
             "seq_len", "apply_clip"}
 AWQ_VERSIONS = ("gemm", "gemv", "gemv_fast")
@@ -295,6 +304,7 @@ class Recipe:
     draft: Draft | None = None
     awq: AwqConfig | None = None
     imatrix: ImatrixConfig | None = None
+    mtp: str = "keep"
     raw: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -349,6 +359,11 @@ class Recipe:
     @property
     def base_file(self) -> str:
         return f"{self.name}-{self.outtype.upper()}.gguf"
+
+    @property
+    def mtp_file(self) -> str:
+        """The MTP-head draft exported by ``mtp: separate``."""
+        return f"{self.name}-mtp-{self.outtype.upper()}.gguf"
 
 
 # --------------------------------------------------------------------------- helpers
@@ -750,6 +765,9 @@ def load_recipe(path: str | Path, quantize_exe: str | None = None) -> Recipe:
     outtype = d.get("outtype", "f16")
     if outtype not in OUTTYPES:
         ctx.fail("outtype", f"{outtype!r} is not one of {', '.join(OUTTYPES)}")
+    mtp = d.get("mtp", "keep")
+    if mtp not in MTP_MODES:
+        ctx.fail("mtp", f"{mtp!r} is not one of {', '.join(MTP_MODES)}")
 
     if "quants" in d and not isinstance(d["quants"], list):
         ctx.fail("quants", "must be a non-empty list")
@@ -782,6 +800,7 @@ def load_recipe(path: str | Path, quantize_exe: str | None = None) -> Recipe:
         draft=draft,
         awq=awq,
         imatrix=imatrix,
+        mtp=mtp,
         raw=d,
     )
 

@@ -15,7 +15,8 @@ def _fmt(v, spec: str) -> str:
 
 def _rows(manifest: dict, eval_set: str | None):
     bench = manifest.get("build", {}).get("bench", {})
-    entries = [(e, True) for e in manifest["artifacts"]] + [(e, False) for e in manifest.get("rejected", [])]
+    entries = [(e, True) for e in manifest["artifacts"] if e.get("role") != "mtp-draft"] + \
+        [(e, False) for e in manifest.get("rejected", [])]
     for e, published in entries:
         m = (e.get("metrics") or {}).get(eval_set, {}) if eval_set else {}
         b = bench.get(e["file"], {})
@@ -113,6 +114,21 @@ def draft_table(manifest: dict) -> str:
     return "\n".join(lines)
 
 
+def mtp_text(manifest: dict) -> str:
+    """What the build did with multi-token-prediction heads (recipe ``mtp: strip | separate``)."""
+    m = manifest.get("mtp")
+    if not m:
+        return ""
+    if m["mode"] == "strip":
+        return "Multi-token-prediction (MTP) heads were left out of every file on purpose (recipe `mtp: strip`)."
+    d = next(e for e in manifest["artifacts"] if e.get("role") == "mtp-draft")
+    lines = [f"The multi-token-prediction (MTP) heads are not in the model files: they are published alone as "
+             f"`{d['file']}` ({d['quant_type']}, {d['size_bytes'] / MIB:.1f} MiB, {d['mtp']['tensors']} nextn tensors "
+             f"on layer(s) {', '.join(map(str, d['mtp']['layers']))}), a draft for llama.cpp's speculative decoding "
+             "with any of the files above:", "", "```sh", *m["deploy"], "```"]
+    return "\n".join(lines)
+
+
 def write_report(manifest: dict, out_md: str | Path, out_png: str | Path) -> None:
     plot(manifest, out_png)
     parts = [f"# {manifest['name']}: quantization report", "",
@@ -125,6 +141,8 @@ def write_report(manifest: dict, out_md: str | Path, out_png: str | Path) -> Non
         if es:
             parts += [f"## Eval set `{es}`", ""]
         parts += [markdown_table(manifest, es, speed=True), ""]
+    if manifest.get("mtp"):
+        parts += ["## MTP heads", "", mtp_text(manifest), ""]
     if manifest.get("draft"):
         parts += ["## Draft model (speculative decoding)", "", draft_table(manifest), ""]
     parts += ["pp/tg t/s: `llama-bench` prompt processing / generation tokens/s on the build box (CPU), same "
@@ -158,11 +176,14 @@ def write_card(manifest: dict, out: str | Path) -> None:
             body += [f"### {es}", ""]
         body += [markdown_table(manifest, es, speed=False), ""]
     body += ["## Run with llama.cpp", "", "```sh"]
-    for e in manifest["artifacts"]:
+    models = [e for e in manifest["artifacts"] if e.get("role") != "mtp-draft"]
+    for e in models:
         body.append(f"llama-cli -m {e['file']} -cnv            # {e['quant_type']}")
-    first = manifest["artifacts"][-1]["file"]
+    first = models[-1]["file"]
     body += ["```", "", "Serve one file over HTTP (OpenAI-compatible API):", "", "```sh",
              f"llama-server -m {first} --port 8080", "```", ""]
+    if manifest.get("mtp"):
+        body += ["## MTP heads", "", mtp_text(manifest), ""]
     if manifest.get("draft"):
         body += ["## Speculative decoding with the draft model", "", draft_table(manifest), ""]
     write_text_atomic(out, "\n".join(front + body))

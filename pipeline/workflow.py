@@ -117,7 +117,8 @@ class Workflow:
 
     def convert_params(self, name: str) -> str:
         r = self.recipes[name]
-        return repr((r.outtype, r.license, self.quantized_by, self.toolchain.build_number, self.toolchain.commit))
+        mtp = () if r.mtp == "keep" else (r.mtp,)  # keep (the default) leaves existing builds' trigger as it was
+        return repr((r.outtype, r.license, *mtp, self.quantized_by, self.toolchain.build_number, self.toolchain.commit))
 
     def quant_params(self, name: str, key: str) -> str:
         q = self.recipes[name].quant(key)

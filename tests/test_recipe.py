@@ -65,6 +65,7 @@ BAD = [
     ("repo and path", GOOD.replace("  repo: org/model", "  repo: org/model\n  path: /x"), "source: give exactly one"),
     ("bad repo id", GOOD.replace("org/model", "not a repo"), "source.repo: 'not a repo' is not"),
     ("bad outtype", GOOD.replace("outtype: f16", "outtype: q8"), "outtype: 'q8' is not one of"),
+    ("bad mtp mode", GOOD + "mtp: both\n", "mtp: 'both' is not one of keep, strip, separate"),
     ("empty quants", GOOD.split("quants:")[0] + "quants: []\n", "quants: must be a non-empty list"),
     ("duplicate quant", GOOD + "  - Q8_0\n", "quants[3]: Q8_0 repeats quants[0]"),
     ("F16 as quant", GOOD.replace("- Q8_0", "- F16"), "quants[0]: F16 is not a quantization"),
