@@ -62,7 +62,7 @@ rule convert:
     input:
         hf=rules.fetch.output.hf,
     output:
-        gguf=str(L.artifacts / "{name}" / "{name}-{outtype}.gguf"),
+        gguf=L.wrk("{name}", "quants", "{name}-{outtype}.gguf"),
         record=L.wrk("{name}", "records", "convert-{outtype}.json"),
     log:
         L.log("{name}", "convert-{outtype}"),
@@ -168,7 +168,7 @@ rule convert_mtp:
     input:
         hf=rules.fetch.output.hf,
     output:
-        gguf=str(L.artifacts / "{name}" / "{name}-mtp-{outtype}.gguf"),
+        gguf=L.wrk("{name}", "quants", "{name}-mtp-{outtype}.gguf"),
         record=L.wrk("{name}", "records", "convert-mtp-{outtype}.json"),
     log:
         L.log("{name}", "convert-mtp-{outtype}"),

@@ -166,12 +166,9 @@ def run_awq(recipe: Recipe, hf_dir: str | Path, out_dir: str | Path, record: str
     dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}.get(
         config.get("torch_dtype") or config.get("dtype") or "float16", torch.float16)
     model.model.to(dtype)
-    from safetensors.torch import save_model
-
     with atomic_output(out_dir) as tmp:
         tmp.mkdir()
-        save_model(model.model, str(tmp / "model.safetensors"))  # tied weights saved once
-        (tmp / "model.safetensors").chmod(0o644)
+        _save_weights(model.model, hf_dir, tmp / "model.safetensors")
         copied = _copy_non_weights(hf_dir, tmp)
     rec = {
         "params": cfg.describe(),
@@ -187,6 +184,31 @@ def run_awq(recipe: Recipe, hf_dir: str | Path, out_dir: str | Path, record: str
     write_json_atomic(record, rec)
     print(f"awq: done in {seconds:.0f} s", flush=True)
     return rec
+
+
+def _save_weights(model, hf_dir: Path, dest: Path) -> None:
+    """The model's weights under the names the source checkpoint used, one tensor each. (A tied
+    embedding is one tensor under two names; safetensors' save_model keeps whichever name it likes,
+    and a checkpoint holding ``lm_head.weight`` but no ``model.embed_tokens.weight`` converts to a
+    GGUF without token_embd that llama.cpp cannot load.)"""
+    from safetensors import safe_open
+    from safetensors.torch import save_file, save_model
+
+    names: set[str] = set()
+    for f in hf_dir.glob("*.safetensors"):
+        with safe_open(str(f), framework="pt") as fh:
+            names |= set(fh.keys())
+    state = model.state_dict()
+    if not names:  # pickled source (allow_pickle): no names to follow
+        save_model(model, str(dest))
+    else:
+        missing = sorted(names - state.keys())
+        if missing:
+            raise PipelineError(f"awq: the calibrated model lacks {len(missing)} tensor(s) of the source (first: "
+                                f"{missing[0]})")
+        save_file({k: state[k].detach().to("cpu").contiguous().clone() for k in sorted(names)}, str(dest),
+                  metadata={"format": "pt"})
+    dest.chmod(0o644)
 
 
 def _version(dist: str) -> str | None:

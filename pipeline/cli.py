@@ -147,6 +147,21 @@ def cmd_verify(args) -> None:
         print(verify(path, manifest=args.manifest))
 
 
+def cmd_dvc_matrix(args) -> None:
+    from .dvcstages import write_matrix
+
+    m = write_matrix(args.recipes, args.out, check=args.check)
+    print(f"{args.out}: {len(m['recipes'])} recipe stage(s), {len(m['ggufs'])} GGUF stage(s)"
+          + (" (up to date)" if args.check else ""))
+
+
+def cmd_dvc_link(args) -> None:
+    from .dvcstages import link
+    from .layout import Layout
+
+    print(link(args.name, args.file, args.stage, Layout(Path(args.artifacts), Path(args.work)), args.lock))
+
+
 def cmd_build(args) -> None:
     snakefile = Path(__file__).resolve().parent.parent / "Snakefile"
     cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(snakefile), "--cores", str(args.cores)]
@@ -178,6 +193,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("recipes", nargs="*", help="recipe files or folders (default: recipes/)")
     p.add_argument("--snakemake-args", nargs=argparse.REMAINDER, default=[])
     p.set_defaults(func=cmd_build)
+
+    p = sub.add_parser("dvc-matrix", help="write dvc-matrix.yaml (the DVC stages) from the recipes")
+    p.add_argument("--recipes", default="recipes")
+    p.add_argument("--out", default="dvc-matrix.yaml")
+    p.add_argument("--check", action="store_true", help="fail when the file is out of date instead of writing it")
+    p.set_defaults(func=cmd_dvc_matrix)
+
+    p = sub.add_parser("dvc-link", help="a gguf@ DVC stage: publish one GGUF as its manifest says")
+    p.add_argument("--name", required=True)
+    p.add_argument("--file", required=True)
+    p.add_argument("--stage", required=True, help="the DVC stage name (its dvc.lock entry is dropped on rejection)")
+    p.add_argument("--artifacts", default="artifacts")
+    p.add_argument("--work", default="work")
+    p.add_argument("--lock", default="dvc.lock")
+    p.set_defaults(func=cmd_dvc_link)
 
     p = sub.add_parser("info", help="print facts of a GGUF file")
     p.add_argument("gguf")

@@ -21,12 +21,19 @@ class Layout:
     def art_dir(self, name: str) -> Path:
         return self.artifacts / name
 
+    # Every GGUF is built under work/<name>/quants/ and published (hard-linked) into artifacts/<name>/
+    # under the same name by the publish stage: DVC, which tracks the published files, may re-link
+    # or copy them, and that must never touch the files Snakemake judges staleness by.
+    def built(self, name: str, file: str) -> Path:
+        return self.wrk(name, "quants", file)
+
     def base_gguf(self, r: Recipe) -> Path:
-        return self.art_dir(r.name) / r.base_file
+        """The F16/BF16 file the quants are made from (published as ``artifacts/<name>/<base_file>``)."""
+        return self.built(r.name, r.base_file)
 
     def mtp_gguf(self, r: Recipe) -> Path:
         """The MTP-head draft of ``mtp: separate``, written by the convert-mtp stage."""
-        return self.art_dir(r.name) / r.mtp_file
+        return self.built(r.name, r.mtp_file)
 
     def published(self, r: Recipe, key: str) -> Path:
         return self.art_dir(r.name) / r.file_for(key)
@@ -94,7 +101,7 @@ class Layout:
         return self.wrk(r.name, "records", f"convert-mtp-{r.outtype.upper()}.json")
 
     def quant(self, r: Recipe, key: str) -> Path:
-        return self.wrk(r.name, "quants", r.file_for(key))
+        return self.built(r.name, r.file_for(key))
 
     def quant_record(self, name: str, key: str) -> Path:
         return self.wrk(name, "records", f"quant-{key}.json")

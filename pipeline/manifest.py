@@ -318,9 +318,8 @@ def publish(recipe: Recipe, layout: Layout) -> dict:
 
     manifest, metrics = build_manifest(recipe, layout)
     name = recipe.name
-    for q in recipe.quants:
-        if any(e["file"] == recipe.file_for(q.key) for e in manifest["artifacts"]):
-            _link(layout.quant(recipe, q.key), layout.published(recipe, q.key))
+    for e in manifest["artifacts"]:  # base, passing quants, an MTP draft
+        _link(layout.built(name, e["file"]), layout.art_dir(name) / e["file"])
     keep = {e["file"] for e in manifest["artifacts"]}
     for stale in layout.art_dir(name).glob(f"{name}-*.gguf"):
         if stale.name not in keep:  # quants removed from the recipe or now failing

@@ -4,6 +4,7 @@ tokenizer trained here on real text; its output converts and quantizes; bad inpu
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import textwrap
 from pathlib import Path
@@ -19,7 +20,8 @@ CALIB = ROOT / "data" / "botchan-calib.txt"
 
 def make_tiny_llama(dest: Path, intermediate: int = 512) -> Path:
     """A 2-layer Llama (hidden 256, 4 heads, 1 KV head of 64: every AWQ-clipped linear has a multiple of
-    64 output features) with random weights and a byte-fallback BPE SentencePiece tokenizer."""
+    64 output features; tied embeddings like SmolLM2) with random weights and a byte-fallback BPE
+    SentencePiece tokenizer."""
     import sentencepiece as spm
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, LlamaTokenizer
@@ -35,7 +37,7 @@ def make_tiny_llama(dest: Path, intermediate: int = 512) -> Path:
         (dest / f).unlink()
     cfg = LlamaConfig(vocab_size=tok.vocab_size, hidden_size=256, intermediate_size=intermediate, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=1, head_dim=64, max_position_embeddings=512,
-                      tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, torch_dtype="float16")
+                      tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, torch_dtype="float16")
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg)
     with torch.no_grad():  # trained-looking norms: not all ones, so that folded scales show
@@ -101,7 +103,9 @@ def test_awq_folds_scales_and_converts(tmp_path, tiny_hf, quantize_exe):
               "model.layers.1.post_attention_layernorm.weight", "model.layers.1.mlp.down_proj.weight",
               "model.layers.1.mlp.up_proj.weight"):
         assert k in changed, k
+    # the tied embedding keeps its source name (a GGUF without token_embd would not load)
     assert after["model.embed_tokens.weight"].equal(before["model.embed_tokens.weight"])
+    assert "lm_head.weight" not in after
 
     ids = torch.tensor([list(range(3, 67))])
     logits = [AutoModelForCausalLM.from_pretrained(d, torch_dtype=torch.float32)(ids).logits for d in (tiny_hf, out)]
@@ -113,6 +117,12 @@ def test_awq_folds_scales_and_converts(tmp_path, tiny_hf, quantize_exe):
     q = tmp_path / "tiny-Q8_0.gguf"
     quantize(r, "Q8_0", f16, q, tmp_path / "q.json", log=tmp_path / "q.log")
     assert read_facts(f16).quant_type == "F16" and read_facts(q).quant_type == "Q8_0"
+    # and llama.cpp loads and runs it
+    from pipeline.tools import find_toolchain, run_tool
+
+    res = run_tool(find_toolchain(), "llama-perplexity", ["-m", q, "-f", CALIB, "-c", "64", "--chunks", "2", "-t", "2"],
+                   None)
+    assert re.search(r"\[1\]\d+\.\d+", res.output), res.output[-2000:]  # a perplexity from the model's logits
 
 
 def test_awq_build_with_clipping(tmp_path, tiny_hf):

@@ -88,11 +88,11 @@ def test_determinism_second_build_identical(demo_build, demo_hub, tmp_path):
     (tmp_path / "data").mkdir()  # the recipe's eval text, at the same relative path
     shutil.copyfile(DEMO_RECIPE.parent.parent / "data" / "botchan.txt", tmp_path / "data" / "botchan.txt")
     res = snakemake(tmp_path / "b", recipe, cores=1, hub=demo_hub,
-                    extra=[f"work/{NAME}/quants/{NAME}-Q4_K_M.gguf", f"artifacts/{NAME}/{NAME}-F16.gguf"])
+                    extra=[f"work/{NAME}/quants/{NAME}-Q4_K_M.gguf"])
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     for t in ("F16", "Q4_K_M"):
         a = demo_build / "artifacts" / NAME / f"{NAME}-{t}.gguf"
-        b = tmp_path / "b" / ("artifacts" if t == "F16" else "work") / NAME / ("quants" if t != "F16" else "") / f"{NAME}-{t}.gguf"
+        b = tmp_path / "b" / "work" / NAME / "quants" / f"{NAME}-{t}.gguf"
         assert sha256_file(a) == sha256_file(b), t
     # the manifest of the complete second build equals the first apart from the timestamp
     res = snakemake(tmp_path / "b", recipe, cores=2, hub=demo_hub)
