@@ -53,6 +53,11 @@ class Layout:
     def card(self, name: str) -> Path:
         return self.art_dir(name) / "README.md"
 
+    def modelfile(self, name: str, key: str) -> Path:
+        """Ollama Modelfile of the model file ``<name>-<key>.gguf`` (``publish.ollama``), beside it so that
+        its ``FROM ./<file>`` resolves in the folder and in the Hub repo alike."""
+        return self.art_dir(name) / f"Modelfile.{key}"
+
     # work (intermediates)
     def wrk(self, name: str, *parts: str) -> Path:
         return self.work.joinpath(name, *parts)
@@ -137,6 +142,10 @@ class Layout:
 
     def agreement_record(self, name: str, dkey: str) -> Path:
         return self.wrk(name, "draft", f"agreement-{dkey}.json")
+
+    def hub_record(self, name: str) -> Path:
+        """Written by ``ggufpipe hub-publish`` only after the Hub commit succeeded (not an artifact)."""
+        return self.wrk(name, "records", "hub-publish.json")
 
     def gate_ok(self, name: str) -> Path:
         return self.wrk(name, "gate.ok")

@@ -5,7 +5,8 @@ every gate of every eval set; a quant that failed is listed under ``rejected`` w
 never appears in ``artifacts`` — no manifest entry marks it good and no file of it sits in the
 artifact folder. The quants that passed are published all the same; :func:`check_gates` (the
 workflow's last job) then fails the build, naming recipe, quant, eval set, metric, value and
-threshold.
+threshold. With ``publish.ollama`` in the recipe, an Ollama ``Modelfile.<KEY>`` is written beside each
+published model file (pipeline/hub.py) and listed with its SHA256 under ``ollama``.
 
 The manifest is deterministic: identical inputs give identical manifests apart from the ``build``
 section (timestamp and build-box speed figures). ``build_id`` is derived from the inputs (recipe
@@ -313,7 +314,8 @@ def _draft_section(recipe: Recipe, layout: Layout) -> tuple[dict, list[dict], di
 
 
 def publish(recipe: Recipe, layout: Layout) -> dict:
-    """Entry function: publish passing quants; write metrics, report, plot, card and manifest."""
+    """Entry function: publish passing quants; write metrics, report, plot, card, Modelfiles and manifest."""
+    from .hub import publish_modelfiles
     from .report import write_card, write_report
 
     manifest, metrics = build_manifest(recipe, layout)
@@ -326,6 +328,7 @@ def publish(recipe: Recipe, layout: Layout) -> dict:
             stale.unlink()
     write_json_atomic(layout.metrics(name), metrics)
     write_report(manifest, layout.report(name), layout.plot(name))
+    manifest = publish_modelfiles(recipe, manifest, layout.art_dir(name))  # `publish.ollama`: Modelfile.<KEY>
     write_card(manifest, layout.card(name))
     write_json_atomic(layout.manifest(name), manifest)  # last: the manifest marks the folder complete
     return manifest

@@ -61,6 +61,13 @@ Schema (keys not listed are refused)::
       prompts: 3                    # prompts taken from that text, n_predict tokens each
       n_predict: 96
       min_acceptance: 0.5           # optional gate on the acceptance rate at the best draft length
+    publish:                        # optional: `ggufpipe hub-publish` (an explicit command, never part of a build)
+      hf_repo: org/name-GGUF        # Hugging Face model repo the artifact folder is uploaded to
+      revision: main                # branch to commit to (created from main when missing)
+      private: false                # visibility when the repo is created (an existing repo is left as is)
+      path_in_repo: ""              # optional folder in the repo (default: the repo root)
+      ollama: true                  # the publish stage writes Modelfile.<QUANT> beside each model file
+      ollama_template: null         # optional Go template used as every Modelfile's TEMPLATE
     gates:                          # quality gates: one or more eval sets
       - name: botchan               # [a-z0-9_-]
         text: ../data/botchan.txt   # relative paths are relative to the recipe file
@@ -108,7 +115,10 @@ NOT_QUANTS = {"F16", "BF16", "F32", "COPY"}
 NEEDS_IMATRIX = {"IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ3_XXS", "IQ3_XS", "Q2_K_S"}
 
 TOP_KEYS = {"name", "description", "license", "source", "outtype", "quants", "gates", "bench", "draft", "awq",
-            "imatrix", "mtp"}
+            "imatrix", "mtp", "publish"}
+PUBLISH_KEYS = {"hf_repo", "revision", "private", "path_in_repo", "ollama", "ollama_template"}
+# A folder inside a Hub repo: segments of [A-Za-z0-9._-] not starting with a dot (no "..", no hidden names).
+REPO_PATH_RE = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]*(/[A-Za-z0-9_-][A-Za-z0-9._-]*)*$")
 AWQ_KEYS = {"calibration", "calibration_sha256", "w_bit", "q_group_size", "zero_point", "version", "n_samples",
             "seq_len", "apply_clip"}
 AWQ_VERSIONS = ("gemm", "gemv", "gemv_fast")
@@ -223,6 +233,19 @@ class ImatrixConfig:
 
 
 @dataclass(frozen=True)
+class Publish:
+    """``publish:``: where ``ggufpipe hub-publish`` uploads the artifact folder (pipeline/hub.py), and
+    whether the publish stage writes an Ollama ``Modelfile.<QUANT>`` beside each model file."""
+
+    hf_repo: str
+    revision: str = "main"
+    private: bool = False
+    path_in_repo: str = ""
+    ollama: bool = True
+    ollama_template: str | None = None
+
+
+@dataclass(frozen=True)
 class Quant:
     type: str
     variant: str | None = None
@@ -305,6 +328,7 @@ class Recipe:
     awq: AwqConfig | None = None
     imatrix: ImatrixConfig | None = None
     mtp: str = "keep"
+    publish: Publish | None = None
     raw: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -646,6 +670,38 @@ def _parse_awq(ctx: _Ctx, value, eval_sets) -> AwqConfig:
                      apply_clip=ctx.boolean(d.get("apply_clip", True), "awq.apply_clip"))
 
 
+def _parse_publish(ctx: _Ctx, value) -> Publish:
+    d = ctx.mapping(value, "publish", PUBLISH_KEYS)
+    if "hf_repo" not in d:
+        ctx.fail("publish.hf_repo", "missing (the Hugging Face repo to upload to, org/name)")
+    repo = ctx.string(d["hf_repo"], "publish.hf_repo", REPO_RE, "a Hugging Face repo id (org/name)")
+    rev = d.get("revision", "main")
+    if not isinstance(rev, str):
+        ctx.fail("publish.revision", f"must be a branch name (a string), got {rev!r}")
+    rev = ctx.string(rev, "publish.revision", REVISION_RE, "a branch name")
+    if COMMIT_RE.match(rev) or rev.endswith("/") or "//" in rev or ".." in rev:
+        ctx.fail("publish.revision", f"{rev!r} is not a branch name (a commit cannot be committed to)")
+    prefix = d.get("path_in_repo", "")
+    if prefix is None:
+        prefix = ""
+    if not isinstance(prefix, str):
+        ctx.fail("publish.path_in_repo", f"must be a folder path in the repo (a string), got {prefix!r}")
+    prefix = prefix.strip("/")
+    if prefix and not REPO_PATH_RE.match(prefix):
+        ctx.fail("publish.path_in_repo", f"{prefix!r} is not a folder path in the repo (segments of A-Z a-z 0-9 . _ -, "
+                                         "none starting with a dot)")
+    ollama = ctx.boolean(d.get("ollama", True), "publish.ollama")
+    template = d.get("ollama_template")
+    if template is not None:
+        if not ollama:
+            ctx.fail("publish.ollama_template", "only valid with `ollama: true`")
+        template = ctx.string(template, "publish.ollama_template")
+        if '"""' in template:
+            ctx.fail("publish.ollama_template", 'must not contain """ (it is written as TEMPLATE """...""")')
+    return Publish(hf_repo=repo, revision=rev, private=ctx.boolean(d.get("private", False), "publish.private"),
+                   path_in_repo=prefix, ollama=ollama, ollama_template=template)
+
+
 def _parse_imatrix(ctx: _Ctx, value, eval_sets) -> ImatrixConfig:
     d = ctx.mapping(value, "imatrix", IMATRIX_KEYS)
     cal = _calibration(ctx, d, "imatrix", eval_sets)
@@ -782,6 +838,7 @@ def load_recipe(path: str | Path, quantize_exe: str | None = None) -> Recipe:
     imatrix = _parse_imatrix(ctx, d["imatrix"], eval_sets) if "imatrix" in d else None
     quants = _parse_quants(ctx, d["quants"], "quants", known, build, set_names, awq is not None, imatrix is not None)
     draft = _parse_draft(ctx, d["draft"], quants, eval_sets, known, build, outtype) if "draft" in d else None
+    publish = _parse_publish(ctx, d["publish"]) if "publish" in d else None
 
     for key in ("description", "license"):
         if key in d and d[key] is not None:
@@ -801,6 +858,7 @@ def load_recipe(path: str | Path, quantize_exe: str | None = None) -> Recipe:
         awq=awq,
         imatrix=imatrix,
         mtp=mtp,
+        publish=publish,
         raw=d,
     )
 

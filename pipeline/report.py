@@ -184,6 +184,14 @@ def write_card(manifest: dict, out: str | Path) -> None:
              f"llama-server -m {first} --port 8080", "```", ""]
     if manifest.get("mtp"):
         body += ["## MTP heads", "", mtp_text(manifest), ""]
+    if manifest.get("ollama"):
+        name = manifest["name"]
+        body += ["## Run with Ollama", "", "Each file has an Ollama Modelfile beside it (`FROM ./<file>`, stop tokens, the "
+                 "chat template for ChatML models). Download the GGUF and its Modelfile into one folder, then:", "", "```sh"]
+        for m in manifest["ollama"]:
+            key = m["file"].removeprefix("Modelfile.")
+            body.append(f"ollama create {name}:{key.lower()} -f {m['file']} && ollama run {name}:{key.lower()}")
+        body += ["```", ""]
     if manifest.get("draft"):
         body += ["## Speculative decoding with the draft model", "", draft_table(manifest), ""]
     write_text_atomic(out, "\n".join(front + body))
