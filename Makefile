@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 
 export GGUFPIPE_CACHE := $(CACHE)
 
-.PHONY: venv tools demo test lint clean-work
+.PHONY: venv tools demo dvc-repro test lint clean-work
 .DEFAULT_GOAL := demo
 
 # Virtualenv with pinned deps. torch goes first and pinned, so pip takes the local CPU wheel.
@@ -40,6 +40,11 @@ tools: $(BIN)/.gguf-py-$(LLAMA_BUILD)
 demo: tools
 	$(BIN)/python -m pipeline.cli setup-demo
 	HF_HUB_OFFLINE=1 HF_HUB_CACHE=$(CACHE)/demo/hub $(BIN)/snakemake --cores $(CORES)
+
+# DVC over the same workflow (dvc.yaml): each stage runs `python -m ...` from the venv
+dvc-repro: tools
+	$(BIN)/python -m pipeline.cli setup-demo
+	PATH=$(abspath $(BIN)):$$PATH HF_HUB_OFFLINE=1 HF_HUB_CACHE=$(CACHE)/demo/hub $(BIN)/dvc repro --keep-going
 
 test: tools
 	$(BIN)/python -m pipeline.cli setup-demo

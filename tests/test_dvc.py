@@ -141,6 +141,9 @@ def test_dvc_versions_pull_verify_and_incremental_repro(dvc_env):
     repo.commit("v2: Q4_0 (Q2_K rejected)", tag="v2")
     repo.dvc("push", "-q")
     v2 = {a["file"]: a["sha256"] for a in repo.manifest()["artifacts"]}
+    # quality changes between versions, from the git-tracked metrics files
+    diff = repo.dvc("metrics", "diff", "v1", "--md").stdout
+    assert "Q4_0.botchan.kld_mean" in diff and "Q2_K.botchan.gate_passed" in diff, diff
 
     # v3: Q4_0 made with an 8-bit output tensor: only that quant is rebuilt, a new version of its file
     (repo.path / "recipes" / f"{NAME}.yaml").write_text(
