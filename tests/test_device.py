@@ -4,6 +4,7 @@ gguf-py and the pinned llama.cpp's type tables."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -11,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import threading
 import time
 from pathlib import Path
 
@@ -199,6 +201,49 @@ def wheelhouse(wheel: Path) -> Path:
     return house
 
 
+@contextlib.contextmanager
+def serve(folder: Path):
+    """A local read-only web server for ``folder`` (a DVC HTTP remote); yields its URL."""
+    from functools import partial
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    class Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(Quiet, directory=str(folder)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def norm(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
+
+
+def read_pins(path: Path) -> dict[str, str]:
+    pins = {}
+    for line in path.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, _, version = line.partition("==")
+            pins[norm(name)] = version
+    return pins
+
+
+def test_device_s3_pins_agree_with_constraints():
+    """requirements/device-s3.txt = constraints.txt + the S3 packages, with only fsspec moved (pyproject.toml)."""
+    base, s3 = (read_pins(ROOT / "requirements" / f) for f in ("constraints.txt", "device-s3.txt"))
+    assert set(s3) - set(base) == {"aiobotocore", "aioitertools", "botocore", "dvc-s3", "jmespath", "s3fs"}
+    assert {k for k in s3.keys() & base.keys() if s3[k] != base[k]} == {"fsspec"}
+    assert s3["dvc"] == base["dvc"] == "3.67.1"
+
+
 def tree_bytes(folder: Path) -> int:
     return sum(p.lstat().st_size for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
 
@@ -206,8 +251,8 @@ def tree_bytes(folder: Path) -> int:
 def test_device_install_pulls_and_verifies_without_torch(tiny_quants, tmp_path):
     """A fresh venv with only `ggufpipe[device]` (from the cached wheelhouse, no index): torch, transformers,
     numpy and gguf are not importable, the install is under 200 MB, `dvc pull` fetches one GGUF from a
-    local-folder remote, `ggufpipe verify` passes it (a Q2_0 file, which PyPI's gguf 0.19.0 cannot read),
-    and a tampered or truncated copy fails with one line and exit status 1."""
+    local-folder remote and from the same remote over HTTP, `ggufpipe verify` passes it (a Q2_0 file, which
+    PyPI's gguf 0.19.0 cannot read), and a tampered or truncated copy fails with one line and exit status 1."""
     t0 = time.monotonic()
     wheel = build_project_wheel(tmp_path / "dist")
     house = wheelhouse(wheel)
@@ -228,6 +273,12 @@ def test_device_install_pulls_and_verifies_without_torch(tiny_quants, tmp_path):
     assert run([py, "-c", probe], tmp_path, env).stdout.strip() == "[]"
     assert run([py, "-c", "import torch"], tmp_path, env, check=False).returncode != 0
     assert installed <= SIZE_LIMIT, f"device install is {installed / 1e6:.1f} MB"
+    dists = json.loads(run([py, "-c", "import importlib.metadata as m, json; "
+                                      "print(json.dumps({d.metadata['Name']: d.version for d in m.distributions()}))"],
+                           tmp_path, env).stdout)
+    pins = read_pins(ROOT / "requirements" / "constraints.txt")
+    unpinned = {n: v for n, v in dists.items() if pins.get(norm(n)) != v and norm(n) not in ("ggufpipe", "setuptools")}
+    assert unpinned == {}, "installed but not pinned so in requirements/constraints.txt"
 
     # the build box: a git repo whose manifest is git-tracked and whose GGUFs DVC tracks, pushed to a folder remote
     box, remote, device = tmp_path / "box", tmp_path / "remote", tmp_path / "device"
@@ -254,6 +305,14 @@ def test_device_install_pulls_and_verifies_without_torch(tiny_quants, tmp_path):
     ok = run([bin_dir / "ggufpipe", "verify", target], device, env)
     assert ok.stdout.startswith(f"OK  {target} (Q2_0, ") and ok.stderr == ""
 
+    # the same file again over HTTP (dvc-http comes with dvc): the remote folder served by a local web server
+    with serve(remote) as url:
+        (device / target).unlink()
+        shutil.rmtree(device / ".dvc" / "cache")
+        run([*dvc, "remote", "add", "--local", "web", url], device, env)
+        run([*dvc, "pull", "-q", "-r", "web", target], device, env)
+    assert run([bin_dir / "ggufpipe", "verify", target], device, env).stdout.startswith("OK")
+
     # tampered (one flipped byte), then truncated: one `error:` line, exit status 1
     path = device / target
     data = bytearray(path.read_bytes())
@@ -271,3 +330,4 @@ def test_device_install_pulls_and_verifies_without_torch(tiny_quants, tmp_path):
     assert info.returncode == 1 and "truncated GGUF: tensor data ends at byte" in info.stderr, info.stderr
     print(f"device install: {installed / 1e6:.1f} MB; wheelhouse {t_house:.1f} s, install {t_install:.1f} s, "
           f"total {time.monotonic() - t0:.1f} s")
+    shutil.rmtree(venv)  # ~10k files: not left for pytest's tmp_path rotation to delete in a later run
