@@ -135,9 +135,11 @@ def cmd_validate(args) -> None:
 
 
 def cmd_info(args) -> None:
-    from .ggufinfo import read_facts
+    from .fsutil import sha256_file
+    from .ggufheader import read_header
 
-    print(json.dumps(read_facts(args.gguf).as_dict(), indent=2))
+    facts = read_header(args.gguf).facts(sha256_file(args.gguf))  # standard library only (also on devices)
+    print(json.dumps(facts.as_dict(), indent=2))
 
 
 def cmd_verify(args) -> None:

@@ -1,5 +1,5 @@
-"""The install: AutoAWQ imports with the pinned transformers; reading GGUFs, manifests and verifying a
-file work without the heavy packages (what a device has)."""
+"""The install: AutoAWQ imports with the pinned transformers; manifests, `verify` and `info` work without the
+heavy packages, numpy and gguf included (what a device has; tests/test_device.py installs one)."""
 
 from __future__ import annotations
 
@@ -16,20 +16,21 @@ def test_autoawq_imports_with_pinned_transformers():
 
 
 def test_light_paths_need_no_heavy_packages(demo_build):
-    """pipeline.ggufinfo / manifest / verify / cli import and verify a file with torch, transformers,
-    awq, snakemake, huggingface_hub and tokenizers made unimportable."""
+    """pipeline.ggufinfo / manifest / verify / cli import, verify a file and print its facts with torch,
+    transformers, awq, snakemake, huggingface_hub, tokenizers, matplotlib, numpy and gguf made unimportable."""
     target = demo_build / "artifacts" / "smollm2-135m" / "smollm2-135m-Q4_K_M.gguf"
     code = textwrap.dedent(f"""
         import sys
         class Block:
-            HEAVY = ("torch", "transformers", "awq", "snakemake", "huggingface_hub", "tokenizers", "matplotlib")
+            HEAVY = ("torch", "transformers", "awq", "snakemake", "huggingface_hub", "tokenizers", "matplotlib",
+                     "numpy", "gguf")
             def find_spec(self, name, path=None, target=None):
                 if name.split(".")[0] in self.HEAVY:
                     raise ImportError(f"blocked heavy import: {{name}}")
         sys.meta_path.insert(0, Block())
         import pipeline.ggufinfo, pipeline.manifest, pipeline.verify, pipeline.recipe
         from pipeline.cli import main
-        rc = main(["verify", {str(target)!r}])
+        rc = main(["verify", {str(target)!r}]) or main(["info", {str(target)!r}])
         heavy = [m for m in sys.modules if m.split(".")[0] in Block.HEAVY]
         print("rc", rc, "heavy", heavy)
         sys.exit(rc)
