@@ -51,7 +51,7 @@ test: tools
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: venv
-	$(BIN)/ruff check pipeline tests
+	$(BIN)/ruff check pipeline tests bench
 	$(BIN)/snakemake --lint
 
 clean-work:
