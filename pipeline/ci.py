@@ -303,13 +303,11 @@ class RecipeResult:
         return [r.name] + ([r.draft_name] if r.draft_recipe() is not None else [])
 
 
-def _stage_label(rec: dict) -> str:
-    parts = [rec.get("stage") or "stage"]
-    for key in ("eval_set", "quant", "draft_quant"):
-        if rec.get(key):
-            parts.append(str(rec[key]))
-    label = " ".join(parts)
-    return f"{rec['name']}: {label}"
+def _stage_label(rec: dict, main_name: str) -> str:
+    """``fetch``, ``eval (botchan, Q4_K_M)``; prefixed with the recipe name for a draft recipe."""
+    details = [str(rec[k]) for k in ("eval_set", "quant", "draft_quant") if rec.get(k)]
+    label = (rec.get("stage") or "stage") + (f" ({', '.join(details)})" if details else "")
+    return label if rec.get("name") == main_name else f"{rec.get('name')} {label}"
 
 
 def collect_results(results: list[RecipeResult], layout: Layout, errors: list[dict], snakemake_output: str,
@@ -337,11 +335,11 @@ def collect_results(results: list[RecipeResult], layout: Layout, errors: list[di
                 if not layout.gate_ok(name).is_file():
                     ok = False
                     if not msgs:  # the gate failed for another reason (a published file missing...)
-                        res.errors += [f"{_stage_label(e)}: {e['message']}" for e in gate_errs]
+                        res.errors += [f"{_stage_label(e, res.recipe.name)}: {e['message']}" for e in gate_errs]
                 continue
             ok = False
             if mine:
-                res.errors += [f"{_stage_label(e)}: {e['message']}" for e in mine]
+                res.errors += [f"{_stage_label(e, res.recipe.name)}: {e['message']}" for e in mine]
                 continue
             jobs = [j for j in failed_jobs if j["wildcards"].get("name") == name]
             for j in jobs:

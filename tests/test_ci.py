@@ -180,7 +180,7 @@ def test_ci_reports_a_fetch_failure(tmp_path, demo_hub):
     res = ci(repo, "--base", "main", "--cores", "2", hub=demo_hub)
     assert res.returncode == 1, res.stdout + res.stderr
     assert "### ❌ nowhere — `recipes/nowhere.yaml` (added)" in res.stdout
-    assert ("- nowhere: fetch: recipes/nowhere.yaml: source: HuggingFaceTB/SmolLM2-135M-Instruct@" + "0" * 40
+    assert ("- fetch: recipes/nowhere.yaml: source: HuggingFaceTB/SmolLM2-135M-Instruct@" + "0" * 40
             + ": cannot fetch: HF_HUB_OFFLINE is set") in res.stdout, res.stdout
 
 
@@ -208,3 +208,25 @@ def test_ci_builds_only_the_added_recipe(tmp_path, demo_hub):
     assert "- gate failed: recipe tight, quant Q8_0, eval set botchan: kld_mean = " in md
     assert "> max_kld_mean 1e-07" in md
     assert "| `tight-F16.gguf` | F16 |" in md and "build_id `tight-" in md
+
+
+def test_summary_of_a_passing_recipe_with_draft(tmp_path):
+    """The summary of the demo build, from its git-tracked manifest: quants, draft pairs, verdict."""
+    import json
+
+    from pipeline.ci import RecipeResult, Selection, summary_markdown
+    from pipeline.recipe import load_recipe
+
+    demo = load_recipe(ROOT / "recipes" / "smollm2-135m.yaml")
+    manifest = json.loads((ROOT / "artifacts" / "smollm2-135m" / "manifest.json").read_text())
+    res = RecipeResult(recipe=demo, shown="recipes/smollm2-135m.yaml", why="modified", passed=True,
+                       manifests={"smollm2-135m": manifest})
+    sel = Selection(base_ref="origin/main", merge_base="0" * 40, repo_root=ROOT, recipes=[demo.path],
+                    deleted=["recipes/old.yaml"])
+    md = summary_markdown(sel, [res], 192.0)
+    assert md.startswith("## ggufpipe CI: ✅ 1 recipe(s) passed\n\n1 recipe(s) changed since origin/main")
+    assert "Deleted (not built): `recipes/old.yaml`" in md and "### ✅ smollm2-135m" in md
+    assert "| `smollm2-135m-Q8_0.gguf` | Q8_0 | 138.1 | 1.0084 | 0.00370 | 0.0158 | 96.0% | ✅ pass |" in md
+    assert ("| `smollm2-135m-Q8_0.gguf` | `smollm2-135m-draft-Q4_0.gguf` | ✅ compatible | 0.543 | 4 | 0.89 |"
+            in md)
+    assert "Failures:" not in md and "**" not in md and md.rstrip().endswith("<sub>ggufpipe ci, 3 min 12 s</sub>")
