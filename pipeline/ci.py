@@ -209,9 +209,9 @@ def note_stage_failure(args, message: str) -> None:
     dest = os.environ.get(ERRORS_ENV)
     if not dest or getattr(args, "cmd", None) != "stage":
         return
-    rec = {"name": args.name or Path(args.recipe).stem, "recipe": args.recipe, "stage": args.stage,
-           "quant": args.quant, "draft_quant": args.draft_quant, "eval_set": args.eval_set,
-           "message": " ".join(str(message).split())}
+    rec = {k: getattr(args, k, None) for k in ("name", "recipe", "stage", "quant", "draft_quant", "eval_set")}
+    rec["name"] = rec["name"] or Path(str(rec["recipe"])).stem
+    rec["message"] = " ".join(str(message).split())
     try:
         with open(dest, "a", encoding="utf-8") as fh:  # one short append per failing job
             fh.write(json.dumps(rec) + "\n")
@@ -399,6 +399,10 @@ def _quant_rows(manifest: dict, recipe: Recipe) -> list[str]:
                            "same_top_p" in bad) + ("%" if m.get("same_top_p") is not None else ""),
                       verdict if i == 0 else ""]
             rows.append("| " + " | ".join(cells) + " |")
+    for e in arts:  # other published files, e.g. an exported MTP draft (role mtp-draft)
+        if e.get("role") not in ("base", "quant"):
+            rows.append("| " + " | ".join([f"`{e['file']}`", e.get("quant_type", "?"), _mib(e.get("size_bytes"))]
+                                          + [""] * (5 if multi else 4) + [str(e.get("role"))]) + " |")
     return rows
 
 
