@@ -189,6 +189,20 @@ def cmd_build(args) -> None:
     raise SystemExit(subprocess.call(cmd))
 
 
+def cmd_ci(args) -> None:
+    """Build and judge the recipes changed since ``--base`` (pipeline/ci.py); exit 0, 1 (a gate or
+    check failed) or 2 (refused or could not select: nothing built)."""
+    from .ci import run_ci
+
+    try:
+        code = run_ci(args.base, args.recipes, cores=args.cores, summary=args.summary,
+                      snakemake_args=args.snakemake_args, artifacts=args.artifacts, work=args.work)
+    except PipelineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        code = 2
+    raise SystemExit(code)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="ggufpipe", description="Model-preparation build pipeline for llama.cpp")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -226,6 +240,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", default="work")
     p.add_argument("--lock", default="dvc.lock")
     p.set_defaults(func=cmd_dvc_link)
+
+    p = sub.add_parser("ci", help="build and gate the recipes changed since a base git ref; markdown summary")
+    p.add_argument("--base", default="origin/main", help="git ref to compare with (default: origin/main)")
+    p.add_argument("--recipes", default="recipes", help="recipe folder (default: recipes)")
+    p.add_argument("--cores", default="all")
+    p.add_argument("--summary", help="also write the markdown summary to this file (e.g. $GITHUB_STEP_SUMMARY)")
+    p.add_argument("--artifacts", default="artifacts", help="artifact root (default: artifacts)")
+    p.add_argument("--work", default="work", help="work root (default: work)")
+    p.add_argument("--snakemake-args", nargs=argparse.REMAINDER, default=[])
+    p.set_defaults(func=cmd_ci)
 
     p = sub.add_parser("info", help="print facts of a GGUF file")
     p.add_argument("gguf")
@@ -268,12 +292,24 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args.func(args)
     except PipelineError as exc:
+        _note_failure(args, str(exc))
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
+    except Exception as exc:
+        _note_failure(args, f"{type(exc).__name__}: {exc}")
+        raise
     return 0
+
+
+def _note_failure(args, message: str) -> None:
+    """A failing stage tells `ggufpipe ci` what failed (only when it runs under it)."""
+    if args.cmd == "stage" and os.environ.get("GGUFPIPE_CI_ERRORS"):
+        from .ci import note_stage_failure
+
+        note_stage_failure(args, message)
 
 
 if __name__ == "__main__":
