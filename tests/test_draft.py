@@ -110,7 +110,7 @@ def test_publish_rejects_quant_that_lost_mtp_heads(mtp_model, toolchain, tmp_pat
     L.base_gguf(r).parent.mkdir(parents=True)
     # the F16 base: the MTP model converted by llama-quantize (F16 keeps every tensor)
     run_tool(toolchain, "llama-quantize", [mtp_model, L.base_gguf(r), "F16", "1"], None)
-    L.quant(r, "Q8_0").parent.mkdir(parents=True)
+    L.quant(r, "Q8_0").parent.mkdir(parents=True, exist_ok=True)
     run_tool(toolchain, "llama-quantize", [L.base_gguf(r), L.quant(r, "Q8_0"), "Q8_0", "1"], None)
     run_tool(toolchain, "llama-quantize", ["--prune-layers", "2", L.base_gguf(r), L.quant(r, "Q8_0-pruned"), "Q8_0", "1"],
              None)

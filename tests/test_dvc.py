@@ -145,13 +145,14 @@ def test_dvc_versions_pull_verify_and_incremental_repro(dvc_env):
     diff = repo.dvc("metrics", "diff", "v1", "--md").stdout
     assert "Q4_0.botchan.kld_mean" in diff and "Q2_K.botchan.gate_passed" in diff, diff
 
-    # v3: Q4_0 made with an 8-bit output tensor: only that quant is rebuilt, a new version of its file
+    # v3: Q4_0 made `pure` (its tied embedding Q4_0 too instead of the default Q8_0): only that quant is
+    # rebuilt, a new version of its file
     (repo.path / "recipes" / f"{NAME}.yaml").write_text(
-        recipe(f"[Q8_0, {{type: Q4_0, output_tensor_type: q8_0, gates: {LOOSE}}}]"))
+        recipe(f"[Q8_0, {{type: Q4_0, pure: true, gates: {LOOSE}}}]"))
     repo.cli("dvc-matrix")
     res = repo.dvc("repro", "--keep-going")
     assert sorted(set(jobs_run(res))) == ["eval", "publish", "quantize"], jobs_run(res)
-    repo.commit("v3: Q4_0 with q8_0 output tensor", tag="v3")
+    repo.commit("v3: Q4_0 pure", tag="v3")
     repo.dvc("push", "-q")
     v3 = {a["file"]: a["sha256"] for a in repo.manifest()["artifacts"]}
     q4 = Path("artifacts") / NAME / f"{NAME}-Q4_0.gguf"
