@@ -458,11 +458,7 @@ def _parse_eval_sets(ctx: _Ctx, value) -> tuple[EvalSet, ...]:
         for req in ("text", "ctx", "chunks"):
             if req not in d:
                 ctx.fail(f"{where}.{req}", "missing")
-        text = Path(ctx.string(d["text"], f"{where}.text")).expanduser()
-        if not text.is_absolute():
-            text = (ctx.path.parent / text).resolve()
-        if not text.is_file():
-            ctx.fail(f"{where}.text", f"eval text {text} does not exist")
+        text = _text_path(ctx, d["text"], f"{where}.text", "eval text")
         sha = d.get("text_sha256")
         if sha is not None:
             sha = ctx.string(sha, f"{where}.text_sha256", SHA256_RE, "a SHA256 (64 lowercase hex)")
@@ -711,11 +707,9 @@ def _parse_imatrix(ctx: _Ctx, value, eval_sets) -> ImatrixConfig:
 
 @functools.lru_cache(maxsize=64)
 def _file_sha256_cached(path: str, size: int, mtime_ns: int) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+    from .fsutil import sha256_file
+
+    return sha256_file(path)  # cached per (path, size, mtime): recipes share calibration and eval texts
 
 
 def _file_sha256(path: Path) -> str:
