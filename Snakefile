@@ -25,6 +25,7 @@ wildcard_constraints:
     outtype="F16|BF16",
     base="plain|awq",
     bkey=W.quant_regex() + "|F16|BF16",
+    skey=W.split_key_regex(),
     mkey=W.pair_key_regex(),
     dkey=W.pair_key_regex(),
 
@@ -288,6 +289,31 @@ rule bench:
     shell:
         "{params.py} -m pipeline.cli stage bench --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
         " --quant {wildcards.bkey:q} --threads {params.threads}"
+
+
+# recipe `split:` only: the whole file (which eval and bench read) cut into llama-gguf-split shards
+rule split:
+    input:
+        gguf=L.wrk("{name}", "quants", "{name}-{skey}.gguf"),
+    output:
+        shards=directory(L.wrk("{name}", "split", "{name}-{skey}")),
+    log:
+        L.log("{name}", "split-{skey}"),
+    params:
+        recipe=RECIPE,
+        py=W.python,
+        roots=ROOTS,
+        trigger=lambda wc: W.split_params(wc.name, wc.skey),
+    threads: 1
+    resources:
+        mem_mb=1024,
+        disk_mb=lambda wc, input: mem_mb(input.size_mb, 1.0),
+        runtime=lambda wc, input: int(10 + input.size_mb / 200),
+    conda:
+        ENV
+    shell:
+        "{params.py} -m pipeline.cli stage split --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
+        " --quant {wildcards.skey:q}"
 
 
 rule vocab_check:

@@ -380,7 +380,7 @@ def _quant_rows(manifest: dict, recipe: Recipe) -> list[str]:
         cell = ", ".join(f"PPL {v['ppl']:.3f}" + (f" ({s})" if multi else "") for s, v in ppl.items()) or "—"
         rows.append("| " + " | ".join([f"`{base['file']}`", base["quant_type"], _mib(base.get("size_bytes"))]
                                       + ([""] if multi else []) + [cell, "", "", "", "reference"]) + " |")
-    order = {recipe.file_for(q.key): i for i, q in enumerate(recipe.quants)}
+    order = {recipe.artifact_for(q.key): i for i, q in enumerate(recipe.quants)}  # a file, or a split folder
     entries = [a for a in arts if a.get("role") == "quant"] + list(manifest.get("rejected", []))
     entries.sort(key=lambda e: order.get(e["file"], len(order)))
     for e in entries:

@@ -86,6 +86,11 @@ def cmd_stage(args) -> None:
         from .bench import bench
 
         bench(L.main_gguf(recipe, args.quant), L.bench_record(name, args.quant), threads=args.threads, log=L.log(name, f"bench-{args.quant}"))
+    elif st == "split":
+        from .split import split
+
+        split(recipe, args.quant, L.built(name, recipe.file_for(args.quant)), L.split_dir(name, args.quant),
+              log=L.log(name, f"split-{args.quant}"))
     elif st == "vocab":
         from .draft import vocab_check
 
@@ -255,9 +260,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("gguf")
     p.set_defaults(func=cmd_info)
 
-    p = sub.add_parser("verify", help="check GGUF files against their manifest")
-    p.add_argument("files", nargs="+")
-    p.add_argument("--manifest", help="manifest.json (default: the one beside each file)")
+    p = sub.add_parser("verify", help="check GGUF files (or the folder / any shard of a split file) against their "
+                                      "manifest")
+    p.add_argument("files", nargs="+", metavar="PATH")
+    p.add_argument("--manifest", help="manifest.json (default: the one beside each file or split folder)")
     p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("hub-publish", help="upload a built recipe's artifact folder to its Hugging Face repo "
@@ -271,13 +277,14 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("stage", help="run one stage of one recipe (used by the Snakefile)")
     p.add_argument("stage", choices=["fetch", "awq", "convert", "convert-mtp", "imatrix", "quantize", "eval-base", "eval",
-                                     "bench", "vocab", "acceptance",
+                                     "bench", "split", "vocab", "acceptance",
                                      "agreement", "publish", "gate"])
     p.add_argument("--recipe", required=True)
     p.add_argument("--name", help="recipe name (default: the file's; `<name>-draft` selects its draft)")
     p.add_argument("--artifacts", default="artifacts", help="artifact root (default: artifacts)")
     p.add_argument("--work", default="work", help="work root (default: work)")
-    p.add_argument("--quant", help="quant key (TYPE[-variant]); for bench also the outtype")
+    p.add_argument("--quant", help="quant key (TYPE[-variant]); for bench also the outtype; for split any model "
+                                   "file's key (also the outtype or mtp-<OUTTYPE>)")
     p.add_argument("--draft-quant", help="draft quant key (or `gguf` for a given draft file)")
     p.add_argument("--eval-set")
     p.add_argument("--base", choices=["plain", "awq"], help="imatrix: the base GGUF (plain F16 or AWQ-scaled)")

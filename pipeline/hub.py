@@ -72,7 +72,8 @@ def chat_format(gguf: str | Path) -> dict:
 
 
 def _model_key(manifest: dict, entry: dict) -> str | None:
-    """``<KEY>`` of a model file ``<name>-<KEY>.gguf`` that gets a Modelfile; None for other artifacts."""
+    """``<KEY>`` of a model file ``<name>-<KEY>.gguf`` that gets a Modelfile; None for other artifacts, and
+    for a split file (a folder of shards): Ollama imports one GGUF file only (ollama/ollama#5245)."""
     prefix, f = manifest["name"] + "-", entry["file"]
     if entry.get("role") not in MODEL_ROLES or not f.startswith(prefix) or not f.endswith(".gguf"):
         return None
@@ -225,15 +226,19 @@ def upload_plan(recipe, manifest: dict, folder: str | Path) -> list[dict]:
     plan: list[dict] = []
 
     def add(path: Path, kind: str, sha256: str, size: int) -> None:
-        plan.append({"path_in_repo": prefix + path.name, "local": str(path), "sha256": sha256, "size": size,
-                     "kind": kind})
+        rel = path.relative_to(folder).as_posix()  # a split file's shards keep their folder: <name>-<KEY>/...
+        plan.append({"path_in_repo": prefix + rel, "local": str(path), "sha256": sha256, "size": size, "kind": kind})
 
     for e in manifest["artifacts"]:
-        try:
-            verify(folder / e["file"], manifest=mpath)  # size, SHA256, GGUF header, quant type
+        try:  # size, SHA256, GGUF header, quant type (of every shard of a split file)
+            verify(folder / e["file"], manifest=mpath)
         except PipelineError as exc:
             _refuse(name, f"{exc} (only files the manifest vouches for are uploaded: restore the file or rebuild)")
-        add(folder / e["file"], "gguf", e["sha256"], e["size_bytes"])
+        if e.get("split"):
+            for s in e["split"]["shards"]:
+                add(folder / e["file"] / s["file"], "gguf", s["sha256"], s["size_bytes"])
+        else:
+            add(folder / e["file"], "gguf", e["sha256"], e["size_bytes"])
     ollama = manifest.get("ollama")
     if pub.ollama and ollama is None:
         _refuse(name, f"{mpath} lists no Modelfiles though publish.ollama is on: rebuild (`snakemake`)")
@@ -260,8 +265,10 @@ def commit_message(manifest: dict) -> tuple[str, str]:
     src = manifest.get("source", {})
     origin = f"{src['repo']}@{src.get('commit', src.get('revision', ''))}" if src.get("repo") else "a local folder"
     n = len(manifest["artifacts"])
+    shards = sum(len(e["split"]["shards"]) for e in manifest["artifacts"] if e.get("split"))
+    split = f" ({shards} shards of split files)" if shards else ""
     return (f"ggufpipe: publish {manifest['build_id']}",
-            f"{n} GGUF file(s) of {manifest['name']} converted from {origin} with llama.cpp "
+            f"{n} GGUF file(s){split} of {manifest['name']} converted from {origin} with llama.cpp "
             f"b{manifest['tools']['llama_cpp_build']}; every file's SHA256 is in manifest.json.")
 
 

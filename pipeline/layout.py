@@ -36,7 +36,13 @@ class Layout:
         return self.built(r.name, r.mtp_file)
 
     def published(self, r: Recipe, key: str) -> Path:
-        return self.art_dir(r.name) / r.file_for(key)
+        """The published file ``<name>-<KEY>.gguf``, or the folder ``<name>-<KEY>/`` of a split file."""
+        return self.art_dir(r.name) / r.artifact_for(key)
+
+    def split_dir(self, name: str, key: str) -> Path:
+        """The shards of ``<name>-<KEY>.gguf`` (recipe ``split:``), written by the split stage from the
+        whole file in ``quants/`` and published (hard-linked) as ``artifacts/<name>/<name>-<KEY>/``."""
+        return self.wrk(name, "split", f"{name}-{key}")
 
     def manifest(self, name: str) -> Path:
         return self.art_dir(name) / "manifest.json"
@@ -170,6 +176,9 @@ class Layout:
         }
         if r.mtp == "separate":
             out["mtp"] = [str(self.mtp_gguf(r)), str(self.mtp_record(r))]
+        split = [str(self.split_dir(r.name, k)) for k in r.model_keys if r.split_for(k)]
+        if split:
+            out["split"] = split
         if r.draft:
             pairs = r.draft.pairs
             out["vocab"] = [str(self.vocab_record(r.name, m, d)) for m, d in pairs]

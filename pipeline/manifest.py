@@ -30,6 +30,7 @@ from .ggufinfo import general_metadata, read_facts
 from .layout import Layout
 from .mtp import MTP_KEYS, lost_heads, mtp_facts
 from .recipe import Recipe
+from .split import model_path
 
 SCHEMA_VERSION = 1
 
@@ -75,6 +76,74 @@ def _link(src: Path, dst: Path) -> None:
             os.link(src, tmp)
         except OSError:
             shutil.copyfile(src, tmp)
+
+
+def artifact_key(name: str, artifact: str) -> str:
+    """``<KEY>`` of ``<name>-<KEY>.gguf`` or of the split folder ``<name>-<KEY>``."""
+    return artifact.removeprefix(f"{name}-").removesuffix(".gguf")
+
+
+def artifact_sources(layout: Layout, name: str, entry: dict) -> list[tuple[Path, Path, int]]:
+    """``(built file in work/, published path, size)`` for every file of a manifest artifact: the GGUF, or
+    each shard of a split file (from ``work/<name>/split/<name>-<KEY>/`` into ``artifacts/<name>/<name>-<KEY>/``)."""
+    dest = layout.art_dir(name) / entry["file"]
+    s = entry.get("split")
+    if not s:
+        return [(layout.built(name, entry["file"]), dest, entry["size_bytes"])]
+    src = layout.split_dir(name, artifact_key(name, entry["file"]))
+    return [(src / sh["file"], dest / sh["file"], sh["size_bytes"]) for sh in s["shards"]]
+
+
+def link_artifact(layout: Layout, name: str, entry: dict) -> Path:
+    """Publish one manifest artifact into ``artifacts/<name>/`` by hard link: the GGUF, or the folder of a
+    split file's shards (holding nothing else)."""
+    import shutil
+
+    dest = layout.art_dir(name) / entry["file"]
+    files = artifact_sources(layout, name, entry)
+    if entry.get("split"):
+        if dest.exists() and not dest.is_dir():
+            dest.unlink()
+        dest.mkdir(parents=True, exist_ok=True)
+        want = {d.name for _, d, _ in files}
+        for p in dest.iterdir():  # shards of an earlier split (another max_size), leftovers
+            if p.name not in want:
+                shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+    elif dest.is_dir() and not dest.is_symlink():
+        shutil.rmtree(dest)
+    for src, dst, _size in files:
+        _link(src, dst)
+    return dest
+
+
+def _split_entry(recipe: Recipe, layout: Layout, key: str, entry: dict) -> dict:
+    """The manifest entry of file ``key`` as published: unchanged when whole; for a split file the folder
+    ``<name>-<KEY>`` with its shards (name, SHA256, size, tensors), the facts of the whole model (quant
+    type, bpw, tensor and parameter counts, read from the whole file) and that file's SHA256 (``unsplit``:
+    what eval and bench measured; kept in work/, not published)."""
+    from .ggufheader import file_type_name
+    from .split import read_shards
+
+    cfg = recipe.split_for(key)
+    if cfg is None:
+        return entry
+    folder = layout.split_dir(recipe.name, key)
+    stem = f"{recipe.name}-{key}"
+    try:
+        shards = read_shards(folder, stem, entry["tensor_count"])
+        first = file_type_name(shards[0][1]["file_type"])
+        if first != entry["quant_type"]:
+            raise PipelineError(f"{shards[0][0]}: general.file_type says {first}, the whole file {entry['quant_type']}")
+    except PipelineError as exc:
+        raise PipelineError(f"{exc}: not the shards of {layout.built(recipe.name, entry['file'])}; re-run the split "
+                            "stage (`snakemake --forcerun split`)") from None
+    recs = [{"file": p.name, "sha256": sha256_file(p), "size_bytes": p.stat().st_size, "tensor_count": h["tensor_count"]}
+            for p, h in shards]
+    out = {"file": stem, "quant_type": entry["quant_type"], "size_bytes": sum(r["size_bytes"] for r in recs),
+           "split": {**cfg.describe(), "tool": "llama-gguf-split", "count": len(recs), "shards": recs,
+                     "unsplit": {k: entry[k] for k in ("file", "sha256", "size_bytes")}}}
+    out.update({k: v for k, v in entry.items() if k not in ("file", "quant_type", "sha256", "size_bytes")})
+    return out
 
 
 IMATRIX_KEYS = ("quantize.imatrix.file", "quantize.imatrix.dataset", "quantize.imatrix.entries_count",
@@ -148,12 +217,13 @@ def build_manifest(recipe: Recipe, layout: Layout) -> tuple[dict, dict]:
     artifacts = [{**base.as_dict(), "role": "base"}]
     if base_mtp["tensors"]:
         artifacts[0]["mtp"] = {k: base_mtp[k] for k in MTP_KEYS}
+    artifacts[0] = _split_entry(recipe, layout, base.quant_type, artifacts[0])
     converted_mode = converted.get("mtp", {}).get("mode", "keep")
     if converted_mode != recipe.mtp:
         raise PipelineError(f"{layout.convert_record(recipe)}: converted with mtp: {converted_mode}, the recipe asks for "
                             f"mtp: {recipe.mtp}: re-run the convert stage")
     if recipe.mtp == "separate":
-        artifacts.append(_mtp_draft_entry(recipe, layout))
+        artifacts.append(_split_entry(recipe, layout, f"mtp-{recipe.outtype.upper()}", _mtp_draft_entry(recipe, layout)))
     rejected = []
     calib_seconds: dict = {}
     for q in recipe.quants:
@@ -188,17 +258,20 @@ def build_manifest(recipe: Recipe, layout: Layout) -> tuple[dict, dict]:
             entry["gate"] = {"passed": not failures, "thresholds": thresholds}
             metrics_out[q.key] = {s: {**{k: v[k] for k in ("ppl_q", "ppl_ratio", "kld_mean", "kld_p99", "same_top_p")},
                                       "gate_passed": not failures} for s, v in per_set.items()}
+        entry = _split_entry(recipe, layout, q.key, entry)
         if failures:
             entry["failures"] = failures
             rejected.append(entry)
         else:
             artifacts.append(entry)
 
-    draft, draft_failures, draft_timings = _draft_section(recipe, layout) if recipe.draft else (None, [], {})
+    paths = {artifact_key(name, e["file"]): model_path(e) for e in artifacts + rejected}
+    draft, draft_failures, draft_timings = _draft_section(recipe, layout, paths) if recipe.draft else (None, [], {})
 
     bench = {}
-    if recipe.bench:
-        for key, fname in [(recipe.outtype.upper(), recipe.base_file)] + [(q.key, recipe.file_for(q.key)) for q in recipe.quants]:
+    if recipe.bench:  # keyed by the published name (file, or folder of a split file)
+        for key in [recipe.outtype.upper()] + [q.key for q in recipe.quants]:
+            fname = recipe.artifact_for(key)
             b = _load(layout.bench_record(name, key))
             bench[fname] = {k: b[k] for k in ("pp_tokens_per_s", "tg_tokens_per_s", "pp_tokens", "tg_tokens", "threads")}
     build = {"timestamp": timestamp()}
@@ -264,8 +337,9 @@ def _mtp_section(recipe: Recipe, converted: dict, artifacts: list[dict]) -> dict
     else:
         out["note"] = ("multi-token-prediction heads left out of the model files and published alone as a draft "
                        "for llama.cpp's --spec-type draft-mtp (recipe mtp: separate)")
-        out["draft_file"] = recipe.mtp_file
-        out["deploy"] = [mtp_deployment_line(e["file"], recipe.mtp_file) for e in artifacts if e["role"] != "mtp-draft"]
+        draft = next(e for e in artifacts if e["role"] == "mtp-draft")
+        out["draft_file"] = draft["file"]
+        out["deploy"] = [mtp_deployment_line(model_path(e), model_path(draft)) for e in artifacts if e["role"] != "mtp-draft"]
     return out
 
 
@@ -273,9 +347,10 @@ def mtp_deployment_line(main_file: str, mtp_file: str) -> str:
     return f"llama-server -m {main_file} -md {mtp_file} --spec-type draft-mtp"
 
 
-def _draft_section(recipe: Recipe, layout: Layout) -> tuple[dict, list[dict], dict]:
+def _draft_section(recipe: Recipe, layout: Layout, paths: dict[str, str] | None = None) -> tuple[dict, list[dict], dict]:
     """The manifest's ``draft`` section: files, the vocab verdict and measured acceptance per pair,
-    top-1 agreement, deployment lines; plus recipe-level failures and the volatile timings."""
+    top-1 agreement, deployment lines; plus recipe-level failures and the volatile timings. ``paths``:
+    what llama.cpp is given for each main key (a split file's first shard; default: the file name)."""
     d, name = recipe.draft, recipe.name
     info: dict = {"eval_text": d.eval_text.name, "n_max": list(d.n_max), "min_acceptance": d.min_acceptance}
     if d.source is not None:
@@ -289,7 +364,7 @@ def _draft_section(recipe: Recipe, layout: Layout) -> tuple[dict, list[dict], di
         draft_file = {"gguf": d.gguf.name}
     failures, timings, pairs = [], {}, []
     for mkey, dkey in d.pairs:
-        main_file = recipe.base_file if mkey == recipe.outtype.upper() else recipe.file_for(mkey)
+        main_file = recipe.artifact_for(mkey)
         v = _load(layout.vocab_record(name, mkey, dkey))
         a = _load(layout.spec_record(name, mkey, dkey))
         pair = {"main": main_file, "draft": draft_file[dkey], "compatible": v["compatible"], "rule": v["rule"],
@@ -300,7 +375,7 @@ def _draft_section(recipe: Recipe, layout: Layout) -> tuple[dict, list[dict], di
         else:
             timings[label] = a.pop("build_box_decode_tokens_per_s", {})
             pair["acceptance"] = a
-            pair["deploy"] = deployment_line(main_file, draft_file[dkey], a["best_n_max"])
+            pair["deploy"] = deployment_line((paths or {}).get(mkey, main_file), draft_file[dkey], a["best_n_max"])
             if d.min_acceptance is not None and a["acceptance_rate"] < d.min_acceptance:
                 failures.append({"check": "draft_acceptance", "message": (
                     f"draft acceptance too low: recipe {name}, {label}: acceptance {a['acceptance_rate']:.4f} "
@@ -315,17 +390,24 @@ def _draft_section(recipe: Recipe, layout: Layout) -> tuple[dict, list[dict], di
 
 def publish(recipe: Recipe, layout: Layout) -> dict:
     """Entry function: publish passing quants; write metrics, report, plot, card, Modelfiles and manifest."""
+    import shutil
+
     from .hub import publish_modelfiles
     from .report import write_card, write_report
+    from .split import SHARD_RE
 
     manifest, metrics = build_manifest(recipe, layout)
     name = recipe.name
-    for e in manifest["artifacts"]:  # base, passing quants, an MTP draft
-        _link(layout.built(name, e["file"]), layout.art_dir(name) / e["file"])
+    for e in manifest["artifacts"]:  # base, passing quants, an MTP draft (files, or folders of shards)
+        link_artifact(layout, name, e)
     keep = {e["file"] for e in manifest["artifacts"]}
-    for stale in layout.art_dir(name).glob(f"{name}-*.gguf"):
-        if stale.name not in keep:  # quants removed from the recipe or now failing
+    for stale in layout.art_dir(name).glob(f"{name}-*"):
+        if stale.name in keep:  # else: quants removed from the recipe or now failing, split or no longer split
+            continue
+        if stale.suffix == ".gguf" and not stale.is_dir():
             stale.unlink()
+        elif stale.is_dir() and not stale.is_symlink() and all(SHARD_RE.match(p.name) for p in stale.iterdir()):
+            shutil.rmtree(stale)
     write_json_atomic(layout.metrics(name), metrics)
     write_report(manifest, layout.report(name), layout.plot(name))
     manifest = publish_modelfiles(recipe, manifest, layout.art_dir(name))  # `publish.ollama`: Modelfile.<KEY>
@@ -345,10 +427,12 @@ def check_gates(manifest_path: str | Path, ok_path: str | Path) -> None:
     manifest = _load(Path(manifest_path))
     folder = Path(manifest_path).parent
     for e in manifest["artifacts"]:
-        path = folder / e["file"]
-        if not path.is_file() or path.stat().st_size != e["size_bytes"]:
-            raise PipelineError(f"{path} is missing or differs from {manifest_path}: re-publish with "
-                                "`snakemake --forcerun publish`")
+        files = [(folder / e["file"] / s["file"], s["size_bytes"]) for s in e["split"]["shards"]] if e.get("split") \
+            else [(folder / e["file"], e["size_bytes"])]
+        for path, size in files:
+            if not path.is_file() or path.stat().st_size != size:
+                raise PipelineError(f"{path} is missing or differs from {manifest_path}: re-publish with "
+                                    "`snakemake --forcerun publish`")
     msgs = gate_messages(manifest)
     if msgs:
         quants = sum(e.get("role") == "quant" for e in manifest["artifacts"])

@@ -36,6 +36,11 @@ Schema (keys not listed are refused)::
         imatrix: true               # use the importance matrix (default: when `imatrix:` is set, for
                                     # types of 4 bits and fewer; IQ1/IQ2/IQ3_XXS... require it)
         awq: false                  # opt out of the AWQ-scaled base (default: true when `awq:` is set)
+        split: {max_size: 2G}       # publish this file as llama-gguf-split shards (overrides the top-level
+                                    # default; `split: false` publishes it whole)
+    split: {max_size: 2G}           # optional default for every model file (base, quants, MTP draft):
+                                    # shards of at most max_size tensor data each (N M|G, decimal units as
+                                    # llama-gguf-split --split-max-size), published as a folder <name>-<KEY>/
     awq:                            # optional: AutoAWQ scale search folded into the FP weights
       calibration: ../data/calib.txt  # text file; must differ from every gates text (SHA256)
       calibration_sha256: <sha256>  # optional pin
@@ -115,7 +120,12 @@ NOT_QUANTS = {"F16", "BF16", "F32", "COPY"}
 NEEDS_IMATRIX = {"IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ3_XXS", "IQ3_XS", "Q2_K_S"}
 
 TOP_KEYS = {"name", "description", "license", "source", "outtype", "quants", "gates", "bench", "draft", "awq",
-            "imatrix", "mtp", "publish"}
+            "imatrix", "mtp", "publish", "split"}
+SPLIT_KEYS = {"max_size"}
+# llama-gguf-split --split-max-size: an integer count of M (10^6 bytes) or G (10^9 bytes); the tool reads
+# the number with %d, so it is kept well inside an int.
+SPLIT_SIZE_RE = re.compile(r"^([1-9][0-9]{0,6})([MG])$")
+SPLIT_UNITS = {"M": 1000**2, "G": 1000**3}
 PUBLISH_KEYS = {"hf_repo", "revision", "private", "path_in_repo", "ollama", "ollama_template"}
 # A folder inside a Hub repo: segments of [A-Za-z0-9._-] not starting with a dot (no "..", no hidden names).
 REPO_PATH_RE = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]*(/[A-Za-z0-9_-][A-Za-z0-9._-]*)*$")
@@ -127,7 +137,7 @@ DRAFT_KEYS = {"source", "gguf", "outtype", "quants", "pairs", "n_max", "eval_tex
               "n_predict"}
 SOURCE_KEYS = {"repo", "revision", "path", "allow_pickle", "trust_remote_code"}
 QUANT_KEYS = {"type", "variant", "output_tensor_type", "token_embedding_type", "tensor_types", "pure",
-              "leave_output_tensor", "gates", "awq", "imatrix"}
+              "leave_output_tensor", "gates", "awq", "imatrix", "split"}
 # Families that use the recipe's importance matrix unless a quant says `imatrix: false`.
 IMATRIX_DEFAULT_FAMILIES = ("4bit", "3bit", "2bit")
 THRESHOLDS = ("max_ppl_ratio", "max_kld_mean", "max_kld_p99", "min_same_top_p")
@@ -246,6 +256,30 @@ class Publish:
 
 
 @dataclass(frozen=True)
+class Split:
+    """``split:``: publish a model file as ``llama-gguf-split`` shards in a folder ``<name>-<KEY>/``.
+
+    ``max_size`` bounds the tensor data of each shard (llama-gguf-split's own meaning: the first shard
+    also carries all the metadata, the tokenizer included); a tensor larger than it is refused by the
+    split stage, since no shard could hold it."""
+
+    max_size: str  # as llama-gguf-split takes it: N followed by M (10^6 bytes) or G (10^9 bytes)
+    where: str = field(default="split", compare=False)  # the recipe field it came from, for error lines
+
+    @property
+    def max_bytes(self) -> int:
+        m = SPLIT_SIZE_RE.match(self.max_size)
+        assert m is not None
+        return int(m.group(1)) * SPLIT_UNITS[m.group(2)]
+
+    def args(self) -> list[str]:
+        return ["--split", "--split-max-size", self.max_size]
+
+    def describe(self) -> dict:
+        return {"max_size": self.max_size, "max_size_bytes": self.max_bytes}
+
+
+@dataclass(frozen=True)
 class Quant:
     type: str
     variant: str | None = None
@@ -257,6 +291,7 @@ class Quant:
     gates: tuple[tuple[str, tuple[tuple[str, float], ...]], ...] = ()  # (eval set or "*", thresholds)
     awq: bool = False  # quantized from the AWQ-scaled base (recipe has `awq:`, quant did not opt out)
     imatrix: bool = False  # quantized with the recipe's importance matrix
+    split: Split | None = None  # published as shards (its own `split:` or the recipe's default)
 
     @property
     def base(self) -> str:
@@ -329,6 +364,7 @@ class Recipe:
     imatrix: ImatrixConfig | None = None
     mtp: str = "keep"
     publish: Publish | None = None
+    split: Split | None = None  # top-level default: the base file, the MTP draft, quants without their own
     raw: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -378,7 +414,28 @@ class Recipe:
         raise PipelineError(f"{self.path}: no quant {key!r} (has {', '.join(q.key for q in self.quants)})")
 
     def file_for(self, key: str) -> str:
+        """The GGUF of ``key`` as built in ``work/`` (whole, even when it is published split)."""
         return f"{self.name}-{key}.gguf"
+
+    @property
+    def model_keys(self) -> list[str]:
+        """Keys of every model file a recipe can publish: the base (``F16``/``BF16``), each quant, and
+        the MTP draft (``mtp-F16``) of ``mtp: separate``."""
+        keys = [self.outtype.upper(), *(q.key for q in self.quants)]
+        if self.mtp == "separate":
+            keys.append(f"mtp-{self.outtype.upper()}")
+        return keys
+
+    def split_for(self, key: str) -> Split | None:
+        """How file ``key`` is split (None: published whole)."""
+        if key in (self.outtype.upper(), f"mtp-{self.outtype.upper()}"):
+            return self.split
+        return self.quant(key).split
+
+    def artifact_for(self, key: str) -> str:
+        """What ``artifacts/<name>/`` holds for ``key``: the file ``<name>-<KEY>.gguf``, or for a split
+        file the folder ``<name>-<KEY>`` of its shards ``<name>-<KEY>-0000i-of-0000N.gguf``."""
+        return f"{self.name}-{key}" if self.split_for(key) else self.file_for(key)
 
     @property
     def base_file(self) -> str:
@@ -562,7 +619,26 @@ def _parse_quant(ctx: _Ctx, item, where: str, known, build, set_names: set[str])
     for key in ("awq", "imatrix"):  # resolved against the recipe's sections in _parse_quants
         if key in d:
             kw[key] = ctx.boolean(d[key], f"{where}.{key}")
+    if "split" in d:
+        kw["split"] = _parse_split(ctx, d["split"], f"{where}.split", allow_false=True)
     return Quant(type=qtype, variant=variant, **kw)
+
+
+def _parse_split(ctx: _Ctx, value, where: str, allow_false: bool = False) -> Split | None:
+    """``split: {max_size: 2G}`` (or, for one quant, ``split: false``: published whole)."""
+    if value is False and allow_false:
+        return None
+    if not isinstance(value, dict):
+        ctx.fail(where, "must be a mapping {max_size: N(M|G)}" + (" or false" if allow_false else "")
+                 + f", got {value!r}")
+    d = ctx.mapping(value, where, SPLIT_KEYS)
+    if "max_size" not in d:
+        ctx.fail(f"{where}.max_size", "missing (the most tensor data per shard, e.g. 2G or 500M)")
+    size = d["max_size"]
+    if isinstance(size, bool) or not isinstance(size, str) or not SPLIT_SIZE_RE.match(size.strip()):
+        ctx.fail(f"{where}.max_size", f"{size!r} is not a size llama-gguf-split takes: a whole number > 0 followed "
+                                      "by M (10^6 bytes) or G (10^9 bytes), e.g. 500M or 2G")
+    return Split(max_size=size.strip(), where=where)
 
 
 def _parse_source(ctx: _Ctx, value, where: str) -> Source:
@@ -593,7 +669,7 @@ def _parse_source(ctx: _Ctx, value, where: str) -> Source:
 
 
 def _parse_quants(ctx: _Ctx, qs, where: str, known, build, set_names: set[str], has_awq: bool = False,
-                  has_imatrix: bool = False) -> tuple[Quant, ...]:
+                  has_imatrix: bool = False, split: Split | None = None) -> tuple[Quant, ...]:
     if not isinstance(qs, list) or not qs:
         ctx.fail(where, "must be a non-empty list")
     quants = []
@@ -608,6 +684,8 @@ def _parse_quants(ctx: _Ctx, qs, where: str, known, build, set_names: set[str], 
             ctx.fail(f"{where}[{i}].imatrix", "the recipe has no `imatrix:` section")
         use_imatrix = asked.get("imatrix", has_imatrix and quant_family(q.type) in IMATRIX_DEFAULT_FAMILIES)
         q = replace(q, awq=bool(asked.get("awq", has_awq)), imatrix=bool(use_imatrix))
+        if "split" not in asked:  # the recipe's default; `split: false` publishes this quant whole
+            q = replace(q, split=split)
         quants.append(q)
     seen: dict[str, int] = {}
     for i, q in enumerate(quants):
@@ -727,6 +805,9 @@ def _parse_draft(ctx: _Ctx, value, main_quants: tuple[Quant, ...], eval_sets, kn
         source = _parse_source(ctx, d["source"], "draft.source")
         if "quants" not in d:
             ctx.fail("draft.quants", "missing")
+        for i, item in enumerate(d["quants"] if isinstance(d["quants"], list) else []):
+            if isinstance(item, dict) and "split" in item:
+                ctx.fail(f"draft.quants[{i}].split", "not supported: draft models are published whole")
         quants = _parse_quants(ctx, d["quants"], "draft.quants", known, build, set())
     else:
         for key in ("quants", "outtype"):
@@ -830,7 +911,9 @@ def load_recipe(path: str | Path, quantize_exe: str | None = None) -> Recipe:
         known = set(known_set)
     awq = _parse_awq(ctx, d["awq"], eval_sets) if "awq" in d else None
     imatrix = _parse_imatrix(ctx, d["imatrix"], eval_sets) if "imatrix" in d else None
-    quants = _parse_quants(ctx, d["quants"], "quants", known, build, set_names, awq is not None, imatrix is not None)
+    split = _parse_split(ctx, d["split"], "split") if "split" in d and d["split"] is not None else None
+    quants = _parse_quants(ctx, d["quants"], "quants", known, build, set_names, awq is not None, imatrix is not None,
+                           split)
     draft = _parse_draft(ctx, d["draft"], quants, eval_sets, known, build, outtype) if "draft" in d else None
     publish = _parse_publish(ctx, d["publish"]) if "publish" in d else None
 
@@ -853,6 +936,7 @@ def load_recipe(path: str | Path, quantize_exe: str | None = None) -> Recipe:
         imatrix=imatrix,
         mtp=mtp,
         publish=publish,
+        split=split,
         raw=d,
     )
 

@@ -5,12 +5,19 @@ from __future__ import annotations
 from pathlib import Path
 
 from .fsutil import atomic_output, write_text_atomic
+from .split import model_path
 
 MIB = 1024 * 1024
 
 
 def _fmt(v, spec: str) -> str:
     return "–" if v is None else format(v, spec)
+
+
+def _file_cell(e: dict) -> str:
+    """A file, or a split file's folder with its shard count."""
+    s = e.get("split")
+    return f"`{e['file']}/` ({s['count']} shards, max {s['max_size']})" if s else f"`{e['file']}`"
 
 
 def _rows(manifest: dict, eval_set: str | None):
@@ -41,7 +48,7 @@ def markdown_table(manifest: dict, eval_set: str | None, speed: bool = True) -> 
         is_base = e.get("role") == "base"
         ppl = m.get("ppl_q") if not is_base else (manifest.get("eval_base", {}).get(eval_set, {}) or {}).get("ppl")
         cells = [e["quant_type"] + (f" ({e['requested']['variant']})" if e.get("requested", {}).get("variant") else ""),
-                 f"`{e['file']}`", f"{e['size_bytes'] / MIB:.1f}", f"{e['bits_per_weight']:.2f}",
+                 _file_cell(e), f"{e['size_bytes'] / MIB:.1f}", f"{e['bits_per_weight']:.2f}",
                  _fmt(ppl, ".3f"), "1" if is_base else _fmt(m.get("ppl_ratio"), ".4f"),
                  "0" if is_base else _fmt(m.get("kld_mean"), ".5f"), "0" if is_base else _fmt(m.get("kld_p99"), ".4f"),
                  "100%" if is_base else (_fmt(m["same_top_p"] * 100, ".2f") + "%" if "same_top_p" in m else "–")]
@@ -123,7 +130,7 @@ def mtp_text(manifest: dict) -> str:
         return "Multi-token-prediction (MTP) heads were left out of every file on purpose (recipe `mtp: strip`)."
     d = next(e for e in manifest["artifacts"] if e.get("role") == "mtp-draft")
     lines = [f"The multi-token-prediction (MTP) heads are not in the model files: they are published alone as "
-             f"`{d['file']}` ({d['quant_type']}, {d['size_bytes'] / MIB:.1f} MiB, {d['mtp']['tensors']} nextn tensors "
+             f"{_file_cell(d)} ({d['quant_type']}, {d['size_bytes'] / MIB:.1f} MiB, {d['mtp']['tensors']} nextn tensors "
              f"on layer(s) {', '.join(map(str, d['mtp']['layers']))}), a draft for llama.cpp's speculative decoding "
              "with any of the files above:", "", "```sh", *m["deploy"], "```"]
     return "\n".join(lines)
@@ -178,10 +185,15 @@ def write_card(manifest: dict, out: str | Path) -> None:
     body += ["## Run with llama.cpp", "", "```sh"]
     models = [e for e in manifest["artifacts"] if e.get("role") != "mtp-draft"]
     for e in models:
-        body.append(f"llama-cli -m {e['file']} -cnv            # {e['quant_type']}")
-    first = models[-1]["file"]
+        body.append(f"llama-cli -m {model_path(e)} -cnv            # {e['quant_type']}")
+    first = model_path(models[-1])
     body += ["```", "", "Serve one file over HTTP (OpenAI-compatible API):", "", "```sh",
              f"llama-server -m {first} --port 8080", "```", ""]
+    split = [e for e in models if e.get("split")]
+    if split:
+        body += ["Split files are folders of `llama-gguf-split` shards: download the whole folder and give llama.cpp "
+                 "its first shard (it finds the others beside it). `ggufpipe verify <folder>` checks every shard; "
+                 "`llama-gguf-split --merge <first shard> <out>.gguf` makes one file again.", ""]
     if manifest.get("mtp"):
         body += ["## MTP heads", "", mtp_text(manifest), ""]
     if manifest.get("ollama"):
@@ -192,6 +204,9 @@ def write_card(manifest: dict, out: str | Path) -> None:
             key = m["file"].removeprefix("Modelfile.")
             body.append(f"ollama create {name}:{key.lower()} -f {m['file']} && ollama run {name}:{key.lower()}")
         body += ["```", ""]
+    if manifest.get("ollama") is not None and split:
+        body += ["Split files have no Modelfile: Ollama imports single GGUF files only; merge the shards first "
+                 "(`llama-gguf-split --merge`).", ""]
     if manifest.get("draft"):
         body += ["## Speculative decoding with the draft model", "", draft_table(manifest), ""]
     write_text_atomic(out, "\n".join(front + body))

@@ -70,6 +70,11 @@ class Workflow:
         sets = sorted({es.name for r in self.recipes.values() for es in r.eval_sets})
         return "|".join(re.escape(s) for s in sets) or "(?!)"
 
+    def split_key_regex(self) -> str:
+        """Keys of the model files some recipe splits (base, quants, MTP draft)."""
+        keys = sorted({k for r in self.recipes.values() for k in r.model_keys if r.split_for(k)})
+        return "|".join(re.escape(k) for k in keys) or "(?!)"
+
     def pair_key_regex(self) -> str:
         return self.quant_regex() + "|F16|BF16|gguf"
 
@@ -136,6 +141,10 @@ class Workflow:
     def eval_base_params(self, name: str, es: str) -> str:
         e = self.recipes[name].eval_set(es)
         return repr((str(e.text), e.ctx, e.chunks, self.eval_threads, self.toolchain.build_number))
+
+    def split_params(self, name: str, key: str) -> str:
+        s = self.recipes[name].split_for(key)
+        return repr((s.args() if s else None, self.toolchain.build_number, self.toolchain.commit))
 
     def publish_params(self, name: str) -> str:
         return self.recipes[name].sha256  # thresholds, eval sets, bench...: any recipe change re-publishes
