@@ -68,6 +68,21 @@ class Repo:
         return json.loads((self.path / "artifacts" / NAME / "manifest.json").read_text())
 
 
+def project_repo(path: Path, env: dict) -> Repo:
+    """A git + DVC repository holding this project's workflow files (no recipes yet)."""
+    repo = Repo(path, env)
+    path.mkdir()
+    for f in PROJECT_FILES:
+        (path / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(ROOT / f, path / f)
+    shutil.copytree(ROOT / "pipeline", path / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
+    (path / ".gitignore").write_text("work/\n.snakemake/\nartifacts/**/*.gguf\n__pycache__/\n")
+    repo.git("init", "-q", "-b", "main")
+    repo.dvc("init", "-q", "-f")
+    shutil.copyfile(ROOT / ".dvc" / "config", path / ".dvc" / "config")  # cache.type hardlink,copy
+    return repo
+
+
 def jobs_run(res: subprocess.CompletedProcess) -> list[str]:
     """The Snakemake jobs a `dvc repro` ran (rule names from Snakemake's own log lines)."""
     out = res.stdout + res.stderr
@@ -88,18 +103,9 @@ def dvc_env(tmp_path_factory, demo_hub):
 
 def test_dvc_versions_pull_verify_and_incremental_repro(dvc_env):
     base, env = dvc_env
-    repo = Repo(base / "build-box", env)
-    repo.path.mkdir()
-    for f in PROJECT_FILES:
-        (repo.path / f).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(ROOT / f, repo.path / f)
-    shutil.copytree(ROOT / "pipeline", repo.path / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
+    repo = project_repo(base / "build-box", env)
     (repo.path / "recipes").mkdir()
     (repo.path / "recipes" / f"{NAME}.yaml").write_text(recipe("[Q8_0]"))
-    (repo.path / ".gitignore").write_text("work/\n.snakemake/\nartifacts/**/*.gguf\n__pycache__/\n")
-    repo.git("init", "-q", "-b", "main")
-    repo.dvc("init", "-q", "-f")
-    shutil.copyfile(ROOT / ".dvc" / "config", repo.path / ".dvc" / "config")  # cache.type hardlink,copy
     remote = base / "remote"
     repo.dvc("remote", "add", "-d", "local", str(remote))
     repo.cli("dvc-matrix")

@@ -357,22 +357,13 @@ def test_new_max_size_resplits_without_requantizing_and_drops_stale_shards(built
 def test_dvc_tracks_a_split_file_as_one_folder(tmp_path, tiny_hf):
     """dvc repro publishes the split folder (gguf@ stage whose output is a folder) and a whole file side by
     side; a device clone pulls the one folder and verifies it."""
-    from test_dvc import PROJECT_FILES, Repo
+    from test_dvc import Repo, project_repo
 
     env = dict(os.environ)
     env.update({"HF_HUB_OFFLINE": "1", "DVC_NO_ANALYTICS": "1", "PATH": f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}",
                 "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@e", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@e"})
-    repo = Repo(tmp_path / "build-box", env)
-    repo.path.mkdir()
-    for f in PROJECT_FILES:
-        (repo.path / f).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(ROOT / f, repo.path / f)
-    shutil.copytree(ROOT / "pipeline", repo.path / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
+    repo = project_repo(tmp_path / "build-box", env)
     write_recipe(repo.path / "recipes", tiny_hf, "quants: [{type: Q8_0, split: {max_size: 1M}}, Q4_0]\n")
-    (repo.path / ".gitignore").write_text("work/\n.snakemake/\nartifacts/**/*.gguf\n__pycache__/\n")
-    repo.git("init", "-q", "-b", "main")
-    repo.dvc("init", "-q", "-f")
-    shutil.copyfile(ROOT / ".dvc" / "config", repo.path / ".dvc" / "config")
     repo.dvc("remote", "add", "-d", "local", str(tmp_path / "remote"))
     repo.cli("dvc-matrix")
     import yaml
