@@ -9,17 +9,28 @@
 llama-perplexity exits 0 in several failures (missing or corrupt base file, inconsistent
 vocabulary, too few tokens); the runner detects them from the tool's error lines and fails loudly.
 The parser fails, never returns zeros, when a statistic is missing or its format changed.
+
+llama-perplexity b11312 can also lose its last output lines at exit while exiting 0: its logger is a
+thread that ``main`` does not join (common/log.cpp leaks the singleton on purpose), so lines still
+queued when the process ends are never written. :func:`run_perplexity` re-runs it, at most
+:data:`TRUNCATION_RETRIES` times and logged, for exactly that symptom: exit 0, no error line, the run
+started (its chunk count is printed) and the last line it prints is missing. (pipeline/tools.py also
+runs it with passive OpenMP waiting, which makes the symptom rare.)
 """
 
 from __future__ import annotations
 
 import re
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from .errors import PipelineError
 from .fsutil import atomic_output, sha256_file, write_json_atomic
 from .recipe import EvalSet, scored_tokens
-from .tools import Toolchain, find_toolchain, run_tool, tail
+from .tools import Toolchain, ToolResult, find_toolchain, run_tool, tail
+
+TRUNCATION_RETRIES = 2
 
 _PPL_RE = re.compile(r"Final estimate: PPL = ([0-9.]+) \+/- ([0-9.]+)")
 _ERROR_LINE = re.compile(r"^\s*(?:\d+\.\d+\.\d+\.\d+ )?E ((?:\w+: )?.+?)\s*$", re.M)
@@ -53,6 +64,38 @@ METRICS = {  # gate threshold -> (metric, direction)
 
 def tool_errors(output: str) -> list[str]:
     return [m.group(1) for m in _ERROR_LINE.finditer(output)]
+
+
+def has_final_estimate(output: str) -> bool:
+    """The last line a plain or ``--kl-divergence-base`` run prints is there."""
+    return _PPL_RE.search(output) is not None
+
+
+def has_kld_statistics_end(output: str) -> bool:
+    """The last line a ``--kl-divergence`` run prints (``Same top p``) is there."""
+    return re.search(STATISTICS["same_top_p"], output, re.M) is not None
+
+
+def lost_final_lines(res: ToolResult, complete: Callable[[str], bool]) -> bool:
+    """The symptom of b11312's unjoined logger: exit 0, no error line, the run started, its last line missing."""
+    return (res.returncode == 0 and not tool_errors(res.output) and _CHUNKS_RE.search(res.output) is not None
+            and not complete(res.output))
+
+
+def run_perplexity(tc: Toolchain, args: list, log: Path | None, complete: Callable[[str], bool],
+                   what: str) -> ToolResult:
+    """llama-perplexity, re-run (at most TRUNCATION_RETRIES times, logged) while its output lost its final lines."""
+    for attempt in range(1, TRUNCATION_RETRIES + 2):
+        res = run_tool(tc, "llama-perplexity", args, log, check=False)
+        if attempt > TRUNCATION_RETRIES or not lost_final_lines(res, complete):
+            return res
+        note = (f"{what}: llama-perplexity exited 0 but its output lost its final lines (unjoined logger thread "
+                f"of b11312): re-run {attempt} of at most {TRUNCATION_RETRIES}")
+        print(f"warning: {note}", file=sys.stderr, flush=True)
+        if log:
+            with open(log, "a", encoding="utf-8") as fh:
+                fh.write(f"[{note}]\n")
+    return res
 
 
 def parse_kld_statistics(output: str) -> dict:
@@ -134,8 +177,8 @@ def eval_base(recipe_name: str, es: EvalSet, base_gguf: str | Path, out_logits: 
             f"{es.ctx * es.chunks}; use a longer text or fewer chunks"
         )
     with atomic_output(out_logits) as tmp:
-        res = run_tool(tc, "llama-perplexity", ["-m", base_gguf, "-f", es.text, *_common_args(es, threads),
-                                                "--kl-divergence-base", tmp], Path(log) if log else None, check=False)
+        res = run_perplexity(tc, ["-m", base_gguf, "-f", es.text, *_common_args(es, threads), "--kl-divergence-base",
+                                  tmp], Path(log) if log else None, has_final_estimate, what)
         _fail_on_tool_errors(res, what)
         _check_chunks(res.output, es, what)
         m = _PPL_RE.search(res.output)
@@ -189,8 +232,8 @@ def eval_quant(recipe_name: str, quant_key: str, es: EvalSet, quant_gguf: str | 
     base = json.loads(Path(base_record).read_text())
     if not Path(base_logits).is_file():
         raise PipelineError(f"{what}: base logits {base_logits} are missing (run eval-base first)")
-    res = run_tool(tc, "llama-perplexity", ["-m", quant_gguf, *_common_args(es, threads), "--kl-divergence-base",
-                                            base_logits, "--kl-divergence"], Path(log) if log else None, check=False)
+    res = run_perplexity(tc, ["-m", quant_gguf, *_common_args(es, threads), "--kl-divergence-base", base_logits,
+                              "--kl-divergence"], Path(log) if log else None, has_kld_statistics_end, what)
     _fail_on_tool_errors(res, what)
     _check_chunks(res.output, es, what)
     try:
@@ -216,7 +259,7 @@ def perplexity(tc: Toolchain, model: str | Path, text: str | Path, ctx: int, chu
                log: str | Path | None = None) -> tuple[float, float]:
     """Plain perplexity of ``model`` on ``text`` (used by tests and checks)."""
     args = ["-m", model, "-f", text, "-c", str(ctx), "--chunks", str(chunks), "-t", str(threads), "-b", str(ctx)]
-    res = run_tool(tc, "llama-perplexity", args, Path(log) if log else None, check=False)
+    res = run_perplexity(tc, args, Path(log) if log else None, has_final_estimate, f"perplexity of {model}")
     errors = tool_errors(res.output)
     if errors:
         raise PipelineError(f"llama-perplexity on {model}: {errors[0]}")

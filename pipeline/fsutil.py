@@ -1,8 +1,23 @@
-"""Atomic file output and hashing.
+"""Atomic file output, hashing, and the test-only kill hook.
 
 Every stage writes through :func:`atomic_output`: the tool writes to a hidden temporary name in the
-destination folder and the file is renamed into place only after the stage succeeded, so a failed
-or killed stage never leaves a file that looks finished.
+destination folder (``.<name>.tmp-<pid>``) and the file is renamed into place only after the stage
+succeeded, so a failed or killed stage never leaves a file that looks finished. A temporary left by a
+killed process is removed by the next :func:`atomic_output` for the same name (once its pid is gone).
+
+Fault injection (tests only; ``tests/test_faults.py``): ``PIPELINE_TEST_KILL=<point>:<suffix>[:group]``
+SIGKILLs the stage process at ``point`` when the path involved ends with ``suffix`` (``:group`` kills
+its whole process group instead: Snakemake and every job, like a power cut, when Snakemake was started
+in a session of its own). Unset, the hook costs one environment lookup. Points:
+
+* ``before-rename``: the output is complete under its temporary name, not yet renamed (atomic_output);
+* ``after-rename``: the output was just renamed into place; the stage's later outputs (its record)
+  are not written;
+* ``after-tool``: a llama.cpp tool or the converter just exited (pipeline/tools.py); the suffix is
+  matched against the program and each of its arguments (temporary names as their final names);
+* ``mid-write``: the tool writing the temporary file of a name ending with ``suffix`` may write only
+  :data:`MID_WRITE_BYTES` bytes (``RLIMIT_FSIZE``: the kernel stops it with SIGXFSZ, or EFBIG for
+  Python), then the stage kills itself: a partly written temporary file stays behind.
 """
 
 from __future__ import annotations
@@ -11,13 +26,51 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import shutil
+import signal
 from collections.abc import Iterator
 from pathlib import Path
+
+KILL_ENV = "PIPELINE_TEST_KILL"
+MID_WRITE_BYTES = 256 << 10
+_TMP_RE = re.compile(r"^\.(.+)\.tmp-(\d+)$")
 
 
 def _tmp_name(final: Path) -> Path:
     return final.with_name(f".{final.name}.tmp-{os.getpid()}")
+
+
+def final_name(path: str | os.PathLike) -> str:
+    """``path`` as a string, with a temporary name ``.<name>.tmp-<pid>`` given as its final ``<name>``."""
+    p = Path(path)
+    m = _TMP_RE.match(p.name)
+    return str(p.with_name(m.group(1))) if m else str(p)
+
+
+def _remove_stale_tmps(final: Path) -> None:
+    """Temporaries of ``final`` left by processes that no longer run (a kill -9, a power cut)."""
+    try:
+        found = list(final.parent.glob(f".{glob_escape(final.name)}.tmp-*"))
+    except OSError:
+        return
+    for p in found:
+        m = _TMP_RE.match(p.name)
+        if not m or m.group(1) != final.name:
+            continue
+        pid = int(m.group(2))
+        if pid == os.getpid():
+            continue
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            _remove(p)
+        except OSError:  # alive but another user's: leave it
+            pass
+
+
+def glob_escape(name: str) -> str:
+    return re.sub(r"([*?\[])", r"[\1]", name)
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -40,6 +93,7 @@ def atomic_output(final: str | os.PathLike) -> Iterator[Path]:
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = _tmp_name(final)
     _remove(tmp)
+    _remove_stale_tmps(final)
     try:
         yield tmp
         if not tmp.exists():
@@ -47,11 +101,12 @@ def atomic_output(final: str | os.PathLike) -> Iterator[Path]:
         if tmp.is_file():
             with open(tmp, "rb+") as fh:
                 os.fsync(fh.fileno())
-        _maybe_kill_hook("before-rename", final)
+        kill_hook("before-rename", final)
         if final.is_dir() and not final.is_symlink():
             shutil.rmtree(final)
         os.replace(tmp, final)
         _fsync_dir(final.parent)
+        kill_hook("after-rename", final)
     except BaseException:
         _remove(tmp)
         raise
@@ -65,17 +120,43 @@ def _remove(path: Path) -> None:
             path.unlink()
 
 
-def _maybe_kill_hook(point: str, final: Path) -> None:
-    """Test-only fault injection: ``PIPELINE_TEST_KILL=<point>:<suffix>`` kills this process
-    with SIGKILL at ``point`` when the output name ends with ``suffix``."""
-    spec = os.environ.get("PIPELINE_TEST_KILL")
+def _kill_spec() -> tuple[str, str, bool] | None:
+    spec = os.environ.get(KILL_ENV)
     if not spec:
-        return
-    want_point, _, suffix = spec.partition(":")
-    if want_point == point and final.name.endswith(suffix):
-        import signal
+        return None
+    point, _, rest = spec.partition(":")
+    suffix, _, scope = rest.partition(":")
+    return point, suffix, scope == "group"
 
-        os.kill(os.getpid(), signal.SIGKILL)
+
+def kill_now(group: bool = False) -> None:
+    """SIGKILL this process, or its whole process group."""
+    if group:
+        os.killpg(os.getpgid(0), signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def kill_hook(point: str, *paths: str | os.PathLike) -> None:
+    """Test-only fault injection (see the module doc): SIGKILL at ``point`` when one of ``paths`` (temporary
+    names read as their final names) ends with the suffix of ``PIPELINE_TEST_KILL``."""
+    spec = _kill_spec()
+    if spec is None:
+        return
+    want, suffix, group = spec
+    if want == point and any(final_name(p).endswith(suffix) for p in paths):
+        kill_now(group)
+
+
+def mid_write_limit(args) -> tuple[int, bool] | None:
+    """(byte limit, group) when ``PIPELINE_TEST_KILL=mid-write:<suffix>`` names the temporary output among a
+    tool's ``args``; None otherwise (always, outside tests)."""
+    spec = _kill_spec()
+    if spec is None or spec[0] != "mid-write":
+        return None
+    for a in args:
+        if _TMP_RE.match(Path(str(a)).name) and final_name(a).endswith(spec[1]):
+            return MID_WRITE_BYTES, spec[2]
+    return None
 
 
 def write_text_atomic(final: str | os.PathLike, text: str) -> None:

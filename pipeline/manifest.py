@@ -398,6 +398,9 @@ def publish(recipe: Recipe, layout: Layout) -> dict:
 
     manifest, metrics = build_manifest(recipe, layout)
     name = recipe.name
+    # A manifest never lists a file that differs from it: the old one goes before any published file
+    # changes, so a publish killed between linking and writing the new one leaves none (the rerun writes it).
+    layout.manifest(name).unlink(missing_ok=True)
     for e in manifest["artifacts"]:  # base, passing quants, an MTP draft (files, or folders of shards)
         link_artifact(layout, name, e)
     keep = {e["file"] for e in manifest["artifacts"]}

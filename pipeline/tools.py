@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import PipelineError
-from .fsutil import sha256_file
+from .fsutil import kill_hook, kill_now, mid_write_limit, sha256_file
 
 # The pinned llama.cpp: vendored by this llama-cpp-python sdist.
 SDIST_NAME = "llama-cpp-python"
@@ -204,9 +204,20 @@ class ToolResult:
     seconds: float
 
 
+def _limit_writes(limit: int):
+    """preexec_fn of the test-only ``mid-write`` kill point: the tool may write ``limit`` bytes per file."""
+    def apply() -> None:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    return apply
+
+
 def _run_logged(cmd: list[str], log: Path | None, env: dict | None, label: str, cwd: str | None = None) -> ToolResult:
     """Run ``cmd``, appending its combined output to ``log``; never raises on exit status."""
     start = time.monotonic()
+    mid_write = mid_write_limit(cmd)  # test-only fault injection (pipeline/fsutil.py); None when unset
     sink = open(log, "a", encoding="utf-8") if log else None
     try:
         if sink:
@@ -220,6 +231,7 @@ def _run_logged(cmd: list[str], log: Path | None, env: dict | None, label: str, 
             cwd=cwd,
             text=True,
             errors="replace",
+            preexec_fn=_limit_writes(mid_write[0]) if mid_write else None,
         )
         chunks: list[str] = []
         assert proc.stdout is not None
@@ -235,6 +247,9 @@ def _run_logged(cmd: list[str], log: Path | None, env: dict | None, label: str, 
     finally:
         if sink:
             sink.close()
+    if mid_write:
+        kill_now(mid_write[1])
+    kill_hook("after-tool", *cmd)
     return ToolResult(rc, "".join(chunks), time.monotonic() - start)
 
 
@@ -246,10 +261,20 @@ def _clean_env(extra: dict | None = None) -> dict:
     return env
 
 
+# Tools run with OpenMP's passive waiting (unless OMP_WAIT_POLICY is set): llama-perplexity's idle OpenMP
+# threads otherwise spin on every core at the end of the run, and its logger thread (which b11312 does
+# not join at exit) often got no CPU before the process ended: the last lines, with the final estimate
+# or the statistics, were lost in about half the runs of a tiny model on 2 cores (none of 10 with passive
+# waiting). The results are bit-identical either way. llama-bench keeps the default (it measures speed).
+PASSIVE_WAIT_TOOLS = ("llama-perplexity",)
+
+
 def run_tool(tc: Toolchain, name: str, args: list[str], log: Path | None, check: bool = True,
              cwd: str | Path | None = None) -> ToolResult:
     """Run a compiled llama.cpp tool; raise PipelineError with the log's tail if it fails."""
-    res = _run_logged([str(tc.tool(name)), *map(str, args)], log, _clean_env(), name, str(cwd) if cwd else None)
+    env = _clean_env({"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "passive")}
+                     if name in PASSIVE_WAIT_TOOLS else None)
+    res = _run_logged([str(tc.tool(name)), *map(str, args)], log, env, name, str(cwd) if cwd else None)
     if check and res.returncode != 0:
         raise PipelineError(f"{name} failed (exit {res.returncode}): {tail(res.output)}" + (f" [log: {log}]" if log else ""))
     return res
