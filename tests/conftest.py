@@ -57,8 +57,9 @@ def source_gguf():
 
 
 def snakemake(workdir: Path, recipes: list[Path] | Path, cores: int = 2, extra: list[str] | None = None,
-              env: dict | None = None, hub: Path | None = None) -> subprocess.CompletedProcess:
-    """Run the real workflow (this repo's Snakefile) with its outputs under ``workdir``."""
+              env: dict | None = None, hub: Path | None = None, new_session: bool = False) -> subprocess.CompletedProcess:
+    """Run the real workflow (this repo's Snakefile) with its outputs under ``workdir``; ``new_session``: in a
+    process group of its own (which the ``:group`` kill of tests/test_faults.py may kill whole)."""
     recipes = recipes if isinstance(recipes, list) else [recipes]
     cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"), "--directory", str(workdir),
            "--cores", str(cores), *(extra or []), "--config", "recipes=" + ",".join(str(r) for r in recipes)]
@@ -67,7 +68,7 @@ def snakemake(workdir: Path, recipes: list[Path] | Path, cores: int = 2, extra: 
     if hub:
         full_env["HF_HUB_CACHE"] = str(hub)
     full_env.update(env or {})
-    return subprocess.run(cmd, capture_output=True, text=True, env=full_env)
+    return subprocess.run(cmd, capture_output=True, text=True, env=full_env, start_new_session=new_session)
 
 
 @pytest.fixture(scope="session")
