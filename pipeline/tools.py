@@ -264,8 +264,9 @@ def _clean_env(extra: dict | None = None) -> dict:
 # Tools run with OpenMP's passive waiting (unless OMP_WAIT_POLICY is set): llama-perplexity's idle OpenMP
 # threads otherwise spin on every core at the end of the run, and its logger thread (which b11312 does
 # not join at exit) often got no CPU before the process ended: the last lines, with the final estimate
-# or the statistics, were lost in about half the runs of a tiny model on 2 cores (none of 10 with passive
-# waiting). The results are bit-identical either way. llama-bench keeps the default (it measures speed).
+# or the statistics, were lost in 18 of 53 runs of a tiny model on 2 loaded cores (1 of 30 with passive
+# waiting; pipeline/evaluate.py re-runs those). The results are bit-identical either way. llama-bench
+# keeps the default (it measures speed).
 PASSIVE_WAIT_TOOLS = ("llama-perplexity",)
 
 
