@@ -285,17 +285,15 @@ def test_verify_missing_folder_and_file_for_folder(built, tmp_path):
     assert res.returncode == 1 and "missing (not pulled?)" in res.stderr
 
 
-def _ppl_chunks(exe: Path, model: Path, text: Path) -> tuple[list[str], str]:
-    """Per-chunk perplexities printed by llama-perplexity (retried: b11312's asynchronous logger may
-    drop the last lines at exit, llama.cpp issue 22142) and the whole log."""
-    for _ in range(3):
-        res = subprocess.run([str(exe), "-m", str(model), "-f", str(text), "-c", "128", "--chunks", "3", "-b", "128",
-                              "-t", "2", "-lv", "4"], capture_output=True, text=True)
-        out = res.stdout + res.stderr
-        assert res.returncode == 0, out[-2000:]
-        if "Final estimate" in out:
-            return re.findall(r"\[\d+\]([0-9.]+),", out), out
-    raise AssertionError(out[-2000:])
+def _ppl_chunks(tc, model: Path, text: Path) -> tuple[list[str], str]:
+    """Per-chunk perplexities printed by llama-perplexity and the whole log (run as the eval stage runs it:
+    passive OpenMP waiting, re-run when b11312's unjoined logger lost the last lines, llama.cpp issue 22142)."""
+    from pipeline.evaluate import has_final_estimate, run_perplexity
+
+    res = run_perplexity(tc, ["-m", model, "-f", text, "-c", "128", "--chunks", "3", "-b", "128", "-t", "2", "-lv", "4"],
+                         None, has_final_estimate, f"perplexity of {model.name}")
+    assert res.returncode == 0 and has_final_estimate(res.output), res.output[-2000:]
+    return re.findall(r"\[\d+\]([0-9.]+),", res.output), res.output
 
 
 def test_llama_cpp_loads_the_split_model_from_its_first_shard(built, toolchain, tmp_path):
@@ -304,10 +302,9 @@ def test_llama_cpp_loads_the_split_model_from_its_first_shard(built, toolchain, 
     q8 = m["artifacts"][1]
     text = tmp_path / "text.txt"
     text.write_bytes((ROOT / "data" / "botchan.txt").read_bytes()[:20000])
-    exe = toolchain.tool("llama-perplexity")
     first = art(work) / q8["file"] / q8["split"]["shards"][0]["file"]
-    split_ppl, log = _ppl_chunks(exe, first, text)
-    whole_ppl, _ = _ppl_chunks(exe, work / "work" / NAME / "quants" / f"{NAME}-Q8_0.gguf", text)
+    split_ppl, log = _ppl_chunks(toolchain, first, text)
+    whole_ppl, _ = _ppl_chunks(toolchain, work / "work" / NAME / "quants" / f"{NAME}-Q8_0.gguf", text)
     assert f"additional {q8['split']['count'] - 1} GGUFs metadata loaded" in log
     assert len(split_ppl) == 3 and split_ppl == whole_ppl  # the same weights, bit for bit
 
