@@ -9,7 +9,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .recipe import Recipe
+from .errors import PipelineError
+from .recipe import NAME_RE, Recipe
+
+
+def plain_name(name: str, what: str) -> str:
+    """``name`` if it is one plain path segment (no separator, not ``.``/``..``, not hidden); else one line."""
+    if not name or "/" in name or "\\" in name or name.startswith(".") or "\0" in name:
+        raise PipelineError(f"{name!r} is not a plain {what} name: artifact paths never leave artifacts/<name>/")
+    return name
 
 
 @dataclass(frozen=True)
@@ -19,7 +27,26 @@ class Layout:
 
     # artifacts (published)
     def art_dir(self, name: str) -> Path:
+        # recipe names are checked when loaded; this guards CLI arguments. "{name}": the Snakefile's wildcard
+        if not (NAME_RE.match(name) and ".." not in name) and name != "{name}":
+            raise PipelineError(f"{name!r} is not a recipe name: artifact paths never leave artifacts/")
         return self.artifacts / name
+
+    def check_art_dir(self, name: str) -> Path:
+        """``artifacts/<name>/``, refusing to publish through a symlink: the folder itself must not be a link
+        (nor resolve outside the artifacts root), and no entry in it may be a link to a folder (a split
+        file's shard folder is written into). Links to files are fine: publishing replaces them, never
+        writes through them (DVC's symlink cache type makes them)."""
+        art = self.art_dir(name)
+        if art.is_symlink():
+            raise PipelineError(f"{art}: is a symlink to {art.resolve()}: publishing would write outside "
+                                f"{self.artifacts}/; make it a real folder (or remove it)")
+        if art.is_dir():
+            for p in sorted(art.iterdir()):
+                if p.is_symlink() and p.is_dir():
+                    raise PipelineError(f"{p}: is a symlink to the folder {p.resolve()}: publishing would write "
+                                        f"through it; remove the link")
+        return art
 
     # Every GGUF is built under work/<name>/quants/ and published (hard-linked) into artifacts/<name>/
     # under the same name by the publish stage: DVC, which tracks the published files, may re-link
