@@ -6,11 +6,15 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import PipelineError
-from .recipe import NAME_RE, Recipe
+from .recipe import Recipe
+
+# A recipe name (or a derived ``<name>-draft``): one plain path segment under artifacts/ and work/.
+_FOLDER_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 
 
 def plain_name(name: str, what: str) -> str:
@@ -28,19 +32,18 @@ class Layout:
     # artifacts (published)
     def art_dir(self, name: str) -> Path:
         # recipe names are checked when loaded; this guards CLI arguments. "{name}": the Snakefile's wildcard
-        if not (NAME_RE.match(name) and ".." not in name) and name != "{name}":
+        if not (_FOLDER_RE.match(name) and ".." not in name) and name != "{name}":
             raise PipelineError(f"{name!r} is not a recipe name: artifact paths never leave artifacts/")
         return self.artifacts / name
 
     def check_art_dir(self, name: str) -> Path:
-        """``artifacts/<name>/``, refusing to publish through a symlink: the folder itself must not be a link
-        (nor resolve outside the artifacts root), and no entry in it may be a link to a folder (a split
-        file's shard folder is written into). Links to files are fine: publishing replaces them, never
+        """``artifacts/<name>/``, refusing to publish through a symlink: the folder itself must not be a link,
+        and no entry in it may be a link to a folder (a split file's shard folder is written into). Links to files are fine: publishing replaces them, never
         writes through them (DVC's symlink cache type makes them)."""
         art = self.art_dir(name)
         if art.is_symlink():
-            raise PipelineError(f"{art}: is a symlink to {art.resolve()}: publishing would write outside "
-                                f"{self.artifacts}/; make it a real folder (or remove it)")
+            raise PipelineError(f"{art}: is a symlink to {art.resolve()}: publishing would write through it, "
+                                f"outside {art}/; make it a real folder (or remove it)")
         if art.is_dir():
             for p in sorted(art.iterdir()):
                 if p.is_symlink() and p.is_dir():

@@ -125,7 +125,13 @@ def not_utf8(c: Ctx) -> str:
 
 
 def build(*recipes: str) -> list[str]:
+    """`ggufpipe build`: the Snakefile loads the recipes (and refuses a bad one before any job runs)."""
     return ["build", "--cores", "2", *recipes]
+
+
+def validate(*recipes: str) -> list[str]:
+    """`ggufpipe validate`: the same checks without Snakemake (cheaper: for the pure schema cases)."""
+    return ["validate", *recipes]
 
 
 def edit_config(**changes):
@@ -260,29 +266,29 @@ CASES: list[tuple[str, Callable[[Ctx], list[str]], tuple[str, ...]]] = [
     # --- recipe schema (the Snakefile refuses to load it: nothing runs)
     ("malformed-yaml", lambda c: build(c.recipe("name: tiny\nquants: [Q8_0\nbench: false\n")),
      (f"{RECIPE}: line", "malformed YAML")),
-    ("not-utf8", lambda c: build(not_utf8(c)), (f"{RECIPE}: not UTF-8 text",)),
-    ("unknown-top-key", lambda c: build(c.good(colour="red")), (f"{RECIPE}: colour: unknown key",)),
-    ("unknown-source-key", lambda c: build(c.good(source={"path": str(c.hf), "revison": "x"})),
+    ("not-utf8", lambda c: validate(not_utf8(c)), (f"{RECIPE}: not UTF-8 text",)),
+    ("unknown-top-key", lambda c: validate(c.good(colour="red")), (f"{RECIPE}: colour: unknown key",)),
+    ("unknown-source-key", lambda c: validate(c.good(source={"path": str(c.hf), "revison": "x"})),
      (f"{RECIPE}: source.revison: unknown key",)),
-    ("unknown-quant-key", lambda c: build(c.good(quants=[{"type": "Q8_0", "colour": "red"}])),
+    ("unknown-quant-key", lambda c: validate(c.good(quants=[{"type": "Q8_0", "colour": "red"}])),
      (f"{RECIPE}: quants[0].colour: unknown key",)),
-    ("bad-type-quants", lambda c: build(c.good(quants="Q8_0")), (f"{RECIPE}: quants: must be a non-empty list",)),
-    ("bad-type-bench", lambda c: build(c.good(bench="yes")), (f"{RECIPE}: bench: must be true or false, got 'yes'",)),
-    ("bad-type-ctx", lambda c: build(c.good(gates=[{"name": "b", "text": str(EVAL), "ctx": "512", "chunks": 16}])),
+    ("bad-type-quants", lambda c: validate(c.good(quants="Q8_0")), (f"{RECIPE}: quants: must be a non-empty list",)),
+    ("bad-type-bench", lambda c: validate(c.good(bench="yes")), (f"{RECIPE}: bench: must be true or false, got 'yes'",)),
+    ("bad-type-ctx", lambda c: validate(c.good(gates=[{"name": "b", "text": str(EVAL), "ctx": "512", "chunks": 16}])),
      (f"{RECIPE}: gates[0].ctx: must be an integer >= 16, got '512'",)),
-    ("bad-split-size", lambda c: build(c.good(split={"max_size": "1.5G"})),
+    ("bad-split-size", lambda c: validate(c.good(split={"max_size": "1.5G"})),
      (f"{RECIPE}: split.max_size: '1.5G' is not a size",)),
     ("unknown-quant-type", lambda c: build(c.good(quants=["Q8_0", "Q4_Z"])),
      (f"{RECIPE}: quants[1]: unknown quant type 'Q4_Z' (llama-quantize b11312 accepts:",)),
     ("name-traversal", lambda c: build(c.good(name="../tiny")), (f"{RECIPE}: name: '../tiny' is not a valid name",)),
-    ("name-absolute", lambda c: build(c.good(name="/tmp/tiny")), (f"{RECIPE}: name: '/tmp/tiny' is not a valid name",)),
-    ("name-uppercase", lambda c: build(c.good(name="Tiny")), (f"{RECIPE}: name: 'Tiny' is not a valid name",)),
-    ("name-space", lambda c: build(c.good(name="tiny model")), (f"{RECIPE}: name: 'tiny model' is not a valid name",)),
-    ("variant-traversal", lambda c: build(c.good(quants=[{"type": "Q8_0", "variant": "../../x"}])),
+    ("name-absolute", lambda c: validate(c.good(name="/tmp/tiny")), (f"{RECIPE}: name: '/tmp/tiny' is not a valid name",)),
+    ("name-uppercase", lambda c: validate(c.good(name="Tiny")), (f"{RECIPE}: name: 'Tiny' is not a valid name",)),
+    ("name-space", lambda c: validate(c.good(name="tiny model")), (f"{RECIPE}: name: 'tiny model' is not a valid name",)),
+    ("variant-traversal", lambda c: validate(c.good(quants=[{"type": "Q8_0", "variant": "../../x"}])),
      (f"{RECIPE}: quants[0].variant: '../../x' is not a variant",)),
-    ("eval-set-traversal", lambda c: build(c.good(gates=gates(EVAL, name="../x"))),
+    ("eval-set-traversal", lambda c: validate(c.good(gates=gates(EVAL, name="../x"))),
      (f"{RECIPE}: gates[0].name: '../x' is not an eval set name",)),
-    ("path-in-repo-traversal", lambda c: build(c.good(publish={"hf_repo": "org/x", "path_in_repo": "a/../../up"})),
+    ("path-in-repo-traversal", lambda c: validate(c.good(publish={"hf_repo": "org/x", "path_in_repo": "a/../../up"})),
      (f"{RECIPE}: publish.path_in_repo: 'a/../../up' is not a folder path",)),
     ("duplicate-names", lambda c: (c.recipe(good_recipe(c.hf), "dup/a.yaml"), c.recipe(good_recipe(c.hf), "dup/b.yaml"),
                                    ["validate", "dup"])[-1],
@@ -293,10 +299,10 @@ CASES: list[tuple[str, Callable[[Ctx], list[str]], tuple[str, ...]]] = [
      ("recipes/other.yaml: name: 'tiny-draft' is already used by recipes/tiny.yaml",)),
     ("unpinned-revision", lambda c: build(c.good(source={"repo": "org/model"})),
      (f"{RECIPE}: source.revision: missing: pin the repo",)),
-    ("unpinned-draft-revision", lambda c: build(c.good(draft={"source": {"repo": "org/small"}, "quants": ["Q8_0"],
+    ("unpinned-draft-revision", lambda c: validate(c.good(draft={"source": {"repo": "org/small"}, "quants": ["Q8_0"],
                                                               "eval_text": str(EVAL)})),
      (f"{RECIPE}: draft.source.revision: missing: pin the repo",)),
-    ("pickle-flag-type", lambda c: build(c.good(source={"path": str(c.hf), "allow_pickle": "yes"})),
+    ("pickle-flag-type", lambda c: validate(c.good(source={"path": str(c.hf), "allow_pickle": "yes"})),
      (f"{RECIPE}: source.allow_pickle: must be true or false",)),
     # --- texts
     ("eval-text-empty", lambda c: build(c.good(gates=gates(text_file(c, "empty.txt", "\n\n")))),
