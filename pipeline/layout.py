@@ -38,8 +38,8 @@ class Layout:
 
     def check_art_dir(self, name: str) -> Path:
         """``artifacts/<name>/``, refusing to publish through a symlink: the folder itself must not be a link,
-        and no entry in it may be a link to a folder (a split file's shard folder is written into). Links to files are fine: publishing replaces them, never
-        writes through them (DVC's symlink cache type makes them)."""
+        and no entry in it may be a link to a folder (a split file's shard folder is written into). Links to
+        files are fine: publishing replaces them, never writes through them (DVC's symlink cache makes them)."""
         art = self.art_dir(name)
         if art.is_symlink():
             raise PipelineError(f"{art}: is a symlink to {art.resolve()}: publishing would write through it, "

@@ -261,6 +261,24 @@ def disk_full(c: Ctx) -> list[str]:
     return build(c.good(quants=["Q8_0", "Q4_0"]))
 
 
+def read_only_records(c: Ctx) -> list[str]:
+    """A Q4_0 added to the recipe, and work/tiny/records on a read-only tmpfs: the quant is made, its record
+    cannot be written (an OSError from the machine: one line, not a traceback). Through `ggufpipe stage`:
+    Snakemake itself stops with a traceback of its own when an output folder is read-only."""
+    records = c.project / "work" / NAME / "records"
+    keep = c.tmp / "records"
+    shutil.move(str(records), keep)
+    records.mkdir()
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1M", "tmpfs", str(records)], capture_output=True, text=True)
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs (needs root / CAP_SYS_ADMIN): {res.stderr.strip()}")
+    c.env["_mounted"] = str(records)
+    for f in keep.iterdir():
+        shutil.copy2(f, records / f.name)  # same mtimes: only the new quant is to be made
+    subprocess.run(["mount", "-o", "remount,ro", str(records)], check=True)
+    return ["stage", "quantize", "--recipe", c.good(quants=["Q8_0", "Q4_0"]), "--quant", "Q4_0"]
+
+
 # (id, setup(ctx) -> CLI arguments, expected substrings of the one error line)
 CASES: list[tuple[str, Callable[[Ctx], list[str]], tuple[str, ...]]] = [
     # --- recipe schema (the Snakefile refuses to load it: nothing runs)
@@ -352,6 +370,8 @@ CASES: list[tuple[str, Callable[[Ctx], list[str]], tuple[str, ...]]] = [
     # --- the machine and the tools
     ("disk-full-quantize", disk_full,
      (f"{RECIPE}: quantize Q4_0: llama-quantize failed: no space left on device writing work/tiny/quants/tiny-Q4_0.gguf",)),
+    ("read-only-work-folder", read_only_records,
+     ("work/tiny/records/.quant-Q4_0.json.tmp-", ": Read-only file system")),
     ("llama-cpp-tool-missing", lambda c: (c.env.update(user_llama_cpp(c, drop="llama-imatrix")), build(RECIPE))[-1],
      ("llama.cpp tool llama-imatrix is missing from ", "llama.cpp/build/bin")),
     ("llama-cpp-too-old", lambda c: (c.env.update(user_llama_cpp(c, version="4589 (1d1e6a9)")), build(RECIPE))[-1],
@@ -383,7 +403,7 @@ def test_bad_input_one_line_and_published_untouched(published, tiny_hf, tmp_path
         print(f"[{case_id}] {errors[0]}")
         for want in expected:
             assert want in errors[0], errors[0]
-        if "_mounted" in c.env:  # no partial GGUF under its final name (nor a temporary one)
+        if case_id == "disk-full-quantize":  # no partial GGUF under its final name (nor a temporary one)
             assert sorted(p.name for p in Path(c.env["_mounted"]).iterdir()) == [f"{NAME}-F16.gguf"]
     finally:
         if "_mounted" in c.env:
