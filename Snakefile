@@ -5,7 +5,7 @@
 import sys
 
 from pipeline.errors import PipelineError
-from pipeline.workflow import Workflow, mem_mb
+from pipeline.workflow import Workflow, mem_mb, show_stage_errors
 
 try:
     W = Workflow(config)
@@ -28,6 +28,10 @@ wildcard_constraints:
     skey=W.split_key_regex(),
     mkey=W.pair_key_regex(),
     dkey=W.pair_key_regex(),
+
+
+onerror:
+    show_stage_errors(log)  # the error line of a stage whose output goes to its log only (fetch, publish...)
 
 
 rule all:

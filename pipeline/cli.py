@@ -6,6 +6,7 @@ Errors are printed as one line (``error: ...``) with exit status 1, never as a t
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import subprocess
@@ -13,6 +14,8 @@ import sys
 from pathlib import Path
 
 from .errors import PipelineError
+
+ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES}
 
 
 def _recipe(path: str, name: str | None = None):
@@ -305,6 +308,15 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
+    except OSError as exc:
+        if exc.errno not in ENVIRONMENT_ERRNOS:
+            _note_failure(args, f"{type(exc).__name__}: {exc}")
+            raise
+        # the machine, not the pipeline: a full disk, a read-only or forbidden folder. One line, no traceback.
+        msg = f"{exc.filename}: {exc.strerror}" if exc.filename else str(exc.strerror or exc)
+        _note_failure(args, msg)
+        print(f"error: {msg}", file=sys.stderr)
+        return 1
     except Exception as exc:
         _note_failure(args, f"{type(exc).__name__}: {exc}")
         raise

@@ -6,10 +6,22 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from .errors import PipelineError
 from .recipe import Recipe
+
+# A recipe name (or a derived ``<name>-draft``): one plain path segment under artifacts/ and work/.
+_FOLDER_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+
+
+def plain_name(name: str, what: str) -> str:
+    """``name`` if it is one plain path segment (no separator, not ``.``/``..``, not hidden); else one line."""
+    if not name or "/" in name or "\\" in name or name.startswith(".") or "\0" in name:
+        raise PipelineError(f"{name!r} is not a plain {what} name: artifact paths never leave artifacts/<name>/")
+    return name
 
 
 @dataclass(frozen=True)
@@ -19,7 +31,25 @@ class Layout:
 
     # artifacts (published)
     def art_dir(self, name: str) -> Path:
+        # recipe names are checked when loaded; this guards CLI arguments. "{name}": the Snakefile's wildcard
+        if not (_FOLDER_RE.match(name) and ".." not in name) and name != "{name}":
+            raise PipelineError(f"{name!r} is not a recipe name: artifact paths never leave artifacts/")
         return self.artifacts / name
+
+    def check_art_dir(self, name: str) -> Path:
+        """``artifacts/<name>/``, refusing to publish through a symlink: the folder itself must not be a link,
+        and no entry in it may be a link to a folder (a split file's shard folder is written into). Links to
+        files are fine: publishing replaces them, never writes through them (DVC's symlink cache makes them)."""
+        art = self.art_dir(name)
+        if art.is_symlink():
+            raise PipelineError(f"{art}: is a symlink to {art.resolve()}: publishing would write through it, "
+                                f"outside {art}/; make it a real folder (or remove it)")
+        if art.is_dir():
+            for p in sorted(art.iterdir()):
+                if p.is_symlink() and p.is_dir():
+                    raise PipelineError(f"{p}: is a symlink to the folder {p.resolve()}: publishing would write "
+                                        f"through it; remove the link")
+        return art
 
     # Every GGUF is built under work/<name>/quants/ and published (hard-linked) into artifacts/<name>/
     # under the same name by the publish stage: DVC, which tracks the published files, may re-link

@@ -27,7 +27,7 @@ from .errors import PipelineError
 from .evaluate import failure_message, verdict
 from .fsutil import atomic_output, sha256_file, write_json_atomic
 from .ggufinfo import general_metadata, read_facts
-from .layout import Layout
+from .layout import Layout, plain_name
 from .mtp import MTP_KEYS, lost_heads, mtp_facts
 from .recipe import Recipe
 from .split import model_path
@@ -86,12 +86,12 @@ def artifact_key(name: str, artifact: str) -> str:
 def artifact_sources(layout: Layout, name: str, entry: dict) -> list[tuple[Path, Path, int]]:
     """``(built file in work/, published path, size)`` for every file of a manifest artifact: the GGUF, or
     each shard of a split file (from ``work/<name>/split/<name>-<KEY>/`` into ``artifacts/<name>/<name>-<KEY>/``)."""
-    dest = layout.art_dir(name) / entry["file"]
+    dest = layout.art_dir(name) / plain_name(entry["file"], "artifact file")
     s = entry.get("split")
     if not s:
         return [(layout.built(name, entry["file"]), dest, entry["size_bytes"])]
     src = layout.split_dir(name, artifact_key(name, entry["file"]))
-    return [(src / sh["file"], dest / sh["file"], sh["size_bytes"]) for sh in s["shards"]]
+    return [(src / sh["file"], dest / plain_name(sh["file"], "shard file"), sh["size_bytes"]) for sh in s["shards"]]
 
 
 def link_artifact(layout: Layout, name: str, entry: dict) -> Path:
@@ -99,7 +99,7 @@ def link_artifact(layout: Layout, name: str, entry: dict) -> Path:
     split file's shards (holding nothing else)."""
     import shutil
 
-    dest = layout.art_dir(name) / entry["file"]
+    dest = layout.check_art_dir(name) / plain_name(entry["file"], "artifact file")
     files = artifact_sources(layout, name, entry)
     if entry.get("split"):
         if dest.exists() and not dest.is_dir():
@@ -396,8 +396,9 @@ def publish(recipe: Recipe, layout: Layout) -> dict:
     from .report import write_card, write_report
     from .split import SHARD_RE
 
-    manifest, metrics = build_manifest(recipe, layout)
     name = recipe.name
+    layout.check_art_dir(name)  # before anything is written: never through a symlink out of artifacts/
+    manifest, metrics = build_manifest(recipe, layout)
     # A manifest never lists a file that differs from it: the old one goes before any published file
     # changes, so a publish killed between linking and writing the new one leaves none (the rerun writes it).
     layout.manifest(name).unlink(missing_ok=True)

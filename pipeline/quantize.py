@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -10,11 +11,30 @@ from .fsutil import atomic_output, sha256_file, write_json_atomic
 from .recipe import Recipe
 from .tools import Toolchain, find_toolchain, run_tool, tail
 
+# Free space below which a failed write is taken for a full disk (writes fail only once it is all but gone).
+FULL_DISK_BYTES = 16 << 20
 
-def explain_failure(output: str) -> str:
+
+def free_bytes(folder: Path) -> int:
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return -1
+    return st.f_bavail * st.f_frsize
+
+
+def explain_failure(output: str, out_gguf: Path | None = None) -> str:
     if "requires an importance matrix" in output or "requires an imatrix" in output:
         return "this quant type needs an importance matrix (add an imatrix to the recipe)"
-    if re.search(r"No space left on device|failed to write|write error", output, re.I):
+    # llama-quantize writes with std::ofstream: a full disk shows as "basic_ios::clear: iostream error"
+    write_failed = re.search(r"No space left on device|failed to write|write error|iostream error", output, re.I)
+    if write_failed and out_gguf is not None:
+        free = free_bytes(out_gguf.parent)
+        if "No space left" in output or 0 <= free < FULL_DISK_BYTES:
+            return (f"no space left on device writing {out_gguf} ({free} bytes free in {out_gguf.parent}); "
+                    "free some space or put work/ on a larger disk")
+        return f"cannot write {out_gguf}: {write_failed.group(0)}"
+    if write_failed:
         return "no space left on device while writing the quant"
     m = re.search(r"invalid (?:output tensor|token embedding|tensor) type[^\n]*|[^\n]*unknown ggml type[^\n]*", output, re.I)
     if m:
@@ -48,8 +68,8 @@ def quantize(recipe: Recipe, key: str, base_gguf: str | Path, out_gguf: str | Pa
         res = run_tool(tc, "llama-quantize", [*args, base_gguf, tmp.resolve(), q.type, str(max(1, threads))],
                        Path(log) if log else None, check=False, cwd=cwd)
         if res.returncode != 0 or not tmp.is_file():
-            raise PipelineError(f"{recipe.path}: quantize {key}: llama-quantize failed: {explain_failure(res.output)}"
-                                + (f" [log: {log}]" if log else ""))
+            raise PipelineError(f"{recipe.path}: quantize {key}: llama-quantize failed: "
+                                f"{explain_failure(res.output, out_gguf)}" + (f" [log: {log}]" if log else ""))
     rec = {
         "quant": q.describe(),
         "base": q.base,

@@ -704,6 +704,9 @@ def _text_path(ctx: _Ctx, value, where: str, what: str) -> Path:
         p = (ctx.path.parent / p).resolve()
     if not p.is_file():
         ctx.fail(where, f"{what} {p} does not exist")
+    size = p.stat().st_size
+    if not size or (size < (1 << 20) and not p.read_bytes().strip()):
+        ctx.fail(where, f"{what} {p} is empty")
     return p
 
 
@@ -818,6 +821,12 @@ def _parse_draft(ctx: _Ctx, value, main_quants: tuple[Quant, ...], eval_sets, kn
             gguf = (ctx.path.parent / gguf).resolve()
         if not gguf.is_file():
             ctx.fail("draft.gguf", f"{gguf} does not exist")
+        from .ggufheader import read_header
+
+        try:  # magic, header and tensor data inside the file (standard library; reads the header only)
+            read_header(gguf)
+        except PipelineError as exc:
+            ctx.fail("draft.gguf", str(exc))
     d_outtype = d.get("outtype", outtype)
     if d_outtype not in OUTTYPES:
         ctx.fail("draft.outtype", f"{d_outtype!r} is not one of {', '.join(OUTTYPES)}")
@@ -844,11 +853,7 @@ def _parse_draft(ctx: _Ctx, value, main_quants: tuple[Quant, ...], eval_sets, kn
         ctx.fail("draft.n_max", f"must be a draft length 1-64 or a list of them, got {d.get('n_max')!r}")
     text = d.get("eval_text")
     if text is not None:
-        text = Path(ctx.string(text, "draft.eval_text")).expanduser()
-        if not text.is_absolute():
-            text = (ctx.path.parent / text).resolve()
-        if not text.is_file():
-            ctx.fail("draft.eval_text", f"{text} does not exist")
+        text = _text_path(ctx, text, "draft.eval_text", "draft eval text")
     elif eval_sets:
         text = eval_sets[0].text
     else:

@@ -51,6 +51,8 @@ class Workflow:
                                             f"{self.recipes[rr.name].path}")
                     self.recipes[rr.name] = rr
         self.layout = Layout(Path(config.get("artifacts", "artifacts")), Path(config.get("work", "work")))
+        for name in self.recipes:  # before Snakemake removes any output: never through a link out of artifacts/
+            self.layout.check_art_dir(name)
         self.threads = int(config.get("threads", 4))
         self.eval_threads = int(config.get("eval_threads", 2))
         self.calib_threads = int(config.get("calib_threads", 2))
@@ -148,6 +150,35 @@ class Workflow:
 
     def publish_params(self, name: str) -> str:
         return self.recipes[name].sha256  # thresholds, eval sets, bench...: any recipe change re-publishes
+
+
+# Rules whose shell sends all of the stage's output, its error line included, into the job's log only.
+LOGGED_RULES = ("fetch", "vocab_check", "publish")
+
+
+def show_stage_errors(snakemake_log) -> None:
+    """The Snakefile's ``onerror``: print the ``error:`` line of each failed job of :data:`LOGGED_RULES`
+    (the other stages print theirs to Snakemake's output themselves), so that every failed stage says
+    what is wrong in one line, not only "check log file(s) for error details". ``snakemake_log``: the
+    path(s) of Snakemake's own log (Snakemake 9 passes a list)."""
+    from .ci import snakemake_failed_jobs
+
+    text = ""
+    for path in [snakemake_log] if isinstance(snakemake_log, (str, os.PathLike)) else list(snakemake_log or []):
+        try:
+            text += Path(path).read_text(errors="replace")
+        except OSError:
+            continue
+    for job in snakemake_failed_jobs(text):
+        if job["rule"] not in LOGGED_RULES or not job["log"]:
+            continue
+        try:
+            lines = Path(job["log"]).read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        errors = [ln for ln in lines if ln.startswith("error: ")]
+        if errors:
+            print(errors[-1], file=sys.stderr, flush=True)
 
 
 def mem_mb(input_mb: float, factor: float, floor: int = 512) -> int:

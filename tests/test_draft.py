@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 
 import pytest
@@ -139,9 +140,10 @@ def test_min_acceptance_gate(tmp_path):
     from pipeline.layout import Layout
     from pipeline.manifest import _draft_section
     from pipeline.recipe import load_recipe
+    from pipeline.tools import find_toolchain
 
-    draft = tmp_path / "draft.gguf"
-    draft.write_bytes(b"GGUF draft stand-in")  # only hashed here; the records below are what is judged
+    draft = tmp_path / "draft.gguf"  # a vocab-only GGUF: its header is checked, the records below are judged
+    shutil.copyfile(find_toolchain().root / "vocab" / "ggml-vocab-llama-spm.gguf", draft)
     text = tmp_path / "text.txt"
     text.write_text("some prose\n" * 100)
     recipe_file = tmp_path / "r.yaml"

@@ -7,7 +7,7 @@ import textwrap
 import pytest
 
 from pipeline.errors import PipelineError
-from pipeline.recipe import load_recipe, load_recipes
+from pipeline.recipe import load_recipe
 
 SHA = "6b5982a638c6ed4e3da15711b6a5a1328c34a53e"
 GOOD = f"""
@@ -92,13 +92,6 @@ def test_bad_recipe_one_clear_line(tmp_path, quantize_exe, label, text, expected
     assert "\n" not in msg
     assert msg.startswith(f"{path}: "), msg
     assert expected in msg, msg
-
-
-def test_duplicate_names_across_recipes(tmp_path, quantize_exe):
-    write(tmp_path, GOOD, "a.yaml")
-    write(tmp_path, GOOD, "b.yaml")
-    with pytest.raises(PipelineError, match=r"b\.yaml: name: 'demo-a' is already used by .*a\.yaml"):
-        load_recipes(tmp_path, quantize_exe)
 
 
 def test_cli_validate_exit_code(tmp_path, capsys):

@@ -67,22 +67,6 @@ def test_user_build_via_env(toolchain, tmp_path, monkeypatch):
     assert tc.origin == "user" and tc.build_number == 11312 and tc.bin_dir == root / "build" / "bin"
 
 
-def test_user_build_older_than_minimum_refused(toolchain, tmp_path, monkeypatch):
-    root = _user_tree(toolchain, tmp_path)
-    monkeypatch.setenv("LLAMA_CPP_DIR", str(root))
-    monkeypatch.setattr(tools, "MIN_BUILD", 99999)
-    with pytest.raises(PipelineError, match=r"build b11312 .* is older than the minimum b99999"):
-        tools.find_toolchain()
-
-
-def test_user_build_missing_tool(toolchain, tmp_path, monkeypatch):
-    root = _user_tree(toolchain, tmp_path)
-    (root / "build" / "bin" / "llama-imatrix").unlink()
-    monkeypatch.setenv("LLAMA_CPP_DIR", str(root))
-    with pytest.raises(PipelineError, match=r"llama.cpp tool llama-imatrix is missing from .*build/bin"):
-        tools.find_toolchain()
-
-
 def test_user_dir_not_a_build(tmp_path, monkeypatch):
     monkeypatch.setenv("LLAMA_CPP_DIR", str(tmp_path))
     with pytest.raises(PipelineError, match="has no llama-quantize"):
