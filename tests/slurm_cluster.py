@@ -192,8 +192,10 @@ class SlurmCluster:
         raise RuntimeError(f"timed out after {timeout:.0f} s waiting for {what}:\n" + self.logs_tail())
 
     def logs_tail(self, n: int = 3000) -> str:
+        if self.root is None:
+            return ""
         parts = []
-        for f in sorted(self.root.glob("*.log")) + sorted(self.root.glob("*.out")) if self.root else []:
+        for f in sorted(self.root.glob("*.log")) + sorted(self.root.glob("*.out")):
             parts.append(f"--- {f.name}\n{f.read_text(errors='replace')[-n:]}")
         return "\n".join(parts)
 
