@@ -20,7 +20,7 @@ $(BIN)/.installed: pyproject.toml requirements/constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade "pip>=24"
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -c requirements/constraints.txt -e '.[build,dev]'
+	$(BIN)/python -m pip install -q -c requirements/constraints.txt -e '.[build,cluster,dev]'
 	# AutoAWQ 0.2.9 is archived upstream: installed without its declared deps (see pyproject.toml)
 	$(BIN)/python -m pip install -q --no-deps autoawq==0.2.9
 	rm -f $(BIN)/.gguf-py-*

@@ -5,7 +5,7 @@
 import sys
 
 from pipeline.errors import PipelineError
-from pipeline.workflow import Workflow, mem_mb, show_stage_errors
+from pipeline.workflow import Workflow, mem_mb, show_stage_errors, size_mb
 
 try:
     W = Workflow(config)
@@ -55,7 +55,8 @@ rule fetch:
     threads: 1
     resources:
         mem_mb=1024,
-        runtime=120,
+        disk_mb=lambda wc: W.fetch_disk_mb(wc.name),
+        runtime=lambda wc: W.fetch_runtime(wc.name),
     conda:
         ENV
     shell:
@@ -160,6 +161,7 @@ rule imatrix:
     threads: W.calib_threads
     resources:
         mem_mb=lambda wc, input: mem_mb(input.size_mb, 1.3, 1024),
+        disk_mb=1024,
         runtime=lambda wc, input: int(30 + input.size_mb / 10),
     conda:
         ENV
@@ -237,7 +239,7 @@ rule eval_base:
     threads: W.eval_threads
     resources:
         mem_mb=lambda wc, input: mem_mb(input.size_mb, 1.3, 1024),
-        disk_mb=4096,
+        disk_mb=lambda wc, input: W.logits_disk_mb(wc.name, wc.es, input.base),
         runtime=lambda wc, input: int(30 + input.size_mb / 20),
     conda:
         ENV
@@ -263,8 +265,9 @@ rule eval:
         trigger=lambda wc: W.eval_base_params(wc.name, wc.es),
     threads: W.eval_threads
     resources:
-        mem_mb=lambda wc, input: mem_mb(input.size_mb, 1.3, 1024),
-        runtime=lambda wc, input: int(30 + input.size_mb / 20),
+        mem_mb=lambda wc, input: mem_mb(size_mb(input.gguf), 1.3, 1024),
+        disk_mb=1024,
+        runtime=lambda wc, input: int(30 + size_mb(input.gguf) / 20),
     conda:
         ENV
     shell:
@@ -287,7 +290,8 @@ rule bench:
     threads: W.eval_threads
     resources:
         mem_mb=lambda wc, input: mem_mb(input.size_mb, 1.3, 1024),
-        runtime=30,
+        disk_mb=1024,
+        runtime=lambda wc, input: int(30 + input.size_mb / 100),
     conda:
         ENV
     shell:
@@ -335,6 +339,7 @@ rule vocab_check:
     threads: 1
     resources:
         mem_mb=1024,
+        disk_mb=1024,
         runtime=10,
     conda:
         ENV
@@ -361,7 +366,8 @@ rule acceptance:
     threads: W.eval_threads
     resources:
         mem_mb=lambda wc, input: mem_mb(input.size_mb, 1.5, 1024),
-        runtime=60,
+        disk_mb=1024,
+        runtime=lambda wc, input: int(60 + input.size_mb / 20),
     conda:
         ENV
     shell:
@@ -383,8 +389,9 @@ rule agreement:
         threads=W.eval_threads,
     threads: W.eval_threads
     resources:
-        mem_mb=lambda wc, input: mem_mb(input.size_mb, 1.3, 1024),
-        runtime=60,
+        mem_mb=lambda wc, input: mem_mb(size_mb(input.draft), 1.3, 1024),
+        disk_mb=1024,
+        runtime=lambda wc, input: int(30 + size_mb(input.draft) / 20),
     conda:
         ENV
     shell:
@@ -411,7 +418,8 @@ rule publish:
     threads: 1
     resources:
         mem_mb=1024,
-        runtime=30,
+        disk_mb=lambda wc, input: mem_mb(input.size_mb, 1.0),
+        runtime=lambda wc, input: int(30 + input.size_mb / 5000),
     conda:
         ENV
     shell:
@@ -432,6 +440,10 @@ rule gate:
         py=W.python,
         roots=ROOTS,
     threads: 1
+    resources:
+        mem_mb=512,
+        disk_mb=512,
+        runtime=10,
     conda:
         ENV
     shell:

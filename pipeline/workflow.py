@@ -148,6 +148,43 @@ class Workflow:
         s = self.recipes[name].split_for(key)
         return repr((s.args() if s else None, self.toolchain.build_number, self.toolchain.commit))
 
+    # resources that input sizes alone do not give
+    def source_mb(self, name: str) -> float | None:
+        """Size of a recipe's source weights where they are on this machine already: a local folder, or the
+        pinned revision's snapshot in the hub cache; None when unknown (not downloaded yet)."""
+        src = self.recipes[name].source
+        if src.path:
+            return size_mb(Path(src.path).expanduser()) or None
+        cache = Path(self.hub_cache) if self.hub_cache else None
+        if cache is None:
+            from huggingface_hub.constants import HF_HUB_CACHE
+
+            cache = Path(HF_HUB_CACHE)
+        repo = cache / ("models--" + src.repo.replace("/", "--"))
+        ref = repo / "refs" / src.revision
+        commit = ref.read_text().strip() if ref.is_file() else src.revision
+        return size_mb(repo / "snapshots" / commit) or None
+
+    def fetch_disk_mb(self, name: str) -> int:
+        """The download (hub cache) plus ``work/<name>/hf`` (hard links where possible, else a copy)."""
+        known = self.source_mb(name)
+        return mem_mb(known, 2.0) if known else FETCH_UNKNOWN_MB
+
+    def fetch_runtime(self, name: str) -> int:
+        known = self.source_mb(name)
+        return int(30 + known / 100) if known else 120  # minutes: a download at >= 100 MB per minute
+
+    def logits_disk_mb(self, name: str, es: str, base_gguf: str) -> int:
+        """The base logits file of an eval set, from its ctx and chunks and the base GGUF's vocabulary."""
+        from .ggufheader import ArrayValue, read_header
+
+        e = self.recipes[name].eval_set(es)
+        n_vocab = LOGITS_VOCAB_BOUND
+        if Path(base_gguf).is_file():
+            tokens = read_header(base_gguf).metadata.get("tokenizer.ggml.tokens")
+            n_vocab = tokens.count if isinstance(tokens, ArrayValue) else n_vocab
+        return mem_mb(logits_bytes(e.ctx, e.chunks, n_vocab) / 2**20, 1.0)
+
     def publish_params(self, name: str) -> str:
         return self.recipes[name].sha256  # thresholds, eval sets, bench...: any recipe change re-publishes
 
@@ -183,3 +220,30 @@ def show_stage_errors(snakemake_log) -> None:
 
 def mem_mb(input_mb: float, factor: float, floor: int = 512) -> int:
     return int(max(floor, input_mb * factor + floor))
+
+
+# Resources (README, "Running on a cluster"): every rule declares threads, mem_mb, disk_mb and runtime
+# (minutes), derived from the sizes of its inputs. Snakemake evaluates them again when a job is ready
+# to run, with its inputs present; before that (DAG construction, dry runs) a file not built yet counts
+# as empty.
+FETCH_UNKNOWN_MB = 20480  # a source not in any local cache yet: room for a ~10B-parameter BF16 checkpoint
+LOGITS_VOCAB_BOUND = 262144  # n_vocab assumed before the base GGUF exists (Gemma 3's vocabulary)
+
+
+def size_mb(path: str | os.PathLike) -> float:
+    """Size of a file, or of every file under a folder (symlinks followed), in MiB; 0 when absent."""
+    p = Path(path)
+    try:
+        if p.is_dir():
+            return sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) / 2**20
+        return p.stat().st_size / 2**20
+    except OSError:
+        return 0.0
+
+
+def logits_bytes(ctx: int, chunks: int, n_vocab: int) -> int:
+    """Size of the ``llama-perplexity --kl-divergence-base`` file: a 20-byte header, the ctx * chunks
+    tokens (int32), then for each scored token (the last ctx - 1 - ctx/2 of each chunk) the vocabulary's
+    log-probabilities as uint16 (n_vocab rounded up to even) plus 4 uint16 (min and scale floats)."""
+    per_token = 2 * (2 * ((n_vocab + 1) // 2) + 4)
+    return 20 + 4 * ctx * chunks + chunks * (ctx - 1 - ctx // 2) * per_token
