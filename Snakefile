@@ -2,6 +2,7 @@
 # Thin wiring only: every rule runs one stage entry function through `python -m pipeline.cli stage`.
 # File locations come from pipeline/layout.py; config keys are documented in pipeline/workflow.py.
 
+import os
 import sys
 
 from pipeline.errors import PipelineError
@@ -13,6 +14,15 @@ except PipelineError as exc:
     sys.exit(f"error: {exc}")
 
 L = W.layout
+# The interpreter of every stage, passed in the environment rather than as a param: a param is a rerun
+# trigger, and the same venv reached by another path (make demo, dvc repro, tests) re-ran every job.
+os.environ["GGUFPIPE_PYTHON"] = sys.executable
+
+
+envvars:
+    "GGUFPIPE_PYTHON",
+
+
 RECIPE = lambda wc: str(W.recipe(wc.name).path)
 ROOTS = f"--artifacts {L.artifacts} --work {L.work}"
 ENV = "envs/ggufpipe.yaml"  # documents the rules' software; used only with --use-conda
@@ -44,7 +54,6 @@ rule fetch:
         L.log("{name}", "fetch"),
     params:
         recipe=RECIPE,
-        py=W.python,
         roots=ROOTS,
         hub_cache=W.hub_cache,
         trigger=lambda wc: W.fetch_params(wc.name),
@@ -55,7 +64,7 @@ rule fetch:
     conda:
         ENV
     shell:
-        "{params.py} -m pipeline.cli stage fetch --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
+        "\"$GGUFPIPE_PYTHON\" -m pipeline.cli stage fetch --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
         " --hub-cache {params.hub_cache:q} > {log:q} 2>&1"
 
 
@@ -69,7 +78,6 @@ rule convert:
         L.log("{name}", "convert-{outtype}"),
     params:
         recipe=RECIPE,
-        py=W.python,
         roots=ROOTS,
         quantized_by=W.quantized_by,
         trigger=lambda wc: W.convert_params(wc.name),
@@ -81,7 +89,7 @@ rule convert:
     conda:
         ENV
     shell:
-        "{params.py} -m pipeline.cli stage convert --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
+        "\"$GGUFPIPE_PYTHON\" -m pipeline.cli stage convert --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
         " --quantized-by {params.quantized_by:q}"
 
 
@@ -96,7 +104,6 @@ rule awq:
         L.log("{name}", "awq"),
     params:
         recipe=RECIPE,
-        py=W.python,
         roots=ROOTS,
         threads=W.calib_threads,  # fixed, not scaled by --cores: the folded weights stay identical
         trigger=lambda wc: W.awq_params(wc.name),
@@ -108,7 +115,7 @@ rule awq:
     conda:
         ENV
     shell:
-        "{params.py} -m pipeline.cli stage awq --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
+        "\"$GGUFPIPE_PYTHON\" -m pipeline.cli stage awq --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
         " --threads {params.threads} > {log:q} 2>&1"
 
 
@@ -122,7 +129,6 @@ rule convert_awq:
         L.log("{name}", "convert-{outtype}-awq"),
     params:
         recipe=RECIPE,
-        py=W.python,
         roots=ROOTS,
         quantized_by=W.quantized_by,
         trigger=lambda wc: W.convert_params(wc.name),
@@ -134,7 +140,7 @@ rule convert_awq:
     conda:
         ENV
     shell:
-        "{params.py} -m pipeline.cli stage convert --awq --recipe {params.recipe:q} --name {wildcards.name}"
+        "\"$GGUFPIPE_PYTHON\" -m pipeline.cli stage convert --awq --recipe {params.recipe:q} --name {wildcards.name}"
         " {params.roots} --quantized-by {params.quantized_by:q}"
 
 
@@ -149,7 +155,6 @@ rule imatrix:
         L.log("{name}", "imatrix-{base}"),
     params:
         recipe=RECIPE,
-        py=W.python,
         roots=ROOTS,
         threads=W.calib_threads,  # fixed, not scaled by --cores: the matrix stays identical
         trigger=lambda wc: W.imatrix_params(wc.name),
@@ -160,7 +165,7 @@ rule imatrix:
     conda:
         ENV
     shell:
-        "{params.py} -m pipeline.cli stage imatrix --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
+        "\"$GGUFPIPE_PYTHON\" -m pipeline.cli stage imatrix --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
         " --base {wildcards.base} --threads {params.threads}"
 
 
@@ -175,7 +180,6 @@ rule convert_mtp:
         L.log("{name}", "convert-mtp-{outtype}"),
     params:
         recipe=RECIPE,
-        py=W.python,
         roots=ROOTS,
         quantized_by=W.quantized_by,
         trigger=lambda wc: W.convert_params(wc.name),
@@ -187,7 +191,7 @@ rule convert_mtp:
     conda:
         ENV
     shell:
-        "{params.py} -m pipeline.cli stage convert-mtp --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
+        "\"$GGUFPIPE_PYTHON\" -m pipeline.cli stage convert-mtp --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
         " --quantized-by {params.quantized_by:q}"
 
 
@@ -201,7 +205,6 @@ rule quantize:
         L.log("{name}", "quantize-{quant}"),
     params:
         recipe=RECIPE,
-        py=W.python,
         roots=ROOTS,
         trigger=lambda wc: W.quant_params(wc.name, wc.quant),
     threads: W.threads
@@ -212,7 +215,7 @@ rule quantize:
     conda:
         ENV
     shell:
-        "{params.py} -m pipeline.cli stage quantize --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
+        "\"$GGUFPIPE_PYTHON\" -m pipeline.cli stage quantize --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
         " --quant {wildcards.quant:q} --threads {threads}"
 
 
@@ -226,11 +229,9 @@ rule eval_base:
         L.log("{name}", "eval-{es}-base"),
     params:
         recipe=RECIPE,
-        py=W.python,
         roots=ROOTS,
-        threads=W.eval_threads,  # fixed, not scaled by --cores: metrics stay bit-identical
         trigger=lambda wc: W.eval_base_params(wc.name, wc.es),
-    threads: W.eval_threads
+    threads: W.eval_threads  # capped by --cores; llama-perplexity's logits and statistics do not depend on it
     resources:
         mem_mb=lambda wc, input: mem_mb(input.size_mb, 1.3, 1024),
         disk_mb=4096,
@@ -238,34 +239,34 @@ rule eval_base:
     conda:
         ENV
     shell:
-        "{params.py} -m pipeline.cli stage eval-base --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
-        " --eval-set {wildcards.es:q} --threads {params.threads}"
+        "\"$GGUFPIPE_PYTHON\" -m pipeline.cli stage eval-base --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
+        " --eval-set {wildcards.es:q} --threads {threads}"
 
 
 rule eval:
     input:
         gguf=L.wrk("{name}", "quants", "{name}-{quant}.gguf"),
-        logits=rules.eval_base.output.logits,
-        base_record=rules.eval_base.output.record,
+        # ancient: base logits recomputed after `ggufpipe clean-logits` (bit-identical) re-run no finished eval;
+        # a new base GGUF re-runs every eval anyway through its new quant file, a new eval set through params
+        logits=ancient(rules.eval_base.output.logits),
+        base_record=ancient(rules.eval_base.output.record),
     output:
         L.eval_record("{name}", "{es}", "{quant}"),
     log:
         L.log("{name}", "eval-{es}-{quant}"),
     params:
         recipe=RECIPE,
-        py=W.python,
         roots=ROOTS,
-        threads=W.eval_threads,  # fixed, not scaled by --cores: metrics stay bit-identical
         trigger=lambda wc: W.eval_base_params(wc.name, wc.es),
-    threads: W.eval_threads
+    threads: W.eval_threads  # capped by --cores; llama-perplexity's logits and statistics do not depend on it
     resources:
         mem_mb=lambda wc, input: mem_mb(input.size_mb, 1.3, 1024),
         runtime=lambda wc, input: int(30 + input.size_mb / 20),
     conda:
         ENV
     shell:
-        "{params.py} -m pipeline.cli stage eval --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
-        " --eval-set {wildcards.es:q} --quant {wildcards.quant:q} --threads {params.threads}"
+        "\"$GGUFPIPE_PYTHON\" -m pipeline.cli stage eval --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
+        " --eval-set {wildcards.es:q} --quant {wildcards.quant:q} --threads {threads}"
 
 
 rule bench:
@@ -277,7 +278,6 @@ rule bench:
         L.log("{name}", "bench-{bkey}"),
     params:
         recipe=RECIPE,
-        py=W.python,
         roots=ROOTS,
         threads=W.eval_threads,  # fixed, not scaled by --cores: metrics stay bit-identical
     threads: W.eval_threads
@@ -287,7 +287,7 @@ rule bench:
     conda:
         ENV
     shell:
-        "{params.py} -m pipeline.cli stage bench --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
+        "\"$GGUFPIPE_PYTHON\" -m pipeline.cli stage bench --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
         " --quant {wildcards.bkey:q} --threads {params.threads}"
 
 
@@ -301,7 +301,6 @@ rule split:
         L.log("{name}", "split-{skey}"),
     params:
         recipe=RECIPE,
-        py=W.python,
         roots=ROOTS,
         trigger=lambda wc: W.split_params(wc.name, wc.skey),
     threads: 1
@@ -312,7 +311,7 @@ rule split:
     conda:
         ENV
     shell:
-        "{params.py} -m pipeline.cli stage split --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
+        "\"$GGUFPIPE_PYTHON\" -m pipeline.cli stage split --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
         " --quant {wildcards.skey:q}"
 
 
@@ -326,7 +325,6 @@ rule vocab_check:
         L.log("{name}", "vocab-{mkey}--{dkey}"),
     params:
         recipe=RECIPE,
-        py=W.python,
         roots=ROOTS,
     threads: 1
     resources:
@@ -335,7 +333,7 @@ rule vocab_check:
     conda:
         ENV
     shell:
-        "{params.py} -m pipeline.cli stage vocab --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
+        "\"$GGUFPIPE_PYTHON\" -m pipeline.cli stage vocab --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
         " --quant {wildcards.mkey:q} --draft-quant {wildcards.dkey:q} > {log:q} 2>&1"
 
 
@@ -350,7 +348,6 @@ rule acceptance:
         L.log("{name}", "acceptance-{mkey}--{dkey}"),
     params:
         recipe=RECIPE,
-        py=W.python,
         roots=ROOTS,
         threads=W.eval_threads,
         trigger=lambda wc: W.draft_params(wc.name),
@@ -361,7 +358,7 @@ rule acceptance:
     conda:
         ENV
     shell:
-        "{params.py} -m pipeline.cli stage acceptance --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
+        "\"$GGUFPIPE_PYTHON\" -m pipeline.cli stage acceptance --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
         " --quant {wildcards.mkey:q} --draft-quant {wildcards.dkey:q} --threads {params.threads}"
 
 
@@ -374,7 +371,6 @@ rule agreement:
         L.log("{name}", "agreement-{dkey}"),
     params:
         recipe=RECIPE,
-        py=W.python,
         roots=ROOTS,
         threads=W.eval_threads,
     threads: W.eval_threads
@@ -384,7 +380,7 @@ rule agreement:
     conda:
         ENV
     shell:
-        "{params.py} -m pipeline.cli stage agreement --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
+        "\"$GGUFPIPE_PYTHON\" -m pipeline.cli stage agreement --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
         " --draft-quant {wildcards.dkey:q} --threads {params.threads}"
 
 
@@ -401,7 +397,6 @@ rule publish:
         L.log("{name}", "publish"),
     params:
         recipe=RECIPE,
-        py=W.python,
         roots=ROOTS,
         trigger=lambda wc: W.publish_params(wc.name),
     threads: 1
@@ -411,7 +406,7 @@ rule publish:
     conda:
         ENV
     shell:
-        "{params.py} -m pipeline.cli stage publish --recipe {params.recipe:q} --name {wildcards.name} {params.roots} > {log:q} 2>&1"
+        "\"$GGUFPIPE_PYTHON\" -m pipeline.cli stage publish --recipe {params.recipe:q} --name {wildcards.name} {params.roots} > {log:q} 2>&1"
 
 
 rule gate:
@@ -425,10 +420,9 @@ rule gate:
         L.log("{name}", "gate"),
     params:
         recipe=RECIPE,
-        py=W.python,
         roots=ROOTS,
     threads: 1
     conda:
         ENV
     shell:
-        "{params.py} -m pipeline.cli stage gate --recipe {params.recipe:q} --name {wildcards.name} {params.roots} 2>&1 | tee {log:q}"
+        "\"$GGUFPIPE_PYTHON\" -m pipeline.cli stage gate --recipe {params.recipe:q} --name {wildcards.name} {params.roots} 2>&1 | tee {log:q}"

@@ -225,3 +225,26 @@ def perplexity(tc: Toolchain, model: str | Path, text: str | Path, ctx: int, chu
         raise PipelineError(f"llama-perplexity on {model} printed no final estimate (exit {res.returncode}): "
                             f"{tail(res.output)}")
     return float(m.group(1)), float(m.group(2))
+
+
+def clean_logits(work: str | Path, names: list[str] | None = None, dry_run: bool = False) -> list[tuple[Path, int]]:
+    """Delete the base logits (``<work>/<name>/eval/<set>/base.logits``), the largest intermediates;
+    return (path, bytes) of each. Safe for finished builds: Snakemake does not re-run anything for a
+    missing intermediate whose consumers are up to date, and when a quant added later needs the logits,
+    they are recomputed once (bit-identical) without re-running the evals already done (the eval rule
+    takes them as ``ancient``). Refused while a Snakemake run holds the project's lock."""
+    work = Path(work)
+    locks = work.resolve().parent / ".snakemake" / "locks"
+    if locks.is_dir() and any(locks.iterdir()):
+        raise PipelineError(f"{locks} is not empty: a Snakemake run is using {work}; clean the logits after it ends "
+                            "(or `snakemake --unlock` if a run was killed)")
+    found = sorted(work.glob("*/eval/*/base.logits"))
+    if names:
+        found = [p for p in found if p.parts[-4] in set(names)]
+    out = []
+    for p in found:
+        size = p.stat().st_size
+        if not dry_run:
+            p.unlink()
+        out.append((p, size))
+    return out

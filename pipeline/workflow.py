@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
-import sys
 from pathlib import Path
 
 from .errors import PipelineError
@@ -56,7 +54,6 @@ class Workflow:
         self.calib_threads = int(config.get("calib_threads", 2))
         self.quantized_by = str(config.get("quantized_by", "ggufpipe"))
         self.hub_cache = config.get("hf_hub_cache") or os.environ.get("HF_HUB_CACHE") or ""
-        self.python = shlex.quote(sys.executable)
 
     # wildcard constraints: only declared names, quant keys and eval sets match
     def name_regex(self) -> str:
