@@ -246,10 +246,8 @@ rule eval_base:
 rule eval:
     input:
         gguf=L.wrk("{name}", "quants", "{name}-{quant}.gguf"),
-        # ancient: base logits recomputed after `ggufpipe clean-logits` (bit-identical) re-run no finished eval;
-        # a new base GGUF re-runs every eval anyway through its new quant file, a new eval set through params
-        logits=ancient(rules.eval_base.output.logits),
-        base_record=ancient(rules.eval_base.output.record),
+        logits=rules.eval_base.output.logits,
+        base_record=rules.eval_base.output.record,
     output:
         L.eval_record("{name}", "{es}", "{quant}"),
     log:

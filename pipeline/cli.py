@@ -81,7 +81,7 @@ def cmd_stage(args) -> None:
         es = recipe.eval_set(args.eval_set)
         eval_quant(name, args.quant, es, L.quant(recipe, args.quant), L.base_logits(name, es.name),
                    L.base_record(name, es.name), L.eval_record(name, es.name, args.quant), threads=args.threads,
-                   log=L.log(name, f"eval-{es.name}-{args.quant}"))
+                   log=L.log(name, f"eval-{es.name}-{args.quant}"), base_gguf=L.base_gguf(recipe))
     elif st == "bench":
         from .bench import bench
 

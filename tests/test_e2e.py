@@ -93,7 +93,7 @@ def test_rerun_with_another_interpreter_path_runs_zero_jobs(demo_build, demo_hub
 
 def test_clean_logits_then_rerun_and_added_quant(demo_build, demo_hub, tmp_path):
     """`ggufpipe clean-logits` on a finished build (a hard-linked copy): nothing to re-run; a quant added
-    then recomputes the base logits once and evaluates only itself (no finished eval re-runs)."""
+    then runs its own quantize and eval only (the eval recomputes the logits), no eval-base, no finished eval."""
     import yaml
 
     from pipeline.evaluate import clean_logits
@@ -102,9 +102,13 @@ def test_clean_logits_then_rerun_and_added_quant(demo_build, demo_hub, tmp_path)
     for sub in ("work", "artifacts", ".snakemake"):
         shutil.copytree(demo_build / sub, copy / sub, copy_function=os.link, symlinks=True,
                         ignore=shutil.ignore_patterns("locks", "incomplete", "log"))
+    logits = copy / "work" / NAME / "eval" / "botchan" / "base.logits"
+    logits.unlink()  # a copy of its own (clean-logits empties the file in place)
+    shutil.copy2(demo_build / "work" / NAME / "eval" / "botchan" / "base.logits", logits)
+    mtime = logits.stat().st_mtime_ns
     gone = clean_logits(copy / "work", [NAME])
     assert [p.name for p, _ in gone] == ["base.logits"] and gone[0][1] > 100e6
-    assert (demo_build / "work" / NAME / "eval" / "botchan" / "base.logits").is_file()  # the original keeps its own
+    assert logits.stat().st_size == 0 and logits.stat().st_mtime_ns == mtime
     res = snakemake(copy, DEMO_RECIPE, extra=["--dry-run"], hub=demo_hub)
     assert res.returncode == 0 and "Nothing to be done" in res.stdout + res.stderr, (res.stdout + res.stderr)[-2000:]
     data = yaml.safe_load(DEMO_RECIPE.read_text())
@@ -117,8 +121,8 @@ def test_clean_logits_then_rerun_and_added_quant(demo_build, demo_hub, tmp_path)
     assert res.returncode == 0, (res.stdout + res.stderr)[-2000:]
     out = res.stdout + res.stderr
     counts = dict(re.findall(r"^(\w+)\s+(\d+)\s*$", out, re.M))
-    assert counts.get("eval_base") == "1" and counts.get("quantize") == "1" and counts.get("eval") == "1", out
-    assert "convert" not in counts and "fetch" not in counts, out
+    assert counts.get("quantize") == "1" and counts.get("eval") == "1", out
+    assert not {"convert", "fetch", "eval_base", "agreement"} & set(counts), out
 
 
 def test_no_token_or_temp_files_left(demo_build):
