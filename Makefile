@@ -57,8 +57,8 @@ lint: venv
 clean-work:
 	rm -rf work
 
-# the base logits (work/<name>/eval/<set>/base.logits, the largest intermediates): deleted without making
-# Snakemake re-run anything; a quant added later recomputes them once
+# the base logits (work/<name>/eval/<set>/base.logits, the largest intermediates) emptied to stubs: nothing
+# re-runs; the eval of a quant added later recomputes them once
 clean-logits: venv
 	$(BIN)/python -m pipeline.cli clean-logits
 

@@ -159,7 +159,7 @@ def cmd_clean_logits(args) -> None:
 
     gone = clean_logits(Path(args.work), args.names, dry_run=args.dry_run)
     for path, size in gone:
-        print(f"{'would delete' if args.dry_run else 'deleted'} {path} ({size / 1e6:.1f} MB)")
+        print(f"{'would empty' if args.dry_run else 'emptied'} {path} ({size / 1e6:.1f} MB)")
     print(f"{sum(s for _, s in gone) / 1e6:.1f} MB in {len(gone)} base logits file(s)"
           + (" would be freed" if args.dry_run else " freed"))
 
@@ -241,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--snakemake-args", nargs=argparse.REMAINDER, default=[])
     p.set_defaults(func=cmd_build)
 
-    p = sub.add_parser("clean-logits", help="delete the base logits of finished builds (recomputed only if needed)")
+    p = sub.add_parser("clean-logits", help="empty the base logits of finished builds (recomputed only when an eval needs them)")
     p.add_argument("names", nargs="*", help="recipe names (default: all under --work)")
     p.add_argument("--work", default="work")
     p.add_argument("--dry-run", action="store_true")
