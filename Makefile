@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 
 export GGUFPIPE_CACHE := $(CACHE)
 
-.PHONY: venv tools demo dvc-repro test lint clean-work
+.PHONY: venv tools demo dvc-repro test lint clean-work clean-logits bench
 .DEFAULT_GOAL := demo
 
 # Virtualenv with pinned deps. torch goes first and pinned, so pip takes the local CPU wheel.
@@ -56,3 +56,13 @@ lint: venv
 
 clean-work:
 	rm -rf work
+
+# the base logits (work/<name>/eval/<set>/base.logits, the largest intermediates) emptied to stubs: nothing
+# re-runs; the eval of a quant added later recomputes them once
+clean-logits: venv
+	$(BIN)/python -m pipeline.cli clean-logits
+
+# pipeline overhead, no-op re-run, add-one-quant, --cores 1 vs 2, peak memory and disk (bench/pipeline_bench.py)
+bench: tools
+	$(BIN)/python -m pipeline.cli setup-demo
+	$(BIN)/python bench/pipeline_bench.py

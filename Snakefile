@@ -2,6 +2,7 @@
 # Thin wiring only: every rule runs one stage entry function through `python -m pipeline.cli stage`.
 # File locations come from pipeline/layout.py; config keys are documented in pipeline/workflow.py.
 
+import os
 import sys
 
 from pipeline.errors import PipelineError
@@ -13,6 +14,15 @@ except PipelineError as exc:
     sys.exit(f"error: {exc}")
 
 L = W.layout
+# The interpreter of every stage, passed in the environment rather than as a param: a param is a rerun
+# trigger, and the same venv reached by another path (make demo, dvc repro, tests) re-ran every job.
+os.environ["GGUFPIPE_PYTHON"] = sys.executable
+
+
+envvars:
+    "GGUFPIPE_PYTHON",
+
+
 RECIPE = lambda wc: str(W.recipe(wc.name).path)
 ROOTS = f"--artifacts {L.artifacts} --work {L.work}"
 ENV = "envs/ggufpipe.yaml"  # documents the rules' software; used only with --use-conda
@@ -48,7 +58,6 @@ rule fetch:
         L.log("{name}", "fetch"),
     params:
         recipe=RECIPE,
-        py=W.python,
         roots=ROOTS,
         hub_cache=W.hub_cache,
         trigger=lambda wc: W.fetch_params(wc.name),
@@ -60,7 +69,7 @@ rule fetch:
     conda:
         ENV
     shell:
-        "{params.py} -m pipeline.cli stage fetch --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
+        "\"$GGUFPIPE_PYTHON\" -m pipeline.cli stage fetch --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
         " --hub-cache {params.hub_cache:q} > {log:q} 2>&1"
 
 
@@ -74,7 +83,6 @@ rule convert:
         L.log("{name}", "convert-{outtype}"),
     params:
         recipe=RECIPE,
-        py=W.python,
         roots=ROOTS,
         quantized_by=W.quantized_by,
         trigger=lambda wc: W.convert_params(wc.name),
@@ -86,7 +94,7 @@ rule convert:
     conda:
         ENV
     shell:
-        "{params.py} -m pipeline.cli stage convert --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
+        "\"$GGUFPIPE_PYTHON\" -m pipeline.cli stage convert --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
         " --quantized-by {params.quantized_by:q}"
 
 
@@ -101,7 +109,6 @@ rule awq:
         L.log("{name}", "awq"),
     params:
         recipe=RECIPE,
-        py=W.python,
         roots=ROOTS,
         threads=W.calib_threads,  # fixed, not scaled by --cores: the folded weights stay identical
         trigger=lambda wc: W.awq_params(wc.name),
@@ -113,7 +120,7 @@ rule awq:
     conda:
         ENV
     shell:
-        "{params.py} -m pipeline.cli stage awq --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
+        "\"$GGUFPIPE_PYTHON\" -m pipeline.cli stage awq --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
         " --threads {params.threads} > {log:q} 2>&1"
 
 
@@ -127,7 +134,6 @@ rule convert_awq:
         L.log("{name}", "convert-{outtype}-awq"),
     params:
         recipe=RECIPE,
-        py=W.python,
         roots=ROOTS,
         quantized_by=W.quantized_by,
         trigger=lambda wc: W.convert_params(wc.name),
@@ -139,7 +145,7 @@ rule convert_awq:
     conda:
         ENV
     shell:
-        "{params.py} -m pipeline.cli stage convert --awq --recipe {params.recipe:q} --name {wildcards.name}"
+        "\"$GGUFPIPE_PYTHON\" -m pipeline.cli stage convert --awq --recipe {params.recipe:q} --name {wildcards.name}"
         " {params.roots} --quantized-by {params.quantized_by:q}"
 
 
@@ -154,7 +160,6 @@ rule imatrix:
         L.log("{name}", "imatrix-{base}"),
     params:
         recipe=RECIPE,
-        py=W.python,
         roots=ROOTS,
         threads=W.calib_threads,  # fixed, not scaled by --cores: the matrix stays identical
         trigger=lambda wc: W.imatrix_params(wc.name),
@@ -166,7 +171,7 @@ rule imatrix:
     conda:
         ENV
     shell:
-        "{params.py} -m pipeline.cli stage imatrix --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
+        "\"$GGUFPIPE_PYTHON\" -m pipeline.cli stage imatrix --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
         " --base {wildcards.base} --threads {params.threads}"
 
 
@@ -181,7 +186,6 @@ rule convert_mtp:
         L.log("{name}", "convert-mtp-{outtype}"),
     params:
         recipe=RECIPE,
-        py=W.python,
         roots=ROOTS,
         quantized_by=W.quantized_by,
         trigger=lambda wc: W.convert_params(wc.name),
@@ -193,7 +197,7 @@ rule convert_mtp:
     conda:
         ENV
     shell:
-        "{params.py} -m pipeline.cli stage convert-mtp --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
+        "\"$GGUFPIPE_PYTHON\" -m pipeline.cli stage convert-mtp --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
         " --quantized-by {params.quantized_by:q}"
 
 
@@ -207,7 +211,6 @@ rule quantize:
         L.log("{name}", "quantize-{quant}"),
     params:
         recipe=RECIPE,
-        py=W.python,
         roots=ROOTS,
         trigger=lambda wc: W.quant_params(wc.name, wc.quant),
     threads: W.threads
@@ -218,7 +221,7 @@ rule quantize:
     conda:
         ENV
     shell:
-        "{params.py} -m pipeline.cli stage quantize --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
+        "\"$GGUFPIPE_PYTHON\" -m pipeline.cli stage quantize --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
         " --quant {wildcards.quant:q} --threads {threads}"
 
 
@@ -232,11 +235,9 @@ rule eval_base:
         L.log("{name}", "eval-{es}-base"),
     params:
         recipe=RECIPE,
-        py=W.python,
         roots=ROOTS,
-        threads=W.eval_threads,  # fixed, not scaled by --cores: metrics stay bit-identical
         trigger=lambda wc: W.eval_base_params(wc.name, wc.es),
-    threads: W.eval_threads
+    threads: W.eval_threads  # capped by --cores; llama-perplexity's logits and statistics do not depend on it
     resources:
         mem_mb=lambda wc, input: mem_mb(input.size_mb, 1.3, 1024),
         disk_mb=lambda wc, input: W.logits_disk_mb(wc.name, wc.es, input.base),
@@ -244,8 +245,8 @@ rule eval_base:
     conda:
         ENV
     shell:
-        "{params.py} -m pipeline.cli stage eval-base --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
-        " --eval-set {wildcards.es:q} --threads {params.threads}"
+        "\"$GGUFPIPE_PYTHON\" -m pipeline.cli stage eval-base --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
+        " --eval-set {wildcards.es:q} --threads {threads}"
 
 
 rule eval:
@@ -259,11 +260,9 @@ rule eval:
         L.log("{name}", "eval-{es}-{quant}"),
     params:
         recipe=RECIPE,
-        py=W.python,
         roots=ROOTS,
-        threads=W.eval_threads,  # fixed, not scaled by --cores: metrics stay bit-identical
         trigger=lambda wc: W.eval_base_params(wc.name, wc.es),
-    threads: W.eval_threads
+    threads: W.eval_threads  # capped by --cores; llama-perplexity's logits and statistics do not depend on it
     resources:
         mem_mb=lambda wc, input: mem_mb(size_mb(input.gguf), 1.3, 1024),
         disk_mb=1024,
@@ -271,8 +270,8 @@ rule eval:
     conda:
         ENV
     shell:
-        "{params.py} -m pipeline.cli stage eval --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
-        " --eval-set {wildcards.es:q} --quant {wildcards.quant:q} --threads {params.threads}"
+        "\"$GGUFPIPE_PYTHON\" -m pipeline.cli stage eval --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
+        " --eval-set {wildcards.es:q} --quant {wildcards.quant:q} --threads {threads}"
 
 
 rule bench:
@@ -284,7 +283,6 @@ rule bench:
         L.log("{name}", "bench-{bkey}"),
     params:
         recipe=RECIPE,
-        py=W.python,
         roots=ROOTS,
         threads=W.eval_threads,  # fixed, not scaled by --cores: metrics stay bit-identical
     threads: W.eval_threads
@@ -295,7 +293,7 @@ rule bench:
     conda:
         ENV
     shell:
-        "{params.py} -m pipeline.cli stage bench --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
+        "\"$GGUFPIPE_PYTHON\" -m pipeline.cli stage bench --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
         " --quant {wildcards.bkey:q} --threads {params.threads}"
 
 
@@ -309,7 +307,6 @@ rule split:
         L.log("{name}", "split-{skey}"),
     params:
         recipe=RECIPE,
-        py=W.python,
         roots=ROOTS,
         trigger=lambda wc: W.split_params(wc.name, wc.skey),
     threads: 1
@@ -320,7 +317,7 @@ rule split:
     conda:
         ENV
     shell:
-        "{params.py} -m pipeline.cli stage split --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
+        "\"$GGUFPIPE_PYTHON\" -m pipeline.cli stage split --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
         " --quant {wildcards.skey:q}"
 
 
@@ -334,7 +331,6 @@ rule vocab_check:
         L.log("{name}", "vocab-{mkey}--{dkey}"),
     params:
         recipe=RECIPE,
-        py=W.python,
         roots=ROOTS,
     threads: 1
     resources:
@@ -344,7 +340,7 @@ rule vocab_check:
     conda:
         ENV
     shell:
-        "{params.py} -m pipeline.cli stage vocab --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
+        "\"$GGUFPIPE_PYTHON\" -m pipeline.cli stage vocab --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
         " --quant {wildcards.mkey:q} --draft-quant {wildcards.dkey:q} > {log:q} 2>&1"
 
 
@@ -359,7 +355,6 @@ rule acceptance:
         L.log("{name}", "acceptance-{mkey}--{dkey}"),
     params:
         recipe=RECIPE,
-        py=W.python,
         roots=ROOTS,
         threads=W.eval_threads,
         trigger=lambda wc: W.draft_params(wc.name),
@@ -371,7 +366,7 @@ rule acceptance:
     conda:
         ENV
     shell:
-        "{params.py} -m pipeline.cli stage acceptance --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
+        "\"$GGUFPIPE_PYTHON\" -m pipeline.cli stage acceptance --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
         " --quant {wildcards.mkey:q} --draft-quant {wildcards.dkey:q} --threads {params.threads}"
 
 
@@ -384,7 +379,6 @@ rule agreement:
         L.log("{name}", "agreement-{dkey}"),
     params:
         recipe=RECIPE,
-        py=W.python,
         roots=ROOTS,
         threads=W.eval_threads,
     threads: W.eval_threads
@@ -395,7 +389,7 @@ rule agreement:
     conda:
         ENV
     shell:
-        "{params.py} -m pipeline.cli stage agreement --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
+        "\"$GGUFPIPE_PYTHON\" -m pipeline.cli stage agreement --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
         " --draft-quant {wildcards.dkey:q} --threads {params.threads}"
 
 
@@ -412,7 +406,6 @@ rule publish:
         L.log("{name}", "publish"),
     params:
         recipe=RECIPE,
-        py=W.python,
         roots=ROOTS,
         trigger=lambda wc: W.publish_params(wc.name),
     threads: 1
@@ -423,7 +416,7 @@ rule publish:
     conda:
         ENV
     shell:
-        "{params.py} -m pipeline.cli stage publish --recipe {params.recipe:q} --name {wildcards.name} {params.roots} > {log:q} 2>&1"
+        "\"$GGUFPIPE_PYTHON\" -m pipeline.cli stage publish --recipe {params.recipe:q} --name {wildcards.name} {params.roots} > {log:q} 2>&1"
 
 
 rule gate:
@@ -437,7 +430,6 @@ rule gate:
         L.log("{name}", "gate"),
     params:
         recipe=RECIPE,
-        py=W.python,
         roots=ROOTS,
     threads: 1
     resources:
@@ -447,4 +439,4 @@ rule gate:
     conda:
         ENV
     shell:
-        "{params.py} -m pipeline.cli stage gate --recipe {params.recipe:q} --name {wildcards.name} {params.roots} 2>&1 | tee {log:q}"
+        "\"$GGUFPIPE_PYTHON\" -m pipeline.cli stage gate --recipe {params.recipe:q} --name {wildcards.name} {params.roots} 2>&1 | tee {log:q}"

@@ -84,7 +84,7 @@ def cmd_stage(args) -> None:
         es = recipe.eval_set(args.eval_set)
         eval_quant(name, args.quant, es, L.quant(recipe, args.quant), L.base_logits(name, es.name),
                    L.base_record(name, es.name), L.eval_record(name, es.name, args.quant), threads=args.threads,
-                   log=L.log(name, f"eval-{es.name}-{args.quant}"))
+                   log=L.log(name, f"eval-{es.name}-{args.quant}"), base_gguf=L.base_gguf(recipe))
     elif st == "bench":
         from .bench import bench
 
@@ -155,6 +155,16 @@ def cmd_verify(args) -> None:
 
     for path in args.files:
         print(verify(path, manifest=args.manifest))
+
+
+def cmd_clean_logits(args) -> None:
+    from .evaluate import clean_logits
+
+    gone = clean_logits(Path(args.work), args.names, dry_run=args.dry_run)
+    for path, size in gone:
+        print(f"{'would empty' if args.dry_run else 'emptied'} {path} ({size / 1e6:.1f} MB)")
+    print(f"{sum(s for _, s in gone) / 1e6:.1f} MB in {len(gone)} base logits file(s)"
+          + (" would be freed" if args.dry_run else " freed"))
 
 
 def cmd_dvc_matrix(args) -> None:
@@ -233,6 +243,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("recipes", nargs="*", help="recipe files or folders (default: recipes/)")
     p.add_argument("--snakemake-args", nargs=argparse.REMAINDER, default=[])
     p.set_defaults(func=cmd_build)
+
+    p = sub.add_parser("clean-logits", help="empty the base logits of finished builds (recomputed only when an eval needs them)")
+    p.add_argument("names", nargs="*", help="recipe names (default: all under --work)")
+    p.add_argument("--work", default="work")
+    p.add_argument("--dry-run", action="store_true")
+    p.set_defaults(func=cmd_clean_logits)
 
     p = sub.add_parser("dvc-matrix", help="write dvc-matrix.yaml (the DVC stages) from the recipes")
     p.add_argument("--recipes", default="recipes")

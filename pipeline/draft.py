@@ -144,7 +144,7 @@ def agreement(recipe_name: str, draft_gguf: str | Path, main_base: str | Path, e
         return rec
     with tempfile.TemporaryDirectory(prefix="ggufpipe-agree-") as tmpd:
         ev = eval_quant(recipe_name, f"draft {Path(draft_gguf).name}", es, draft_gguf, base_logits, base_record,
-                        Path(tmpd) / "eval.json", threads=threads, log=log, tc=tc)
+                        Path(tmpd) / "eval.json", threads=threads, log=log, tc=tc, base_gguf=main_base)
     m = ev["metrics"]
     rec = {"eval_set": es.name, "text_sha256": ev["text_sha256"], "scored_tokens": ev["scored_tokens"],
            "top1_agreement": m["same_top_p"], "kld_mean": m["kld_mean"], "ppl_ratio": m["ppl_ratio"]}

@@ -176,14 +176,7 @@ def eval_base(recipe_name: str, es: EvalSet, base_gguf: str | Path, out_logits: 
             f"{what}: eval text {es.text} is too short: {n_tokens} tokens, ctx {es.ctx} x {es.chunks} chunks needs "
             f"{es.ctx * es.chunks}; use a longer text or fewer chunks"
         )
-    with atomic_output(out_logits) as tmp:
-        res = run_perplexity(tc, ["-m", base_gguf, "-f", es.text, *_common_args(es, threads), "--kl-divergence-base",
-                                  tmp], Path(log) if log else None, has_final_estimate, what)
-        _fail_on_tool_errors(res, what)
-        _check_chunks(res.output, es, what)
-        m = _PPL_RE.search(res.output)
-        if not m:
-            raise PipelineError(f"{what}: llama-perplexity printed no final estimate: {tail(res.output)}")
+    res, m = _write_base_logits(tc, es, base_gguf, out_logits, threads, log, what)
     rec = {
         "eval_set": es.name,
         "text": es.text.name,
@@ -199,6 +192,47 @@ def eval_base(recipe_name: str, es: EvalSet, base_gguf: str | Path, out_logits: 
     }
     write_json_atomic(record, rec)
     return rec
+
+
+def _write_base_logits(tc: Toolchain, es: EvalSet, base_gguf, out_logits, threads: int, log, what: str):
+    with atomic_output(out_logits) as tmp:
+        res = run_perplexity(tc, ["-m", base_gguf, "-f", es.text, *_common_args(es, threads), "--kl-divergence-base",
+                                  tmp], Path(log) if log else None, has_final_estimate, what)
+        _fail_on_tool_errors(res, what)
+        _check_chunks(res.output, es, what)
+        m = _PPL_RE.search(res.output)
+        if not m:
+            raise PipelineError(f"{what}: llama-perplexity printed no final estimate: {tail(res.output)}")
+    return res, m
+
+
+def restore_base_logits(tc: Toolchain, es: EvalSet, base_gguf, base_logits, base_record, threads: int, log,
+                        what: str) -> bool:
+    """Recompute base logits that :func:`clean_logits` emptied (a 0-byte stub with the original mtime):
+    once, under a lock, with the stub's mtime kept so that Snakemake sees no change; the recomputed
+    base PPL must equal the recorded one. False when the logits were there."""
+    import fcntl
+    import json
+    import os
+
+    base_logits = Path(base_logits)
+    if base_logits.stat().st_size > 0:
+        return False
+    if base_gguf is None or not Path(base_gguf).is_file():
+        raise PipelineError(f"{what}: base logits {base_logits} were cleaned and the base GGUF {base_gguf} "
+                            "to recompute them is missing")
+    with open(base_logits.parent / ".base.logits.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        st = base_logits.stat()
+        if st.st_size > 0:  # another job restored them meanwhile
+            return False
+        _, m = _write_base_logits(tc, es, base_gguf, base_logits, threads, log, f"{what}: restoring base logits")
+        os.utime(base_logits, ns=(st.st_atime_ns, st.st_mtime_ns))
+    want = json.loads(Path(base_record).read_text())["ppl"]
+    if float(m.group(1)) != want:
+        raise PipelineError(f"{what}: recomputed base logits give PPL {m.group(1)}, {base_record} says {want}: "
+                            "the base GGUF or tools changed; run eval-base again (snakemake -R eval_base)")
+    return True
 
 
 def verdict(metrics: dict, thresholds: dict) -> list[dict]:
@@ -220,8 +254,9 @@ def failure_message(recipe_name: str, quant: str, eval_set: str, f: dict) -> str
 
 def eval_quant(recipe_name: str, quant_key: str, es: EvalSet, quant_gguf: str | Path, base_logits: str | Path,
                base_record: str | Path, record: str | Path, threads: int = 2, log: str | Path | None = None,
-               tc: Toolchain | None = None) -> dict:
-    """Entry function: KL-divergence statistics of one quant vs the base logits.
+               tc: Toolchain | None = None, base_gguf: str | Path | None = None) -> dict:
+    """Entry function: KL-divergence statistics of one quant vs the base logits (recomputed first from
+    ``base_gguf`` when ``ggufpipe clean-logits`` emptied them).
 
     Thresholds are applied by the publish stage (:func:`verdict`), so changing a threshold re-judges
     without re-running llama-perplexity, and one bad quant does not stop the others."""
@@ -232,6 +267,7 @@ def eval_quant(recipe_name: str, quant_key: str, es: EvalSet, quant_gguf: str | 
     base = json.loads(Path(base_record).read_text())
     if not Path(base_logits).is_file():
         raise PipelineError(f"{what}: base logits {base_logits} are missing (run eval-base first)")
+    restore_base_logits(tc, es, base_gguf, base_logits, base_record, threads, log, what)
     res = run_perplexity(tc, ["-m", quant_gguf, *_common_args(es, threads), "--kl-divergence-base", base_logits,
                               "--kl-divergence"], Path(log) if log else None, has_kld_statistics_end, what)
     _fail_on_tool_errors(res, what)
@@ -268,3 +304,31 @@ def perplexity(tc: Toolchain, model: str | Path, text: str | Path, ctx: int, chu
         raise PipelineError(f"llama-perplexity on {model} printed no final estimate (exit {res.returncode}): "
                             f"{tail(res.output)}")
     return float(m.group(1)), float(m.group(2))
+
+
+def clean_logits(work: str | Path, names: list[str] | None = None, dry_run: bool = False) -> list[tuple[Path, int]]:
+    """Empty the base logits (``<work>/<name>/eval/<set>/base.logits``), the largest intermediates, to
+    0-byte stubs that keep their mtime; return (path, bytes freed) of each. Snakemake sees no change
+    (nothing re-runs); an eval that needs them later (a quant added) recomputes them first, once
+    (:func:`restore_base_logits`). Deleting them instead would make Snakemake re-run eval-base and
+    then every eval of the set. Refused while a Snakemake run holds the project's lock."""
+    import os
+
+    work = Path(work)
+    locks = work.resolve().parent / ".snakemake" / "locks"
+    if locks.is_dir() and any(locks.iterdir()):
+        raise PipelineError(f"{locks} is not empty: a Snakemake run is using {work}; clean the logits after it ends "
+                            "(or `snakemake --unlock` if a run was killed)")
+    found = sorted(work.glob("*/eval/*/base.logits"))
+    if names:
+        found = [p for p in found if p.parts[-4] in set(names)]
+    out = []
+    for p in found:
+        st = p.stat()
+        if st.st_size == 0:
+            continue
+        if not dry_run:
+            os.truncate(p, 0)
+            os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+        out.append((p, st.st_size))
+    return out

@@ -204,11 +204,12 @@ def build_manifest(recipe: Recipe, layout: Layout) -> tuple[dict, dict]:
     if base.quant_type != recipe.outtype.upper():
         raise PipelineError(f"{base_path}: general.file_type says {base.quant_type}, recipe asks for {recipe.outtype.upper()}")
 
-    eval_sets, eval_base, metrics_out = [], {}, {}
+    eval_sets, eval_base, metrics_out, eval_threads = [], {}, {}, {}
     for es in recipe.eval_sets:
         rec = _load(layout.base_record(name, es.name))
         eval_sets.append({"name": es.name, "text": rec["text"], "text_sha256": rec["text_sha256"], "ctx": es.ctx,
-                          "chunks": es.chunks, "scored_tokens": rec["scored_tokens"], "threads": rec["threads"]})
+                          "chunks": es.chunks, "scored_tokens": rec["scored_tokens"]})
+        eval_threads[es.name] = rec["threads"]  # follows --cores (results do not): build section
         eval_base[es.name] = {"ppl": rec["ppl"], "ppl_stderr": rec["ppl_stderr"]}
     if eval_base:
         metrics_out[base.quant_type] = {s: {"ppl": v["ppl"]} for s, v in eval_base.items()}
@@ -275,6 +276,8 @@ def build_manifest(recipe: Recipe, layout: Layout) -> tuple[dict, dict]:
             b = _load(layout.bench_record(name, key))
             bench[fname] = {k: b[k] for k in ("pp_tokens_per_s", "tg_tokens_per_s", "pp_tokens", "tg_tokens", "threads")}
     build = {"timestamp": timestamp()}
+    if eval_threads:
+        build["eval_threads"] = eval_threads
     if calib_seconds:
         build["calibration_seconds"] = calib_seconds
     if draft_timings:

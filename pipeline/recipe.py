@@ -570,11 +570,26 @@ def known_quant_types(quantize_exe: str) -> tuple[frozenset[str], int]:
     return frozenset(types), build
 
 
-def gguf_file_types() -> set[str]:
-    """Quant types that the importable ``gguf`` package can name (LlamaFileType.MOSTLY_*)."""
-    import gguf
+@functools.lru_cache(maxsize=1)
+def gguf_file_types() -> frozenset[str]:
+    """Quant types that the importable ``gguf`` package can name (LlamaFileType.MOSTLY_*).
 
-    return {m.name[len("MOSTLY_"):] for m in gguf.LlamaFileType if m.name.startswith("MOSTLY_")}
+    Read from its ``constants`` module alone (standard library only) unless ``gguf`` is already
+    imported: the package itself imports numpy and more (0.7 s), which every Snakemake start and
+    every stage paid for loading a recipe."""
+    import importlib.util
+    import sys
+
+    mod = sys.modules.get("gguf")
+    if mod is None:
+        spec = importlib.util.find_spec("gguf")
+        if spec is None or not spec.submodule_search_locations:
+            return frozenset()
+        path = Path(next(iter(spec.submodule_search_locations))) / "constants.py"
+        cspec = importlib.util.spec_from_file_location("_ggufpipe_gguf_constants", path)
+        mod = importlib.util.module_from_spec(cspec)
+        cspec.loader.exec_module(mod)
+    return frozenset(m.name[len("MOSTLY_"):] for m in mod.LlamaFileType if m.name.startswith("MOSTLY_"))
 
 
 def _check_quant_type(ctx: _Ctx, value: str, where: str, known: set[str] | None, build: int | None) -> str:

@@ -8,8 +8,10 @@ Config keys (``--config key=value``, all optional):
 * ``hf_hub_cache``: Hugging Face hub cache folder (default: huggingface_hub's own)
 * ``quantized_by``: written into the GGUFs' ``general.quantized_by`` (default ``ggufpipe``)
 * ``threads``: threads per quantize job (default 4, capped by ``--cores``)
-* ``eval_threads``: threads of every llama-perplexity and llama-bench run (default 2). Fixed rather than
-  scaled with ``--cores`` so that metrics are bit-identical whatever ``--cores`` a build uses.
+* ``eval_threads``: threads of every llama-perplexity and llama-bench run (default 2). The eval-base and
+  eval jobs cap it by ``--cores`` (so ``--cores 1`` uses one core): their base logits and statistics are
+  bit-identical at 1 and 2 threads (measured, b11312 CPU; ``bench/pipeline_bench.py`` compares the
+  SHA256s of a ``--cores 1`` and a ``--cores 2`` build). llama-bench, acceptance and agreement keep it fixed.
 * ``calib_threads``: threads of the AWQ (CPU) and llama-imatrix runs (default 2); fixed for the same
   reason: the folded weights and the importance matrix then do not depend on ``--cores``.
 """
@@ -18,8 +20,6 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
-import sys
 from pathlib import Path
 
 from .errors import PipelineError
@@ -58,7 +58,6 @@ class Workflow:
         self.calib_threads = int(config.get("calib_threads", 2))
         self.quantized_by = str(config.get("quantized_by", "ggufpipe"))
         self.hub_cache = config.get("hf_hub_cache") or os.environ.get("HF_HUB_CACHE") or ""
-        self.python = shlex.quote(sys.executable)
 
     # wildcard constraints: only declared names, quant keys and eval sets match
     def name_regex(self) -> str:

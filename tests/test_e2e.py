@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 from conftest import DEMO_RECIPE, FAKE_TOKEN, snakemake
 
@@ -71,6 +76,53 @@ def test_rerun_runs_zero_jobs(demo_build, demo_hub):
     res = snakemake(demo_build, DEMO_RECIPE, extra=["--dry-run"], hub=demo_hub)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "Nothing to be done" in res.stdout + res.stderr
+
+
+def test_rerun_with_another_interpreter_path_runs_zero_jobs(demo_build, demo_hub, tmp_path):
+    """The interpreter is not a rerun trigger: another path to the same venv (python3 vs python) finds
+    nothing to do."""
+    other = Path(sys.executable).with_name("python3" if Path(sys.executable).name != "python3" else "python")
+    assert other.exists() and str(other) != sys.executable
+    cmd = [str(other), "-m", "snakemake", "--snakefile", str(DEMO_RECIPE.parent.parent / "Snakefile"),
+           "--directory", str(demo_build), "--cores", "2", "--dry-run", "--config", f"recipes={DEMO_RECIPE}"]
+    res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1",
+                                                                   "HF_HUB_CACHE": str(demo_hub)})
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "Nothing to be done" in res.stdout + res.stderr, (res.stdout + res.stderr)[-2000:]
+
+
+def test_clean_logits_then_rerun_and_added_quant(demo_build, demo_hub, tmp_path):
+    """`ggufpipe clean-logits` on a finished build (a hard-linked copy): nothing to re-run; a quant added
+    then runs its own quantize and eval only (the eval recomputes the logits), no eval-base, no finished eval."""
+    import yaml
+
+    from pipeline.evaluate import clean_logits
+
+    copy = tmp_path / "copy"
+    for sub in ("work", "artifacts", ".snakemake"):
+        shutil.copytree(demo_build / sub, copy / sub, copy_function=os.link, symlinks=True,
+                        ignore=shutil.ignore_patterns("locks", "incomplete", "log"))
+    logits = copy / "work" / NAME / "eval" / "botchan" / "base.logits"
+    logits.unlink()  # a copy of its own (clean-logits empties the file in place)
+    shutil.copy2(demo_build / "work" / NAME / "eval" / "botchan" / "base.logits", logits)
+    mtime = logits.stat().st_mtime_ns
+    gone = clean_logits(copy / "work", [NAME])
+    assert [p.name for p, _ in gone] == ["base.logits"] and gone[0][1] > 100e6
+    assert logits.stat().st_size == 0 and logits.stat().st_mtime_ns == mtime
+    res = snakemake(copy, DEMO_RECIPE, extra=["--dry-run"], hub=demo_hub)
+    assert res.returncode == 0 and "Nothing to be done" in res.stdout + res.stderr, (res.stdout + res.stderr)[-2000:]
+    data = yaml.safe_load(DEMO_RECIPE.read_text())
+    data["quants"].append("Q4_0")
+    data["gates"][0]["text"] = str(DEMO_RECIPE.parent.parent / "data" / "botchan.txt")
+    recipe = tmp_path / "recipes" / DEMO_RECIPE.name
+    recipe.parent.mkdir()
+    recipe.write_text(yaml.safe_dump(data, sort_keys=False))
+    res = snakemake(copy, recipe, extra=["--dry-run", "--quiet", "rules"], hub=demo_hub)
+    assert res.returncode == 0, (res.stdout + res.stderr)[-2000:]
+    out = res.stdout + res.stderr
+    counts = dict(re.findall(r"^(\w+)\s+(\d+)\s*$", out, re.M))
+    assert counts.get("quantize") == "1" and counts.get("eval") == "1", out
+    assert not {"convert", "fetch", "eval_base", "agreement"} & set(counts), out
 
 
 def test_no_token_or_temp_files_left(demo_build):
