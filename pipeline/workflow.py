@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from pathlib import Path
 
 from .errors import PipelineError
