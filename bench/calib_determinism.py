@@ -1,12 +1,12 @@
 """Are the calibration stages bit-deterministic? AWQ (torch, CPU) and llama-imatrix, by thread count.
 
-Run:  PYTHONPATH=. python bench/calib_determinism.py [--demo]
+Run:  PYTHONPATH=. python bench/calib_determinism.py [--demo] [--threads 1,2,2] [--no-awq]
 On the tiny Llama of tests/test_awq.py (and with --demo also llama-imatrix on the demo F16 GGUF),
 each run in its own process:
 - run_awq (pipeline/awq.py) with torch threads 1, 2, 2 (scale search, and scale search + clipping):
-  SHA256 of the folded model.safetensors, and the largest weight difference between thread counts;
+  SHA256 of the folded model.safetensors, and the largest weight difference between the first two runs;
 - llama-imatrix (pipeline/imatrix.py) with -t 1, 2, 2: SHA256 of the imatrix GGUF.
-Prints one line per run and a verdict per stage.
+Prints one line per run and a verdict per stage (which runs gave the same bytes).
 """
 
 from __future__ import annotations
@@ -66,21 +66,23 @@ def main() -> int:
     from pipeline.tools import find_toolchain
 
     demo = "--demo" in sys.argv
+    threads = [int(t) for t in sys.argv[sys.argv.index("--threads") + 1].split(",")] if "--threads" in sys.argv \
+        else [1, 2, 2]
     verdicts = {}
     with tempfile.TemporaryDirectory(prefix="calib-det-") as d:
         d = Path(d)
         hf = make_tiny_llama(d / "hf")
-        for clip in ("false", "true"):
+        for clip in () if "--no-awq" in sys.argv else ("false", "true"):
             (d / f"clip-{clip}").mkdir()
             rp = awq_recipe(d / f"clip-{clip}", hf, AWQ_CFG.format(calib=CALIB, clip=clip))
             outs = {}
-            for i, t in enumerate((1, 2, 2)):
+            for i, t in enumerate(threads):
                 out = d / f"awq-{clip}-{i}"
                 outs[i] = out
                 sha = _run("awq", rp, hf, out, t)
                 print(f"awq apply_clip={clip} threads={t} run={i}: {sha}", flush=True)
                 verdicts.setdefault(f"awq clip={clip}", []).append((t, sha))
-            print(f"awq apply_clip={clip}: max |w(t=1) - w(t=2)| = {_max_diff(outs[0], outs[1]):.3g}", flush=True)
+            print(f"awq apply_clip={clip}: max |w(run 0) - w(run 1)| = {_max_diff(outs[0], outs[1]):.3g}", flush=True)
         rp = d / "imx.yaml"
         rp.write_text(f"name: tiny-imx\nsource: {{path: {hf}}}\nimatrix: {{calibration: {CALIB}, ctx: 128, chunks: 8}}\n"
                       "quants: [Q4_K_M]\nbench: false\n")
@@ -96,15 +98,16 @@ def main() -> int:
             convert(r, snap, demo_f16, d / "convert-demo.json", log=d / "convert-demo.log")
             bases.append(("demo", demo_f16))
         for label, base in bases:
-            for i, t in enumerate((1, 2, 2)):
+            for i, t in enumerate(threads):
                 sha = _run("imatrix", rp, base, d / f"imx-{label}-{i}.gguf", t)
                 print(f"imatrix {label} -t {t} run={i}: {sha}", flush=True)
                 verdicts.setdefault(f"imatrix {label}", []).append((t, sha))
     for k, runs in verdicts.items():
-        same_t = runs[1][1] == runs[2][1]
-        across = runs[0][1] == runs[1][1]
-        print(f"{k}: two processes at 2 threads {'identical' if same_t else 'DIFFER'}; "
-              f"1 vs 2 threads {'identical' if across else 'DIFFER'}")
+        groups: dict[str, list[str]] = {}
+        for i, (t, sha) in enumerate(runs):
+            groups.setdefault(sha, []).append(f"run {i} (t={t})")
+        print(f"{k}: " + ("all runs identical" if len(groups) == 1 else
+                          "DIFFER: " + " | ".join(", ".join(g) + f" -> {s[:12]}" for s, g in groups.items())))
     print(json.dumps({k: [s for _, s in v] for k, v in verdicts.items()}))
     return 0
 

@@ -110,8 +110,10 @@ def _recorded_settings(m: dict) -> dict:
                              if p.get("acceptance", {}).get("threads")), DEFAULT_THREADS)
     calib = [c[k]["threads"] for e in m["artifacts"] + m.get("rejected", [])
              for c in [e.get("calibration", {})] for k in ("awq", "imatrix") if c.get(k, {}).get("threads")]
+    awq = [e["calibration"]["awq"] for e in m["artifacts"] + m.get("rejected", []) if "awq" in e.get("calibration", {})]
     return {"eval_threads": eval_threads, "calib_threads": calib[0] if calib else DEFAULT_THREADS,
-            "quantized_by": m.get("gguf_metadata", {}).get("general.quantized_by", "ggufpipe")}
+            "quantized_by": m.get("gguf_metadata", {}).get("general.quantized_by", "ggufpipe"),
+            "awq_device": awq[0].get("device", "cpu") if awq else None}
 
 
 def preflight(m: dict, recipe_path: Path, hub_cache: str | None) -> tuple[list[str], object, Path | None]:
@@ -132,11 +134,20 @@ def preflight(m: dict, recipe_path: Path, hub_cache: str | None) -> tuple[list[s
             errors.append(f"toolchain: Python package {pkg} {here.get(pkg, 'not installed')} here, the manifest "
                           f"records {ver}")
 
+    src = m["source"]
+    cache = None
+    if src.get("repo"):
+        cache, why = find_hub_cache(src, hub_cache)
+        if why:
+            errors.append(why)
+    elif src.get("path") and not Path(src["path"]).is_dir():
+        errors.append(f"source: the recorded local folder {src['path']} does not exist")
+
     sha = sha256_file(recipe_path)
     if sha != m["recipe"]["sha256"]:
         errors.append(f"recipe: {recipe_path} has SHA256 {sha[:16]}…, the manifest records "
                       f"{m['recipe']['sha256'][:16]}… (edited since the build)")
-        return errors, None, None  # its texts and settings cannot be compared with an edited recipe's
+        return errors, None, cache  # its texts and settings cannot be compared with an edited recipe's
     if recipe_path.name != m["recipe"]["file"]:
         errors.append(f"recipe: {recipe_path} is named {recipe_path.name}, the manifest records {m['recipe']['file']}")
     recipe = load_recipe(recipe_path, str(tc.tool("llama-quantize")))
@@ -144,7 +155,7 @@ def preflight(m: dict, recipe_path: Path, hub_cache: str | None) -> tuple[list[s
         recipe = recipe.draft_recipe() if recipe.draft_recipe() and m["name"] == recipe.draft_name else None
         if recipe is None:
             errors.append(f"recipe: {recipe_path} defines no recipe named {m['name']!r}")
-            return errors, None, None
+            return errors, None, cache
 
     for es in m.get("eval_sets", []):
         try:
@@ -172,14 +183,6 @@ def preflight(m: dict, recipe_path: Path, hub_cache: str | None) -> tuple[list[s
                     errors.append("awq: the manifest's AWQ ran on CUDA and torch sees no GPU here (AWQ on CUDA and "
                                   "on the CPU give different weights)")
 
-    src = m["source"]
-    cache = None
-    if src.get("repo"):
-        cache, why = find_hub_cache(src, hub_cache)
-        if why:
-            errors.append(why)
-    elif src.get("path") and not Path(src["path"]).is_dir():
-        errors.append(f"source: the recorded local folder {src['path']} does not exist")
     return errors, recipe, cache
 
 
@@ -191,6 +194,8 @@ def _snakemake(recipe_path: Path, scratch: Path, cores: str, settings: dict, tar
            f"eval_threads={settings['eval_threads']}", f"calib_threads={settings['calib_threads']}",
            f"quantized_by={settings['quantized_by']}", "--", *map(str, targets)]
     env = dict(os.environ, HF_HUB_OFFLINE="1")
+    if settings["awq_device"] == "cpu":  # AWQ ran on the CPU: so it does here, GPU or not
+        env["CUDA_VISIBLE_DEVICES"] = ""
     env.pop("HF_HUB_CACHE", None)
     if hub_cache:
         env["HF_HUB_CACHE"] = str(hub_cache)
