@@ -301,7 +301,8 @@ def rebuild_check(manifest_path: str | Path, recipe: str | None = None, cores: s
     try:
         # 1. the source alone: it must be the recorded one before anything is built from it
         if _snakemake(recipe_path, scratch, cores, settings, [L.fetch_record(name)], cache, log) != 0:
-            out(f"error: cannot rebuild {manifest_path}: the fetch stage failed: {_tail(log)}")
+            out(f"error: cannot rebuild {manifest_path}: the fetch stage failed: {_tail(log)}"
+                + ("" if keep else " (--keep DIR keeps the folder and its logs)"))
             return 1
         fetched = json.loads(L.fetch_record(name).read_text())
         src = {**fetched["source"], "files_sha256": source_files_digest(fetched["files"])}
@@ -326,7 +327,7 @@ def rebuild_check(manifest_path: str | Path, recipe: str | None = None, cores: s
                             _canonical_sha(strip_volatile(m2)) if m2 is not None else None))
         out(format_table(rows))
         if code != 0:
-            out(f"error: the rebuild failed: {_tail(log)}")
+            out(f"error: the rebuild failed: {_tail(log)}" + ("" if keep else " (--keep DIR keeps the folder and its logs)"))
         if not only and m2 is not None and not rows[-1].match:
             diffs = json_diff(strip_volatile(m), strip_volatile(m2))
             out("manifest differs at: " + "; ".join(diffs[:10]) + (f" (+{len(diffs) - 10} more)" if len(diffs) > 10
