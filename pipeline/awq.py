@@ -8,12 +8,15 @@ source folder with its weights replaced: the source's own ``config.json`` (so no
 ``quantization_config: awq``), tokenizer files, chat template, generation config and model card.
 
 Calibration runs on CUDA when torch sees a GPU, otherwise on the CPU (float32, fixed thread count
-and seed, so the folded weights are reproducible on one machine).
+and seed, torch's deterministic algorithms), so the folded weights are bit-reproducible on one machine
+(README, Calibration: Reproducibility).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -67,6 +70,24 @@ def import_awq():
         AwqQuantizer._compute_best_scale = _compute_best_scale
         AwqQuantizer._ggufpipe_patched = True
     return awq, AWQ_CAUSAL_LM_MODEL_MAP
+
+
+@contextlib.contextmanager
+def deterministic_torch(cuda: bool):
+    """torch's deterministic algorithms for the scale search (warn-only: an op without a deterministic
+    kernel warns in the stage log instead of failing the stage); restored afterwards. On the CPU the ops
+    AutoAWQ uses are deterministic at a fixed thread count already (measured: bench/calib_determinism.py);
+    this pins CUDA's (cuBLAS needs a fixed workspace for it, set before its first use)."""
+    import torch
+
+    if cuda:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
 
 
 def _fail(recipe: Recipe, msg: str) -> PipelineError:
@@ -151,11 +172,12 @@ def run_awq(recipe: Recipe, hf_dir: str | Path, out_dir: str | Path, record: str
     print(f"awq: {hf_dir} -> {out_dir} on {'cuda' if cuda else f'cpu ({threads} threads)'}: {quant_config}, "
           f"{cfg.n_samples} x {cfg.seq_len} calibration tokens from {cfg.calibration.name}", flush=True)
     try:
-        model.quantize(tokenizer, quant_config=quant_config, calib_data=samples, export_compatible=True,
-                       apply_clip=cfg.apply_clip, max_calib_samples=cfg.n_samples, max_calib_seq_len=cfg.seq_len,
-                       # all samples in one batch: 0.2.9's n_parallel_calib_samples reuses the attention
-                       # mask of the full batch for each part and fails in SDPA
-                       n_parallel_calib_samples=None)
+        with deterministic_torch(cuda):
+            model.quantize(tokenizer, quant_config=quant_config, calib_data=samples, export_compatible=True,
+                           apply_clip=cfg.apply_clip, max_calib_samples=cfg.n_samples, max_calib_seq_len=cfg.seq_len,
+                           # all samples in one batch: 0.2.9's n_parallel_calib_samples reuses the attention
+                           # mask of the full batch for each part and fails in SDPA
+                           n_parallel_calib_samples=None)
     except (RuntimeError, AssertionError, ValueError, KeyError, IndexError) as exc:
         import traceback
 

@@ -160,7 +160,7 @@ def _calibration(recipe: Recipe, layout: Layout, q, gguf_path: Path, seconds: di
     if q.awq:
         a = _load(layout.awq_record(recipe.name))
         out["awq"] = {**a["params"], "calibration_sha256": a["calibration_sha256"], "device": a["device"],
-                      "autoawq": a["autoawq"]}
+                      "threads": a.get("threads"), "autoawq": a["autoawq"]}
         seconds["awq"] = a["seconds"]
     r = open_reader(gguf_path)
     keys = {k: field(r, k) for k in IMATRIX_KEYS if k in r.fields}
@@ -168,7 +168,8 @@ def _calibration(recipe: Recipe, layout: Layout, q, gguf_path: Path, seconds: di
         m = _load(layout.imatrix_record(recipe.name, q.base))
         imx_file = layout.imatrix(recipe.name, q.base)
         out["imatrix"] = {**m["params"], "base": q.base, "file": imx_file.name, "sha256": m["sha256"],
-                          "calibration_sha256": m["calibration_sha256"], "entries": m["facts"]["entries"]}
+                          "calibration_sha256": m["calibration_sha256"], "entries": m["facts"]["entries"],
+                          "threads": m.get("threads")}
         seconds[f"imatrix_{q.base}"] = m["seconds"]
         want = {"quantize.imatrix.file": imx_file.name, "quantize.imatrix.dataset": m["params"]["calibration"],
                 "quantize.imatrix.entries_count": m["facts"]["entries"],

@@ -137,12 +137,58 @@ def test_awq_build_with_clipping(tmp_path, tiny_hf):
     awq = by_file["tiny-awq-Q8_0.gguf"]["calibration"]["awq"]
     assert awq["apply_clip"] is True and awq["q_group_size"] == 64 and awq["calibration"] == CALIB.name
     assert awq["calibration_sha256"] == "20400aa480e8368d54e02e63d441531782ea327651c4f056120ebab70ac41c95"
+    assert awq["device"] == "cpu" and awq["threads"] == 2  # calib_threads, whatever --cores
     assert "calibration" not in by_file["tiny-awq-Q8_0-plain.gguf"]
     assert by_file["tiny-awq-Q8_0.gguf"]["sha256"] != by_file["tiny-awq-Q8_0-plain.gguf"]["sha256"]
     assert (tmp_path / "work" / "tiny-awq" / "awq" / "tiny-awq-F16-awq.gguf").is_file()
     assert manifest["build"]["calibration_seconds"]["awq"] > 0
     log = (tmp_path / "work" / "tiny-awq" / "logs" / "awq.log").read_text()
     assert "AWQ: 100%" in log  # AutoAWQ's progress bar, per layer, in the stage log
+
+
+def test_calibration_reproducible_at_fixed_threads(tmp_path, tiny_hf, quantize_exe):
+    """Two processes at the same settings (2 threads, the workflow's calib_threads) give bit-identical AWQ
+    weights (scale search) and a bit-identical importance matrix: one AWQ run here, one
+    through `ggufpipe stage awq` in a new process; llama-imatrix twice. torch's deterministic mode is
+    switched back off after the stage."""
+    import subprocess
+    import sys
+
+    import torch
+
+    from pipeline.awq import run_awq
+    from pipeline.convert import convert
+    from pipeline.fsutil import sha256_file
+    from pipeline.imatrix import imatrix
+
+    recipe = tmp_path / "calib.yaml"
+    recipe.write_text(f"name: tiny-awq\nsource: {{path: {tiny_hf}}}\nquants: [Q4_K_M]\nbench: false\n"
+                      f"awq: {{calibration: {CALIB}, n_samples: 4, seq_len: 64, q_group_size: 64, apply_clip: false}}\n"
+                      f"imatrix: {{calibration: {CALIB}, ctx: 128, chunks: 4}}\n")
+    r = load_recipe(recipe, quantize_exe)
+    assert r.imatrix.chunks == 4  # clipping off to keep the test short (measured deterministic too: bench/)
+    run_awq(r, tiny_hf, tmp_path / "a1", tmp_path / "a1.json", threads=2)
+    assert not torch.are_deterministic_algorithms_enabled()
+    (tmp_path / "work" / "tiny-awq").mkdir(parents=True)
+    (tmp_path / "work" / "tiny-awq" / "hf").symlink_to(tiny_hf)
+    res = subprocess.run([sys.executable, "-m", "pipeline.cli", "stage", "awq", "--recipe", str(recipe), "--work",
+                          str(tmp_path / "work"), "--artifacts", str(tmp_path / "art"), "--threads", "2"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    a2 = tmp_path / "work" / "tiny-awq" / "hf-awq" / "model.safetensors"
+    assert sha256_file(tmp_path / "a1" / "model.safetensors") == sha256_file(a2)
+    assert not torch.equal(weights(tiny_hf)["model.layers.0.self_attn.v_proj.weight"],
+                           weights(a2.parent)["model.layers.0.self_attn.v_proj.weight"])  # AWQ did change them
+
+    f16 = tmp_path / "tiny-F16.gguf"
+    convert(r, tiny_hf, f16, tmp_path / "convert.json", log=tmp_path / "convert.log")
+    shas = []
+    for i in (1, 2):
+        rec = imatrix(r, "plain", f16, tmp_path / f"imx{i}.gguf", tmp_path / f"imx{i}.json", log=tmp_path / f"imx{i}.log",
+                      threads=2)
+        assert rec["threads"] == 2 and rec["facts"]["chunk_count"] == 4 and rec["facts"]["entries"] > 0
+        shas.append(sha256_file(tmp_path / f"imx{i}.gguf"))
+    assert shas[0] == shas[1]
 
 
 @pytest.mark.parametrize("case", ["short text", "unsupported arch", "clip shape", "group size"])
