@@ -104,7 +104,10 @@ def find_hub_cache(source: dict, explicit: str | None) -> tuple[Path | None, str
 
 def _recorded_settings(m: dict) -> dict:
     """The workflow config that reaches the bytes, as the manifest records it."""
-    eval_threads = next((es["threads"] for es in m.get("eval_sets", []) if es.get("threads")), None)
+    recorded = (m.get("build") or {}).get("eval_threads") or {}  # per eval set, as capped by --cores
+    eval_threads = max(recorded.values()) if recorded else None
+    if eval_threads is None:
+        eval_threads = next((es["threads"] for es in m.get("eval_sets", []) if es.get("threads")), None)
     if eval_threads is None:
         eval_threads = next((p["acceptance"]["threads"] for p in (m.get("draft") or {}).get("pairs", [])
                              if p.get("acceptance", {}).get("threads")), DEFAULT_THREADS)
