@@ -261,20 +261,22 @@ def _clean_env(extra: dict | None = None) -> dict:
     return env
 
 
-# Tools run with OpenMP's passive waiting (unless OMP_WAIT_POLICY is set): llama-perplexity's idle OpenMP
-# threads otherwise spin on every core at the end of the run, and its logger thread (which b11312 does
-# not join at exit) often got no CPU before the process ended: the last lines, with the final estimate
-# or the statistics, were lost in 18 of 53 runs of a tiny model on 2 loaded cores (1 of 30 with passive
-# waiting; pipeline/evaluate.py re-runs those). The results are bit-identical either way. llama-bench
-# keeps the default (it measures speed).
-PASSIVE_WAIT_TOOLS = ("llama-perplexity",)
+# Tools run with OpenMP's passive waiting (unless OMP_WAIT_POLICY is set). Snakemake runs several jobs at
+# once, each with its own threads; with OpenMP's default (spinning) idle threads they fight for the cores:
+# llama-speculative-simple took 93.9 s for a 32-token prompt with active waiting and 13.6 s with passive
+# waiting beside two other jobs on 2 cores. Spinning threads also starved llama-perplexity's logger thread
+# (which b11312 does not join at exit): the last lines, with the final estimate or the statistics, were
+# lost in 18 of 53 runs of a tiny model on 2 loaded cores (1 of 30 with passive waiting;
+# pipeline/evaluate.py re-runs those). The results are bit-identical either way. llama-bench keeps the
+# default: it measures speed.
+ACTIVE_WAIT_TOOLS = ("llama-bench",)
 
 
 def run_tool(tc: Toolchain, name: str, args: list[str], log: Path | None, check: bool = True,
              cwd: str | Path | None = None) -> ToolResult:
     """Run a compiled llama.cpp tool; raise PipelineError with the log's tail if it fails."""
     env = _clean_env({"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "passive")}
-                     if name in PASSIVE_WAIT_TOOLS else None)
+                     if name not in ACTIVE_WAIT_TOOLS else None)
     res = _run_logged([str(tc.tool(name)), *map(str, args)], log, env, name, str(cwd) if cwd else None)
     if check and res.returncode != 0:
         raise PipelineError(f"{name} failed (exit {res.returncode}): {tail(res.output)}" + (f" [log: {log}]" if log else ""))
