@@ -245,19 +245,20 @@ def verify_truncated(c: Ctx) -> list[str]:
 
 
 def disk_full(c: Ctx) -> list[str]:
-    """A Q4_0 added to the recipe, and work/tiny/quants on a tmpfs with room for little more than the F16."""
+    """A Q4_0 added to the recipe, and work/tiny/quants on a tmpfs with room for little more than the built GGUFs."""
     quants = c.project / "work" / NAME / "quants"
     keep = c.tmp / "quants"
     shutil.move(str(quants), keep)
     quants.mkdir()
-    f16 = keep / f"{NAME}-F16.gguf"
-    size = f16.stat().st_size + (128 << 10)  # the Q4_0 needs about 0.8 MB
+    built = sorted(keep.glob("*.gguf"))  # F16 and Q8_0: both stay, so only the new quant is to be made
+    size = sum(f.stat().st_size for f in built) + (128 << 10)  # the Q4_0 needs about 0.8 MB
     res = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(quants)],
                          capture_output=True, text=True)
     if res.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs (needs root / CAP_SYS_ADMIN): {res.stderr.strip()}")
     c.env["_mounted"] = str(quants)
-    shutil.copy2(f16, quants / f16.name)  # same mtime: only the new quant is to be made
+    for f in built:
+        shutil.copy2(f, quants / f.name)  # same mtimes
     return build(c.good(quants=["Q8_0", "Q4_0"]))
 
 
@@ -404,7 +405,8 @@ def test_bad_input_one_line_and_published_untouched(published, tiny_hf, tmp_path
         for want in expected:
             assert want in errors[0], errors[0]
         if case_id == "disk-full-quantize":  # no partial GGUF under its final name (nor a temporary one)
-            assert sorted(p.name for p in Path(c.env["_mounted"]).iterdir()) == [f"{NAME}-F16.gguf"]
+            assert sorted(p.name for p in Path(c.env["_mounted"]).iterdir()) == [f"{NAME}-F16.gguf",
+                                                                                  f"{NAME}-Q8_0.gguf"]
     finally:
         if "_mounted" in c.env:
             subprocess.run(["umount", c.env["_mounted"]], check=True)
