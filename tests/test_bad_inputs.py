@@ -244,21 +244,26 @@ def verify_truncated(c: Ctx) -> list[str]:
     return ["verify", str(f)]
 
 
+def tmpfs_in_place(c: Ctx, folder: Path, size: int | None = None) -> None:
+    """Replace ``folder`` by a tmpfs (``size`` bytes; default: its files + 128 KiB) holding copies of its files with
+    their mtimes, so that only new outputs are to be made. Skipped only when not root: as root, a mount failure fails."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    keep = c.tmp / folder.name
+    shutil.move(str(folder), keep)
+    folder.mkdir()
+    files = sorted(p for p in keep.iterdir() if p.is_file())
+    size = size or sum(f.stat().st_size for f in files) + (128 << 10)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], check=True)
+    c.env["_mounted"] = str(folder)
+    for f in files:
+        shutil.copy2(f, folder / f.name)
+
+
 def disk_full(c: Ctx) -> list[str]:
-    """A Q4_0 added to the recipe, and work/tiny/quants on a tmpfs with room for little more than the built GGUFs."""
-    quants = c.project / "work" / NAME / "quants"
-    keep = c.tmp / "quants"
-    shutil.move(str(quants), keep)
-    quants.mkdir()
-    built = sorted(keep.glob("*.gguf"))  # F16 and Q8_0: both stay, so only the new quant is to be made
-    size = sum(f.stat().st_size for f in built) + (128 << 10)  # the Q4_0 needs about 0.8 MB
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(quants)],
-                         capture_output=True, text=True)
-    if res.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs (needs root / CAP_SYS_ADMIN): {res.stderr.strip()}")
-    c.env["_mounted"] = str(quants)
-    for f in built:
-        shutil.copy2(f, quants / f.name)  # same mtimes
+    """A Q4_0 added to the recipe, and work/tiny/quants (F16 and Q8_0 kept, so only the new quant is to be made)
+    on a tmpfs with 128 KiB to spare: the Q4_0 needs about 0.8 MB."""
+    tmpfs_in_place(c, c.project / "work" / NAME / "quants")
     return build(c.good(quants=["Q8_0", "Q4_0"]))
 
 
@@ -267,15 +272,7 @@ def read_only_records(c: Ctx) -> list[str]:
     cannot be written (an OSError from the machine: one line, not a traceback). Through `ggufpipe stage`:
     Snakemake itself stops with a traceback of its own when an output folder is read-only."""
     records = c.project / "work" / NAME / "records"
-    keep = c.tmp / "records"
-    shutil.move(str(records), keep)
-    records.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1M", "tmpfs", str(records)], capture_output=True, text=True)
-    if res.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs (needs root / CAP_SYS_ADMIN): {res.stderr.strip()}")
-    c.env["_mounted"] = str(records)
-    for f in keep.iterdir():
-        shutil.copy2(f, records / f.name)  # same mtimes: only the new quant is to be made
+    tmpfs_in_place(c, records, 1 << 20)
     subprocess.run(["mount", "-o", "remount,ro", str(records)], check=True)
     return ["stage", "quantize", "--recipe", c.good(quants=["Q8_0", "Q4_0"]), "--quant", "Q4_0"]
 
