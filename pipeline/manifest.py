@@ -153,7 +153,7 @@ IMATRIX_KEYS = ("quantize.imatrix.file", "quantize.imatrix.dataset", "quantize.i
 def _calibration(recipe: Recipe, layout: Layout, q, gguf_path: Path, seconds: dict) -> tuple[dict, list[dict]]:
     """A quant's ``calibration`` entry (AWQ params, imatrix settings and SHA256s) and the failures
     of its cross-check against the GGUF's own ``quantize.imatrix.*`` keys."""
-    from .ggufinfo import field, open_reader
+    from .ggufheader import read_header
 
     out: dict = {}
     failures: list[dict] = []
@@ -162,8 +162,8 @@ def _calibration(recipe: Recipe, layout: Layout, q, gguf_path: Path, seconds: di
         out["awq"] = {**a["params"], "calibration_sha256": a["calibration_sha256"], "device": a["device"],
                       "threads": a.get("threads"), "autoawq": a["autoawq"]}
         seconds["awq"] = a["seconds"]
-    r = open_reader(gguf_path)
-    keys = {k: field(r, k) for k in IMATRIX_KEYS if k in r.fields}
+    meta = read_header(gguf_path).metadata
+    keys = {k: meta[k] for k in IMATRIX_KEYS if k in meta}
     if q.imatrix:
         m = _load(layout.imatrix_record(recipe.name, q.base))
         imx_file = layout.imatrix(recipe.name, q.base)

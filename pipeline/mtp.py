@@ -10,7 +10,8 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .ggufinfo import field, open_reader
+from .ggufheader import GGUFHeader, read_header
+from .ggufinfo import field
 
 if TYPE_CHECKING:
     from gguf import GGUFReader
@@ -20,14 +21,21 @@ _NEXTN = re.compile(r"^blk\.(\d+)\.nextn\.")
 MTP_KEYS = ("tensors", "layers", "nextn_predict_layers")
 
 
-def mtp_facts(source: str | Path | GGUFReader) -> dict:
-    """MTP facts of a GGUF: ``source`` is its path or an open GGUFReader."""
-    r = source if hasattr(source, "tensors") else open_reader(source)
-    arch = field(r, "general.architecture", "")
+def mtp_facts(source: str | Path | GGUFHeader | GGUFReader) -> dict:
+    """MTP facts of a GGUF: ``source`` is its path (parsed by the stdlib header reader), a parsed header or
+    an open GGUFReader."""
+    r = read_header(source) if isinstance(source, (str, Path)) else source
+    if isinstance(r, GGUFHeader):
+        def get(key, default=None):
+            return r.metadata.get(key, default)
+    else:
+        def get(key, default=None):
+            return field(r, key, default)
+    arch = get("general.architecture", "")
     names = sorted(t.name for t in r.tensors if _NEXTN.match(t.name))
     layers = sorted({int(_NEXTN.match(n).group(1)) for n in names})
     return {"tensors": len(names), "layers": layers, "names": names,
-            "nextn_predict_layers": field(r, f"{arch}.nextn_predict_layers")}
+            "nextn_predict_layers": get(f"{arch}.nextn_predict_layers")}
 
 
 def lost_heads(base: dict, quant: dict) -> list[str]:
