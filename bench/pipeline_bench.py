@@ -237,12 +237,23 @@ def jobs_run(output: str) -> list[str]:
     return jobs
 
 
-EXITED_RE = re.compile(r"^\[\S+ exited -?\d+ after ([0-9.]+)s\]$", re.M)
+EXITED_RE = re.compile(r"^\[\S+ exited -?\d+ after ([0-9.]+)s, CPU ([0-9.]+)s\]$", re.M)
 
 
-def tool_seconds(work: Path) -> float:
-    """Wall seconds of every tool run the pipeline logged (``[<tool> exited <rc> after <s>s]`` lines)."""
-    return sum(float(x) for log in (work / NAME / "logs").glob("*.log") for x in EXITED_RE.findall(log.read_text()))
+def tool_runs(work: Path) -> dict[str, tuple[float, float]]:
+    """(wall, CPU) seconds of the last tool run logged in each ``<stem>.log`` of the pipeline."""
+    out = {}
+    for log in (work / NAME / "logs").glob("*.log"):
+        runs = EXITED_RE.findall(log.read_text())
+        if runs:
+            out[log.stem] = (float(runs[-1][0]), float(runs[-1][1]))
+    return out
+
+
+def tool_seconds(work: Path) -> tuple[float, float]:
+    """(wall, CPU) seconds of every tool run the pipeline logged (``[<tool> exited <rc> after <s>s, CPU <s>s]``)."""
+    runs = [m for log in (work / NAME / "logs").glob("*.log") for m in EXITED_RE.findall(log.read_text())]
+    return sum(float(w) for w, _ in runs), sum(float(c) for _, c in runs)
 
 
 def recorded_commands(work: Path) -> list[tuple[str, list[str]]]:
@@ -276,7 +287,7 @@ def bare_argv(argv: list[str], src: Path, dst: Path, view: Path, meta: Path) -> 
 
 
 def run_bare(src: Path, dst: Path) -> tuple[float, dict[str, float], int, str, float]:
-    """The pipeline's recorded commands, one after another in ``dst``; (wall s, per-command s,
+    """The pipeline's recorded commands, one after another in ``dst``; (wall s, per-command (wall s, CPU s),
     largest max RSS in kB, its command, CPU s)."""
     from pipeline.convert import _model_view, gguf_metadata
     from pipeline.recipe import load_recipe
@@ -306,7 +317,7 @@ def run_bare(src: Path, dst: Path) -> tuple[float, dict[str, float], int, str, f
                                     env=conv_env if stem.startswith("convert") else tool_env)
             _, status, usage = os.wait4(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(status)
-        times[stem] = time.monotonic() - t
+        times[stem] = (time.monotonic() - t, usage.ru_utime + usage.ru_stime)
         cpu += usage.ru_utime + usage.ru_stime
         if proc.returncode != 0:
             sys.exit(f"error: bare command failed ({stem}): {' '.join(argv)} [log: {dst / stem}.log]")
@@ -380,19 +391,24 @@ def main() -> int:
         folder = c2 if rnd == 1 else base / f"c2-r{rnd}"
         recipe = write_recipe(folder / "recipes", [])
         t, jobs, _, m = snakemake(folder, recipe, cores=2, monitor=rnd == 1)
-        tools_s = tool_seconds(folder / "work")
+        tools_s, tools_cpu = tool_seconds(folder / "work")
         pipe.append((t, LAST_CPU, tools_s))
         if rnd == 1:
             recipe2, mon = recipe, m
             ref = outputs(c2)
             logits_size = (c2 / "work" / NAME / "eval" / "botchan" / "base.logits").stat().st_size
         loads.append(f"after pipeline build {rnd} {load()}")
-        print(f"[bench] round {rnd}: pipeline --cores 2: {t:.1f} s, {len(jobs)} jobs, its tools {tools_s:.1f} s", flush=True)
+        print(f"[bench] round {rnd}: pipeline --cores 2: {t:.1f} s (CPU {LAST_CPU:.1f} s), {len(jobs)} jobs, its tools "
+              f"{tools_s:.1f} s (CPU {tools_cpu:.1f} s)", flush=True)
         bare = base / f"bare-r{rnd}"
         t_bare, per_cmd, bare_rss, bare_rss_cmd, cpu_bare = run_bare(folder, bare)
         bare_runs.append((t_bare, cpu_bare))
         loads.append(f"after bare commands {rnd} {load()}")
-        print(f"[bench] round {rnd}: bare {t_bare:.1f} s: " + ", ".join(f"{k} {v:.1f}s" for k, v in per_cmd.items()), flush=True)
+        print(f"[bench] round {rnd}: bare {t_bare:.1f} s (CPU {cpu_bare:.1f} s)", flush=True)
+        in_pipe = tool_runs(folder / "work")
+        print(f"[bench] round {rnd}: per command, wall/CPU s, pipeline vs bare: " + ", ".join(
+            f"{k} {in_pipe.get(k, (0, 0))[0]:.1f}/{in_pipe.get(k, (0, 0))[1]:.1f} vs {w:.1f}/{c:.1f}"
+            for k, (w, c) in per_cmd.items()), flush=True)
         bare_out = outputs(bare)
         if not all(bare_out.get(k) == v for k, v in ref.items() if k.endswith(".gguf") or k == "base.logits"):
             sys.exit(f"error: the bare commands' outputs in {bare} differ from the pipeline's")

@@ -239,9 +239,11 @@ def _run_logged(cmd: list[str], log: Path | None, env: dict | None, label: str, 
             chunks.append(line)
             if sink:
                 sink.write(line)
-        rc = proc.wait()
+        _, status, usage = os.wait4(proc.pid, 0)  # the tool's own CPU time, for the log line
+        rc = proc.returncode = os.waitstatus_to_exitcode(status)
         if sink:
-            sink.write(f"[{label} exited {rc} after {time.monotonic() - start:.1f}s]\n")
+            sink.write(f"[{label} exited {rc} after {time.monotonic() - start:.1f}s, "
+                       f"CPU {usage.ru_utime + usage.ru_stime:.1f}s]\n")
     except OSError as exc:
         raise PipelineError(f"cannot run {cmd[0]}: {exc}; {INSTALL_HINT}") from exc
     finally:
