@@ -11,7 +11,7 @@ No numpy, no ``gguf`` package: a device install stays small, and the type tables
 pinned llama.cpp rather than of whichever ``gguf`` release PyPI has (0.19.0 cannot name Q1_0 or Q2_0). A
 build-box test (tests/test_device.py) checks that both tables equal the pinned tree's gguf-py
 (``LlamaFileType``, ``GGMLQuantizationType`` and ``GGML_QUANT_SIZES`` in gguf/constants.py), and that the
-facts derived here equal :func:`pipeline.ggufinfo.read_facts` (gguf-py's ``GGUFReader``) on real files.
+facts derived here (what :func:`pipeline.ggufinfo.read_facts` returns) equal gguf-py's ``GGUFReader``'s on real files.
 """
 
 from __future__ import annotations
