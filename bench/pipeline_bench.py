@@ -241,19 +241,14 @@ EXITED_RE = re.compile(r"^\[\S+ exited -?\d+ after ([0-9.]+)s, CPU ([0-9.]+)s\]$
 
 
 def tool_runs(work: Path) -> dict[str, tuple[float, float]]:
-    """(wall, CPU) seconds of the last tool run logged in each ``<stem>.log`` of the pipeline."""
+    """(wall, CPU) seconds of the tool runs logged in each ``<stem>.log`` of the pipeline
+    (``[<tool> exited <rc> after <s>s, CPU <s>s]`` lines; a re-run eval logs two)."""
     out = {}
     for log in (work / NAME / "logs").glob("*.log"):
         runs = EXITED_RE.findall(log.read_text())
         if runs:
-            out[log.stem] = (float(runs[-1][0]), float(runs[-1][1]))
+            out[log.stem] = (sum(float(w) for w, _ in runs), sum(float(c) for _, c in runs))
     return out
-
-
-def tool_seconds(work: Path) -> tuple[float, float]:
-    """(wall, CPU) seconds of every tool run the pipeline logged (``[<tool> exited <rc> after <s>s, CPU <s>s]``)."""
-    runs = [m for log in (work / NAME / "logs").glob("*.log") for m in EXITED_RE.findall(log.read_text())]
-    return sum(float(w) for w, _ in runs), sum(float(c) for _, c in runs)
 
 
 def recorded_commands(work: Path) -> list[tuple[str, list[str]]]:
@@ -391,7 +386,8 @@ def main() -> int:
         folder = c2 if rnd == 1 else base / f"c2-r{rnd}"
         recipe = write_recipe(folder / "recipes", [])
         t, jobs, _, m = snakemake(folder, recipe, cores=2, monitor=rnd == 1)
-        tools_s, tools_cpu = tool_seconds(folder / "work")
+        in_pipe = tool_runs(folder / "work")
+        tools_s, tools_cpu = (sum(v[i] for v in in_pipe.values()) for i in (0, 1))
         pipe.append((t, LAST_CPU, tools_s))
         if rnd == 1:
             recipe2, mon = recipe, m
@@ -405,7 +401,6 @@ def main() -> int:
         bare_runs.append((t_bare, cpu_bare))
         loads.append(f"after bare commands {rnd} {load()}")
         print(f"[bench] round {rnd}: bare {t_bare:.1f} s (CPU {cpu_bare:.1f} s)", flush=True)
-        in_pipe = tool_runs(folder / "work")
         print(f"[bench] round {rnd}: per command, wall/CPU s, pipeline vs bare: " + ", ".join(
             f"{k} {in_pipe.get(k, (0, 0))[0]:.1f}/{in_pipe.get(k, (0, 0))[1]:.1f} vs {w:.1f}/{c:.1f}"
             for k, (w, c) in per_cmd.items()), flush=True)
