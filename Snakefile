@@ -6,7 +6,7 @@ import os
 import sys
 
 from pipeline.errors import PipelineError
-from pipeline.workflow import Workflow, mem_mb, show_stage_errors, size_mb
+from pipeline.workflow import Workflow, mem_mb, release_scheduler_timers, show_stage_errors, size_mb
 
 try:
     W = Workflow(config)
@@ -40,8 +40,13 @@ wildcard_constraints:
     dkey=W.pair_key_regex(),
 
 
+onsuccess:
+    release_scheduler_timers()  # else the interpreter waits up to 1 s for Snakemake's rate-limiter timer
+
+
 onerror:
     show_stage_errors(log)  # the error line of a stage whose output goes to its log only (fetch, publish...)
+    release_scheduler_timers()
 
 
 rule all:

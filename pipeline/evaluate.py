@@ -170,13 +170,24 @@ def eval_base(recipe_name: str, es: EvalSet, base_gguf: str | Path, out_logits: 
     tc = tc or find_toolchain()
     what = f"{recipe_name}: eval set {es.name}: base"
     digest = check_text(es, what)
-    n_tokens = count_tokens(tc, base_gguf, es.text, Path(log) if log else None)
-    if n_tokens < es.ctx * es.chunks:
-        raise PipelineError(
-            f"{what}: eval text {es.text} is too short: {n_tokens} tokens, ctx {es.ctx} x {es.chunks} chunks needs "
-            f"{es.ctx * es.chunks}; use a longer text or fewer chunks"
-        )
-    res, m = _write_base_logits(tc, es, base_gguf, out_logits, threads, log, what)
+    # The text's token count (for the record, and a clear "too short" error) comes from llama-tokenize run
+    # beside llama-perplexity, on the core that perplexity leaves idle while it loads and tokenizes: run
+    # first, it added 0.2-0.4 s to every build. A text too short for the eval set is refused with the
+    # count (perplexity's own failure, or the logits it wrote, are then discarded).
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1, thread_name_prefix="count-tokens") as pool:
+        counting = pool.submit(count_tokens, tc, base_gguf, es.text)
+        try:
+            res, m = _write_base_logits(tc, es, base_gguf, out_logits, threads, log, what,
+                                        lambda: _check_length(counting.result(), es, what))
+        except PipelineError:
+            _check_length(counting.result(), es, what)  # the count's message, when that is why it failed
+            raise
+    n_tokens = counting.result()
+    if log:
+        with open(log, "a", encoding="utf-8") as fh:
+            fh.write(f"[{es.text}: {n_tokens} tokens]\n")
     rec = {
         "eval_set": es.name,
         "text": es.text.name,
@@ -194,10 +205,21 @@ def eval_base(recipe_name: str, es: EvalSet, base_gguf: str | Path, out_logits: 
     return rec
 
 
-def _write_base_logits(tc: Toolchain, es: EvalSet, base_gguf, out_logits, threads: int, log, what: str):
+def _check_length(n_tokens: int, es: EvalSet, what: str) -> None:
+    if n_tokens < es.ctx * es.chunks:
+        raise PipelineError(
+            f"{what}: eval text {es.text} is too short: {n_tokens} tokens, ctx {es.ctx} x {es.chunks} chunks needs "
+            f"{es.ctx * es.chunks}; use a longer text or fewer chunks"
+        )
+
+
+def _write_base_logits(tc: Toolchain, es: EvalSet, base_gguf, out_logits, threads: int, log, what: str,
+                       check_before_rename: Callable[[], None] | None = None):
     with atomic_output(out_logits) as tmp:
         res = run_perplexity(tc, ["-m", base_gguf, "-f", es.text, *_common_args(es, threads), "--kl-divergence-base",
                                   tmp], Path(log) if log else None, has_final_estimate, what)
+        if check_before_rename:
+            check_before_rename()
         _fail_on_tool_errors(res, what)
         _check_chunks(res.output, es, what)
         m = _PPL_RE.search(res.output)

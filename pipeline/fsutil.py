@@ -168,12 +168,69 @@ def write_json_atomic(final: str | os.PathLike, data) -> None:
     write_text_atomic(final, json.dumps(data, indent=2, sort_keys=False, ensure_ascii=False) + "\n")
 
 
-def sha256_file(path: str | os.PathLike, chunk: int = 8 << 20) -> str:
+_AHEAD: dict[tuple[int, int, int, int], object] = {}  # file identity -> Future of its SHA256 (hashing_ahead)
+
+
+def _identity(path: str | os.PathLike) -> tuple[int, int, int, int]:
+    st = os.stat(path)
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _sha256_if_unchanged(path: str | os.PathLike, ident: tuple) -> str | None:
+    # 16 MiB per update: hashlib drops the GIL for each, and a busy caller thread gives it back only every
+    # 5 ms (sys.getswitchinterval), so small blocks left this thread waiting more than hashing
+    digest = _sha256_read(path, 16 << 20)
+    return digest if _identity(path) == ident else None
+
+
+@contextlib.contextmanager
+def hashing_ahead(paths, workers: int = 1) -> Iterator[None]:
+    """Hash ``paths`` in ``workers`` helper threads while the caller goes on: inside the block,
+    :func:`sha256_file` of one of those files (same inode, size and mtime, by any path: a hard link too) waits
+    for that result instead of reading the file again. hashlib and file reads release the GIL, so the hashing
+    runs beside the caller's Python work (fetch: importing huggingface_hub; publish: parsing headers) and on
+    idle cores. A file changed while it was hashed is hashed again by the caller."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="sha256-ahead")
+    mine = []
+    try:
+        for p in paths:
+            try:
+                ident = _identity(p)
+            except OSError:
+                continue  # the caller reports a missing file itself
+            if ident not in _AHEAD:
+                _AHEAD[ident] = pool.submit(_sha256_if_unchanged, p, ident)
+                mine.append(ident)
+        yield
+    finally:
+        for ident in mine:
+            _AHEAD.pop(ident).cancel()
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    if _AHEAD:
+        try:
+            fut = _AHEAD.get(_identity(path))
+        except OSError:
+            fut = None
+        try:
+            digest = fut.result() if fut is not None else None
+        except OSError:
+            digest = None  # read it here: the error, if any, comes from this caller
+        if digest:
+            return digest
+    return _sha256_read(path, chunk)
+
+
+def _sha256_read(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    """Read into one reused buffer: 15 % faster than a new bytes object per block (1.55 GB/s here)."""
     h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while True:
-            block = fh.read(chunk)
-            if not block:
-                break
-            h.update(block)
+    buf = bytearray(chunk)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as fh:
+        while n := fh.readinto(buf):
+            h.update(view[:n])
     return h.hexdigest()

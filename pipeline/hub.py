@@ -47,7 +47,7 @@ CHATML_STOPS = ("<|im_start|>", "<|im_end|>")
 _CHATML_SYSTEM_RE = re.compile(r"<\|im_start\|>system(?:\\n|\n)([^'\"{}<>\\\n]+?)<\|im_end\|>")
 
 # What the publish stage leaves in the artifact folder, in upload order after the GGUFs and Modelfiles.
-FOLDER_FILES = (("README.md", "card"), ("report.md", "report"), ("report.png", "plot"), ("metrics.json", "metrics"),
+FOLDER_FILES = (("README.md", "card"), ("report.md", "report"), ("report.svg", "plot"), ("metrics.json", "metrics"),
                 ("manifest.json", "manifest"))
 
 
@@ -198,7 +198,7 @@ def upload_plan(recipe, manifest: dict, folder: str | Path) -> list[dict]:
     """The exact files of the Hub commit: ``[{path_in_repo, local, sha256, size, kind}]``.
 
     Order: GGUFs (manifest order), Modelfiles (same order), then README.md (the model card), report.md,
-    report.png, metrics.json and manifest.json. Refuses (one line) unless ``manifest`` is the manifest in
+    report.svg, metrics.json and manifest.json. Refuses (one line) unless ``manifest`` is the manifest in
     ``folder``, was built from ``recipe`` as it is now, records no failed check, and vouches for every
     GGUF and Modelfile (size and SHA256 as in ``ggufpipe verify``)."""
     from .manifest import gate_messages

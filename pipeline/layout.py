@@ -84,7 +84,7 @@ class Layout:
         return self.art_dir(name) / "report.md"
 
     def plot(self, name: str) -> Path:
-        return self.art_dir(name) / "report.png"
+        return self.art_dir(name) / "report.svg"
 
     def card(self, name: str) -> Path:
         return self.art_dir(name) / "README.md"

@@ -574,22 +574,27 @@ def known_quant_types(quantize_exe: str) -> tuple[frozenset[str], int]:
 def gguf_file_types() -> frozenset[str]:
     """Quant types that the importable ``gguf`` package can name (LlamaFileType.MOSTLY_*).
 
-    Read from its ``constants`` module alone (standard library only) unless ``gguf`` is already
-    imported: the package itself imports numpy and more (0.7 s), which every Snakemake start and
-    every stage paid for loading a recipe."""
+    Read from the source of its ``constants`` module (the ``MOSTLY_*`` members of ``class LlamaFileType``)
+    unless ``gguf`` is already imported: the package itself imports numpy and more (0.7 s), and even
+    executing ``constants.py`` alone (its many enums) took 35 ms, paid by every Snakemake start and every
+    stage for loading a recipe. tests/test_tools.py checks the text reading against the enum."""
     import importlib.util
     import sys
 
     mod = sys.modules.get("gguf")
-    if mod is None:
-        spec = importlib.util.find_spec("gguf")
-        if spec is None or not spec.submodule_search_locations:
-            return frozenset()
-        path = Path(next(iter(spec.submodule_search_locations))) / "constants.py"
-        cspec = importlib.util.spec_from_file_location("_ggufpipe_gguf_constants", path)
-        mod = importlib.util.module_from_spec(cspec)
-        cspec.loader.exec_module(mod)
-    return frozenset(m.name[len("MOSTLY_"):] for m in mod.LlamaFileType if m.name.startswith("MOSTLY_"))
+    if mod is not None:
+        return frozenset(m.name[len("MOSTLY_"):] for m in mod.LlamaFileType if m.name.startswith("MOSTLY_"))
+    spec = importlib.util.find_spec("gguf")
+    if spec is None or not spec.submodule_search_locations:
+        return frozenset()
+    return file_types_in_source((Path(next(iter(spec.submodule_search_locations))) / "constants.py").read_text(
+        encoding="utf-8"))
+
+
+def file_types_in_source(text: str) -> frozenset[str]:
+    """The ``MOSTLY_*`` member names (less the prefix) of ``class LlamaFileType`` in gguf-py's constants.py."""
+    body = re.search(r"^class LlamaFileType\b.*?:\n(.*?)(?=^\S)", text, re.M | re.S)
+    return frozenset(re.findall(r"^[ \t]+MOSTLY_(\w+)[ \t]*=", body.group(1), re.M)) if body else frozenset()
 
 
 def _check_quant_type(ctx: _Ctx, value: str, where: str, known: set[str] | None, build: int | None) -> str:

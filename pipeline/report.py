@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
-from .fsutil import atomic_output, write_text_atomic
+from .fsutil import write_text_atomic
 from .split import model_path
 
 MIB = 1024 * 1024
@@ -59,38 +60,116 @@ def markdown_table(manifest: dict, eval_set: str | None, speed: bool = True) -> 
     return "\n".join(lines)
 
 
-def plot(manifest: dict, out: str | Path) -> None:
-    """PNG: file size against mean KLD per quant and eval set (the usual Pareto picture)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
-    sets = [es["name"] for es in manifest.get("eval_sets", [])]
-    for i, es in enumerate(sets):
+def plot_points(manifest: dict) -> list[tuple]:
+    """What the plot shows: (eval set index, eval set, label, size MiB, mean KLD, published) per quant and set."""
+    out = []
+    for i, es in enumerate(es["name"] for es in manifest.get("eval_sets", [])):
         for e, m, _b, _v in _rows(manifest, es):
             if e.get("role") == "base" or "kld_mean" not in m:
                 continue
-            published = e in manifest["artifacts"]
-            x, y = e["size_bytes"] / MIB, max(m["kld_mean"], 1e-6)
-            ax.scatter([x], [y], marker="o" if published else "x", color=f"C{i}" if published else "red", zorder=3,
-                       label=es if published else None)
-            ax.annotate(e["file"].removeprefix(manifest["name"] + "-").removesuffix(".gguf"), (x, y),
-                        textcoords="offset points", xytext=(4, 4), fontsize=8)
-    ax.set_xlabel("file size (MiB)")
-    ax.set_ylabel("mean KL divergence vs " + manifest.get("base_quant_type", "F16") + " (log)")
-    ax.set_yscale("log")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.set_title(f"{manifest['name']}: size vs quality (x = failed gate)")
-    handles, labels = ax.get_legend_handles_labels()
-    uniq = dict(zip(labels, handles, strict=False))
-    if uniq:
-        ax.legend(uniq.values(), uniq.keys(), title="eval set", fontsize=8)
-    fig.tight_layout()
-    with atomic_output(out) as tmp:
-        fig.savefig(tmp, format="png", metadata={"Software": None})
-    plt.close(fig)
+            out.append((i, es, e["file"].removeprefix(manifest["name"] + "-").removesuffix(".gguf"),
+                        e["size_bytes"] / MIB, max(m["kld_mean"], 1e-6), e in manifest["artifacts"]))
+    return out
+
+
+# matplotlib's tab10, the colours of the eval sets
+COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+          "#17becf")
+
+
+def _nice_step(span: float, n: int = 6) -> float:
+    raw = span / n
+    mag = 10 ** math.floor(math.log10(raw))
+    return next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
+
+
+def _num(v: float) -> str:
+    return f"{v:.6g}"
+
+
+def render_plot(manifest: dict, width: int = 700, height: int = 450) -> str:
+    """SVG text: file size (MiB, linear) against mean KLD (log) per quant and eval set, the usual Pareto
+    picture; a failed quant is a red x. Drawn here, not with matplotlib, whose import alone took 0.4 s of
+    every publish; the output is plain text, byte-identical for identical inputs."""
+    from xml.sax.saxutils import escape
+
+    points = plot_points(manifest)
+    left, right, top, bottom = 78, width - 20, 40, height - 50
+    xs = [p[3] for p in points] or [0.0, 1.0]
+    ys = [p[4] for p in points] or [1e-3, 1e-1]
+    x0, x1 = min(xs), max(xs)
+    pad = (x1 - x0) * 0.06 or max(abs(x0) * 0.05, 1.0)
+    x0, x1 = x0 - pad, x1 + pad
+    step = _nice_step(x1 - x0)
+    l0, l1 = math.log10(min(ys)), math.log10(max(ys))
+    lpad = (l1 - l0) * 0.08 or 0.15
+    l0, l1 = l0 - lpad, l1 + lpad
+
+    def px(x: float) -> float:
+        return left + (x - x0) / (x1 - x0) * (right - left)
+
+    def py(y: float) -> float:
+        return bottom - (math.log10(y) - l0) / (l1 - l0) * (bottom - top)
+
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+           f'viewBox="0 0 {width} {height}" font-family="DejaVu Sans, Arial, sans-serif" font-size="12">',
+           f'<rect width="{width}" height="{height}" fill="white"/>']
+    grid = 'stroke="#000" stroke-opacity="0.12"'
+    # x: linear ticks
+    t = math.ceil(x0 / step) * step
+    while t <= x1 + 1e-9:
+        x = round(px(t), 2)
+        out.append(f'<line x1="{x}" y1="{top}" x2="{x}" y2="{bottom}" {grid}/>')
+        out.append(f'<text x="{x}" y="{bottom + 17}" text-anchor="middle">{_num(round(t, 9))}</text>')
+        t += step
+    # y: log ticks, decades labelled; 2x and 5x too when the range holds fewer than two decades, and more
+    # under 1.2 decades
+    decades = range(math.floor(l0), math.ceil(l1) + 1)
+    labelled = {1}
+    if sum(1 for d in decades if l0 <= d <= l1) < 2:
+        labelled = {1, 2, 3, 4, 5, 6, 8} if l1 - l0 < 1.2 else {1, 2, 5}
+    for d in decades:
+        for m in range(1, 10):
+            v = m * 10.0 ** d
+            if not l0 <= math.log10(v) <= l1:
+                continue
+            y = round(py(v), 2)
+            out.append(f'<line x1="{left}" y1="{y}" x2="{right}" y2="{y}" {grid}'
+                       + ('' if m == 1 else ' stroke-dasharray="2,3"') + '/>')
+            if m in labelled:
+                lab = f'{m}×10' if m > 1 else '10'
+                out.append(f'<text x="{left - 6}" y="{y + 4}" text-anchor="end">{lab}'
+                           f'<tspan dy="-6" font-size="9">{d}</tspan></text>')
+    out.append(f'<rect x="{left}" y="{top}" width="{right - left}" height="{bottom - top}" fill="none" stroke="#000"/>')
+    mid = (min(xs) + max(xs)) / 2
+    for i, _es, label, x, y, published in points:
+        cx, cy = round(px(x), 2), round(py(y), 2)
+        if published:
+            out.append(f'<circle cx="{cx}" cy="{cy}" r="4.5" fill="{COLORS[i % len(COLORS)]}"/>')
+        else:
+            out.append(f'<path d="M{cx - 4},{cy - 4}L{cx + 4},{cy + 4}M{cx - 4},{cy + 4}L{cx + 4},{cy - 4}" '
+                       'stroke="red" stroke-width="2"/>')
+        end = x > mid  # labels of the right half extend to the left, inside the axes
+        out.append(f'<text x="{cx - 6 if end else cx + 6}" y="{cy - 6}" font-size="10"'
+                   f'{" text-anchor=" + chr(34) + "end" + chr(34) if end else ""}>{escape(label)}</text>')
+    base = manifest.get("base_quant_type", "F16")
+    out.append(f'<text x="{(left + right) / 2}" y="{top - 14}" text-anchor="middle" font-size="14">'
+               f'{escape(manifest["name"])}: size vs quality (x = failed gate)</text>')
+    out.append(f'<text x="{(left + right) / 2}" y="{height - 12}" text-anchor="middle">file size (MiB)</text>')
+    out.append(f'<text transform="translate(18,{(top + bottom) / 2}) rotate(-90)" text-anchor="middle">'
+               f'mean KL divergence vs {escape(base)} (log)</text>')
+    sets = list(dict.fromkeys((i, es) for i, es, *_ in points))
+    if sets:
+        w, h = 12 + 8 * max(len("eval set"), *(len(es) for _, es in sets)) + 18, 24 + 16 * len(sets)
+        lx, ly = right - w - 8, top + 8
+        out.append(f'<rect x="{lx}" y="{ly}" width="{w}" height="{h}" fill="white" stroke="#ccc" rx="3"/>')
+        out.append(f'<text x="{lx + w / 2}" y="{ly + 15}" text-anchor="middle">eval set</text>')
+        for k, (i, es) in enumerate(sets):
+            yy = ly + 30 + 16 * k
+            out.append(f'<circle cx="{lx + 12}" cy="{yy - 4}" r="4.5" fill="{COLORS[i % len(COLORS)]}"/>')
+            out.append(f'<text x="{lx + 24}" y="{yy}" font-size="11">{escape(es)}</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
 
 
 def _eval_desc(manifest: dict) -> str:
@@ -136,8 +215,9 @@ def mtp_text(manifest: dict) -> str:
     return "\n".join(lines)
 
 
-def write_report(manifest: dict, out_md: str | Path, out_png: str | Path) -> None:
-    plot(manifest, out_png)
+def write_report(manifest: dict, out_md: str | Path, out_svg: str | Path) -> None:
+    """report.md and its plot (report.svg)."""
+    write_text_atomic(out_svg, render_plot(manifest))
     parts = [f"# {manifest['name']}: quantization report", "",
              f"Build `{manifest['build_id']}` · llama.cpp b{manifest['tools']['llama_cpp_build']} · "
              f"built {manifest['build']['timestamp']}", ""]
@@ -153,7 +233,7 @@ def write_report(manifest: dict, out_md: str | Path, out_png: str | Path) -> Non
     if manifest.get("draft"):
         parts += ["## Draft model (speculative decoding)", "", draft_table(manifest), ""]
     parts += ["pp/tg t/s: `llama-bench` prompt processing / generation tokens/s on the build box (CPU), same "
-              "threads for all quants: build-box figures, not device speed.", "", f"![size vs mean KLD]({Path(out_png).name})", ""]
+              "threads for all quants: build-box figures, not device speed.", "", f"![size vs mean KLD]({Path(out_svg).name})", ""]
     write_text_atomic(out_md, "\n".join(parts))
 
 

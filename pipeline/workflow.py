@@ -218,6 +218,19 @@ def show_stage_errors(snakemake_log) -> None:
             print(errors[-1], file=sys.stderr, flush=True)
 
 
+def release_scheduler_timers() -> None:
+    """The Snakefile's ``onsuccess`` / ``onerror``, once the scheduler is done: cancel the timers of
+    Snakemake's job-rate limiter (``--max-jobs-per-timespan``, default 100/1s). Each scheduling pass arms a
+    non-daemon ``threading.Timer`` that wakes the scheduler a timespan later, and the interpreter waits for
+    the last one before it exits: up to a second added to every build that ran a job (measured on Snakemake
+    9.27: 1.3 s from "Elapsed time" to exit on a one-job workflow, 0.01 s with the timers cancelled)."""
+    import threading
+
+    for t in threading.enumerate():
+        if isinstance(t, threading.Timer):
+            t.cancel()
+
+
 def mem_mb(input_mb: float, factor: float, floor: int = 512) -> int:
     return int(max(floor, input_mb * factor + floor))
 

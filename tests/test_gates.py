@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -125,6 +126,34 @@ def test_thresholds_layering(quantize_exe):
     assert q4 == {"max_ppl_ratio": 1.1, "max_kld_mean": 0.1, "max_kld_p99": 0.5, "min_same_top_p": 0.8}
 
 
+def test_report_plot_svg():
+    """One circle per published quant and eval set (its set's colour), a red x per failed one, every label;
+    log y axis labelled in decades; text output, identical for identical input."""
+    from pipeline.report import COLORS, render_plot
+
+    def q(name, size_mib, klds):
+        return {"file": f"m-{name}.gguf", "quant_type": name, "size_bytes": int(size_mib * 2**20), "role": "quant",
+                "metrics": {s: {"kld_mean": v} for s, v in klds.items()}}
+    manifest = {"name": "m", "base_quant_type": "F16", "eval_sets": [{"name": "wiki"}, {"name": "code & <math>"}],
+                "artifacts": [{"file": "m-F16.gguf", "quant_type": "F16", "size_bytes": 2**28, "role": "base"},
+                              q("Q8_0", 140, {"wiki": 0.002, "code & <math>": 0.003}),
+                              q("Q4_K_M", 100, {"wiki": 0.05, "code & <math>": 0.07})],
+                "rejected": [q("Q2_K", 60, {"wiki": 0.9, "code & <math>": 1.2})]}
+    text = render_plot(manifest)
+    assert text == render_plot(manifest)
+    svg = ET.fromstring(text)
+    ns = "{http://www.w3.org/2000/svg}"
+    fills = [c.get("fill") for c in svg.iter(ns + "circle")]
+    assert sorted(fills[:4]) == sorted([COLORS[0], COLORS[0], COLORS[1], COLORS[1]])  # 4 points, then the legend
+    assert fills[4:] == [COLORS[0], COLORS[1]]
+    assert len([p for p in svg.iter(ns + "path") if p.get("stroke") == "red"]) == 2  # Q2_K in both sets
+    texts = ["".join(t.itertext()) for t in svg.iter(ns + "text")]
+    for label in ("Q8_0", "Q4_K_M", "Q2_K", "wiki", "code & <math>", "file size (MiB)", "mean KL divergence vs F16 (log)"):
+        assert label in texts, label
+    assert {"10-2", "10-1", "100"} <= set(texts) and "10-3" not in texts  # decades in 0.002 .. 1.2 ("10", raised exponent)
+    assert ET.fromstring(render_plot({"name": "e", "eval_sets": [], "artifacts": [], "rejected": []})).tag == ns + "svg"
+
+
 # ------------------------------------------------------------------ end to end
 
 
@@ -144,7 +173,8 @@ def test_demo_gates_in_manifest(demo_build):
     assert metrics["Q4_K_M"]["botchan"]["kld_mean"] == m["artifacts"][3]["metrics"]["botchan"]["kld_mean"]
     report = (folder / "report.md").read_text()
     assert "| Q4_K_M |" in report and "pp t/s" in report and "pass" in report
-    assert (folder / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    svg = ET.fromstring((folder / "report.svg").read_text())  # well-formed SVG
+    assert svg.tag == "{http://www.w3.org/2000/svg}svg" and "![size vs mean KLD](report.svg)" in report
     card = (folder / "README.md").read_text()
     assert card.startswith("---\nbase_model: HuggingFaceTB/SmolLM2-135M-Instruct\nlicense: apache-2.0\ntags:\n  - gguf")
     assert "llama-cli -m smollm2-135m-Q4_K_M.gguf" in card

@@ -177,6 +177,14 @@ def test_publish_stage_removes_modelfiles_when_ollama_is_off(built, tmp_path):
     assert "Run with Ollama" not in (art(root) / "README.md").read_text()
 
 
+def test_publish_replaces_the_png_plot_of_earlier_versions(built, tmp_path):
+    root, _ = clone(built, tmp_path / "p")
+    (art(root) / "report.png").write_bytes(b"\x89PNG\r\n\x1a\n")  # what publish wrote before report.svg
+    publish_folder(root, recipe_data())
+    assert not (art(root) / "report.png").exists() and (art(root) / "report.svg").is_file()
+    assert "](report.svg)" in (art(root) / "report.md").read_text()
+
+
 @pytest.mark.parametrize("case", ["phi3-eot", "no-template", "override"])
 def test_modelfile_without_chatml(tmp_path, case):
     """Phi-3's template is not ChatML: no TEMPLATE (Ollama matches the GGUF's own), stops from EOS and EOT."""
@@ -220,7 +228,7 @@ def expected_plan(folder: Path, manifest: dict, prefix: str = "") -> list[dict]:
              "size": e["size_bytes"], "kind": "gguf"} for e in manifest["artifacts"]]
     plan += [{"path_in_repo": prefix + m["file"], "local": str(folder / m["file"]), "sha256": m["sha256"],
               "size": (folder / m["file"]).stat().st_size, "kind": "modelfile"} for m in manifest["ollama"]]
-    for f, kind in [("README.md", "card"), ("report.md", "report"), ("report.png", "plot"),
+    for f, kind in [("README.md", "card"), ("report.md", "report"), ("report.svg", "plot"),
                     ("metrics.json", "metrics"), ("manifest.json", "manifest")]:
         plan.append({"path_in_repo": prefix + f, "local": str(folder / f), "sha256": sha256_file(folder / f),
                      "size": (folder / f).stat().st_size, "kind": kind})
@@ -235,7 +243,7 @@ def test_upload_plan_is_exact(built):
     assert plan == expected_plan(folder, manifest)
     assert [p["path_in_repo"] for p in plan] == [
         f"{NAME}-F16.gguf", f"{NAME}-Q8_0.gguf", f"{NAME}-Q4_K_M.gguf", "Modelfile.F16", "Modelfile.Q8_0",
-        "Modelfile.Q4_K_M", "README.md", "report.md", "report.png", "metrics.json", "manifest.json"]
+        "Modelfile.Q4_K_M", "README.md", "report.md", "report.svg", "metrics.json", "manifest.json"]
     for p in plan:  # every SHA256 is the file's
         assert sha256_file(p["local"]) == p["sha256"]
     assert upload_plan(recipe, manifest, folder) == plan  # deterministic

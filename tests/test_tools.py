@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -43,6 +44,18 @@ def test_pipeline_gguf_is_the_pinned_gguf_py(toolchain):
     known, _ = known_quant_types(str(toolchain.tool("llama-quantize")))
     missing = {t for t in known if t not in gguf_file_types()} - {"F16", "BF16", "F32", "COPY", "Q3_K", "Q4_K", "Q5_K"}
     assert missing == set()
+
+
+def test_file_types_read_from_gguf_source_equal_the_enum():
+    """recipe.gguf_file_types reads gguf-py's constants.py as text (no import): same names as the enum."""
+    import gguf
+
+    from pipeline.recipe import file_types_in_source
+
+    source = (Path(gguf.__file__).parent / "constants.py").read_text(encoding="utf-8")
+    want = {m.name[len("MOSTLY_"):] for m in gguf.LlamaFileType if m.name.startswith("MOSTLY_")}
+    assert len(want) > 30 and file_types_in_source(source) == want
+    assert file_types_in_source("class Other:\n    MOSTLY_X = 1\n") == frozenset()
 
 
 def test_version_read_from_tool(toolchain):
