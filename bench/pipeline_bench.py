@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Pipeline benchmark on the demo recipe: prints a table of measured ratios against their targets.
 
-    .venv/bin/python bench/pipeline_bench.py [--dir DIR] [--keep]      (or `make bench`)
+    .venv/bin/python bench/pipeline_bench.py [--rounds N] [--no-cores1] [--dir DIR] [--keep]      (or `make bench`)
 
 Not a test: it measures, prints, and exits 0 unless something failed to run. It builds a temporary copy
 of ``recipes/smollm2-135m.yaml`` without its ``draft:`` section and with ``bench: false`` (the stages
@@ -11,13 +11,15 @@ folder, and measures:
 1. pipeline wall time (``snakemake --cores 2``) vs the same work done by bare commands run one after
    another: the command lines are read back from the pipeline's own logs (``$ ...`` lines), so flags
    and threads are the pipeline's; the converter runs with the vendored gguf-py as the pipeline runs
-   it. The bare outputs are checked byte-identical to the pipeline's. Each kind of build runs ``--rounds``
-   times (default 2) in fresh folders and the best runs are compared; the pipeline's wall time less the
-   wall time of its own logged tool runs is printed too (orchestration cost, free of tool-speed noise);
+   it. The bare outputs are checked byte-identical to the pipeline's. ``--rounds`` times (default 3), in
+   fresh folders, the pipeline and the bare commands run back to back (bare first in even rounds); the
+   median of the rounds' ratios is the verdict, the best runs of each kind are printed too; the pipeline's
+   wall time less the wall time of its own logged tool runs is printed as well (orchestration cost, free of
+   tool-speed noise);
 2. a no-op re-run (wall time, jobs run), also through another path to the same interpreter;
 3. adding one quant type to the built recipe: which jobs ran;
-4. ``--cores 1`` vs ``--cores 2`` for the three quants (fresh builds, best of the rounds; outputs compared
-   by SHA256);
+4. ``--cores 1`` vs ``--cores 2`` for the three quants (a fresh ``--cores 1`` build after each round's pair;
+   median of the rounds' ratios; outputs compared by SHA256);
 5. peak memory (VmHWM, polled from /proc) of the Snakemake process, of the stage wrappers and of the
    largest tool process; peak disk use of the build folder (own bytes: hard links into the HF hub
    cache are not counted); then ``ggufpipe clean-logits``, a no-op re-run, and one more quant added
@@ -36,6 +38,7 @@ import os
 import re
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -361,7 +364,7 @@ def main() -> int:
     ap.add_argument("--dir", help="working folder (default: a new temporary folder)")
     ap.add_argument("--keep", action="store_true", help="keep the working folder")
     ap.add_argument("--no-cores1", action="store_true", help="skip the --cores 1 builds (the longest step)")
-    ap.add_argument("--rounds", type=int, default=2, help="builds of each kind; the best is compared (default 2)")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of builds; the median of their ratios is compared (default 3)")
     args = ap.parse_args()
     base = Path(args.dir).resolve() if args.dir else Path(tempfile.mkdtemp(prefix="ggufpipe-bench-"))
     base.mkdir(parents=True, exist_ok=True)
@@ -378,32 +381,47 @@ def main() -> int:
     warm(hub)
 
     # 1. pipeline (cores 2) vs bare commands, and 4. --cores 1 (fresh builds of the same recipe). Each
-    # round builds in new folders; the best round of each kind is compared (one eval varies by up to 25 %
-    # between identical runs on this shared machine). Round 1's --cores 2 folder is kept for steps 2, 3, 5.
+    # round builds in new folders: the pipeline and the bare commands back to back (bare first in even
+    # rounds, replaying round 1's commands), so each round's ratio compares runs minutes apart; the median
+    # of those ratios is the verdict (one eval varies by up to 25 % between identical runs on this shared
+    # machine, in bursts longer than one build). Round 1's --cores 2 folder is kept for steps 2, 3, 5.
     c2 = base / "c2"
     pipe, bare_runs, c1_runs = [], [], []
-    for rnd in range(1, args.rounds + 1):
-        folder = c2 if rnd == 1 else base / f"c2-r{rnd}"
-        recipe = write_recipe(folder / "recipes", [])
-        t, jobs, _, m = snakemake(folder, recipe, cores=2, monitor=rnd == 1)
+
+    def run_pipeline(folder, rnd):
+        t, jobs, _, m = snakemake(folder, write_recipe(folder / "recipes", []), cores=2, monitor=rnd == 1)
         in_pipe = tool_runs(folder / "work")
         tools_s, tools_cpu = (sum(v[i] for v in in_pipe.values()) for i in (0, 1))
         pipe.append((t, LAST_CPU, tools_s))
-        if rnd == 1:
-            recipe2, mon = recipe, m
-            ref = outputs(c2)
-            logits_size = (c2 / "work" / NAME / "eval" / "botchan" / "base.logits").stat().st_size
         loads.append(f"after pipeline build {rnd} {load()}")
-        print(f"[bench] round {rnd}: pipeline --cores 2: {t:.1f} s (CPU {LAST_CPU:.1f} s), {len(jobs)} jobs, its tools "
-              f"{tools_s:.1f} s (CPU {tools_cpu:.1f} s)", flush=True)
-        bare = base / f"bare-r{rnd}"
-        t_bare, per_cmd, bare_rss, bare_rss_cmd, cpu_bare = run_bare(folder, bare)
+        print(f"[bench] round {rnd}: pipeline --cores 2: {t:.1f} s (CPU {LAST_CPU:.1f} s), {len(jobs)} jobs, its "
+              f"tools {tools_s:.1f} s (CPU {tools_cpu:.1f} s)", flush=True)
+        return m, in_pipe
+
+    def run_bare_side(src, bare, rnd):
+        t_bare, per_cmd, rss, rss_cmd, cpu_bare = run_bare(src, bare)
         bare_runs.append((t_bare, cpu_bare))
         loads.append(f"after bare commands {rnd} {load()}")
         print(f"[bench] round {rnd}: bare {t_bare:.1f} s (CPU {cpu_bare:.1f} s)", flush=True)
-        print(f"[bench] round {rnd}: per command, wall/CPU s, pipeline vs bare: " + ", ".join(
-            f"{k} {in_pipe.get(k, (0, 0))[0]:.1f}/{in_pipe.get(k, (0, 0))[1]:.1f} vs {w:.1f}/{c:.1f}"
-            for k, (w, c) in per_cmd.items()), flush=True)
+        return per_cmd, rss, rss_cmd
+
+    for rnd in range(1, args.rounds + 1):
+        folder = c2 if rnd == 1 else base / f"c2-r{rnd}"
+        bare = base / f"bare-r{rnd}"
+        if rnd % 2:
+            m, in_pipe = run_pipeline(folder, rnd)
+            if rnd == 1:
+                recipe2, mon = folder / "recipes" / f"{NAME}.yaml", m
+                ref = outputs(c2)
+                logits_size = (c2 / "work" / NAME / "eval" / "botchan" / "base.logits").stat().st_size
+            per_cmd, bare_rss, bare_rss_cmd = run_bare_side(folder, bare, rnd)
+        else:
+            per_cmd, bare_rss, bare_rss_cmd = run_bare_side(c2, bare, rnd)
+            m, in_pipe = run_pipeline(folder, rnd)
+        print(f"[bench] round {rnd}: pipeline / bare {pipe[-1][0] / bare_runs[-1][0]:.3f}x; per command, wall/CPU s, "
+              "pipeline vs bare: " + ", ".join(
+                  f"{k} {in_pipe.get(k, (0, 0))[0]:.1f}/{in_pipe.get(k, (0, 0))[1]:.1f} vs {w:.1f}/{c:.1f}"
+                  for k, (w, c) in per_cmd.items()), flush=True)
         bare_out = outputs(bare)
         if not all(bare_out.get(k) == v for k, v in ref.items() if k.endswith(".gguf") or k == "base.logits"):
             sys.exit(f"error: the bare commands' outputs in {bare} differ from the pipeline's")
@@ -428,10 +446,12 @@ def main() -> int:
         return " / ".join(f"{r[0]:.1f}" for r in runs) + " s"
 
     (t_pipe, cpu_pipe, _), (t_bare, cpu_bare) = min(pipe), min(bare_runs)
-    row("pipeline vs bare commands (wall, --cores 2, best of "
-        f"{args.rounds})", f"{t_pipe:.1f} s / {t_bare:.1f} s = {t_pipe / t_bare:.3f}x (runs: pipeline {each(pipe)}, "
-        f"bare {each(bare_runs)}); CPU {cpu_pipe:.0f} s / {cpu_bare:.0f} s = {cpu_pipe / cpu_bare:.3f}x; outputs identical",
-        "<= 1.05x", t_pipe / t_bare <= 1.05)
+    paired = [p[0] / b[0] for p, b in zip(pipe, bare_runs, strict=True)]
+    mid = statistics.median(paired)
+    row(f"pipeline vs bare commands (wall, --cores 2, median of {args.rounds} paired rounds)",
+        f"{mid:.3f}x (rounds: {' / '.join(f'{r:.3f}' for r in paired)}; pipeline {each(pipe)}, bare {each(bare_runs)}; "
+        f"best vs best {t_pipe:.1f} / {t_bare:.1f} s = {t_pipe / t_bare:.3f}x); CPU {cpu_pipe:.0f} s / {cpu_bare:.0f} s = "
+        f"{cpu_pipe / cpu_bare:.3f}x; outputs identical", "<= 1.05x", mid <= 1.05)
     over = [t - tools_s for t, _, tools_s in pipe]
     row("orchestration: pipeline wall less its own tool runs (11 jobs)", " / ".join(f"{o:.1f}" for o in over)
         + f" s = {min(over) / t_pipe * 100:.1f} % of the best build", "(what the ratio above costs without tool noise)",
@@ -453,9 +473,12 @@ def main() -> int:
 
     if c1_runs:
         t_c1, cpu_c1 = min(c1_runs)
-        row(f"--cores 2 / --cores 1 (3 quants, fresh builds, best of {args.rounds})",
-            f"{t_pipe:.1f} s / {t_c1:.1f} s = {t_pipe / t_c1:.3f}x (runs: --cores 1 {each(c1_runs)}; CPU {cpu_pipe:.0f} s / "
-            f"{cpu_c1:.0f} s); outputs identical", "<= 0.65x", t_pipe / t_c1 <= 0.65)
+        paired_c = [p[0] / c[0] for p, c in zip(pipe, c1_runs, strict=True)]
+        mid_c = statistics.median(paired_c)
+        row(f"--cores 2 / --cores 1 (3 quants, fresh builds, median of {args.rounds} paired rounds)",
+            f"{mid_c:.3f}x (rounds: {' / '.join(f'{r:.3f}' for r in paired_c)}; --cores 1 {each(c1_runs)}; best vs best "
+            f"{t_pipe:.1f} / {t_c1:.1f} s = {t_pipe / t_c1:.3f}x; CPU {cpu_pipe:.0f} s / {cpu_c1:.0f} s); outputs identical",
+            "<= 0.65x", mid_c <= 0.65)
 
     # 3. one quant added to the built recipe
     write_recipe(c2 / "recipes", [ADD_QUANT])

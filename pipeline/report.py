@@ -150,8 +150,8 @@ def render_plot(manifest: dict, width: int = 700, height: int = 450) -> str:
             out.append(f'<path d="M{cx - 4},{cy - 4}L{cx + 4},{cy + 4}M{cx - 4},{cy + 4}L{cx + 4},{cy - 4}" '
                        'stroke="red" stroke-width="2"/>')
         end = x > mid  # labels of the right half extend to the left, inside the axes
-        out.append(f'<text x="{cx - 6 if end else cx + 6}" y="{cy - 6}" font-size="10"'
-                   f'{" text-anchor=" + chr(34) + "end" + chr(34) if end else ""}>{escape(label)}</text>')
+        anchor = ' text-anchor="end"' if end else ""
+        out.append(f'<text x="{cx - 6 if end else cx + 6}" y="{cy - 6}" font-size="10"{anchor}>{escape(label)}</text>')
     base = manifest.get("base_quant_type", "F16")
     out.append(f'<text x="{(left + right) / 2}" y="{top - 14}" text-anchor="middle" font-size="14">'
                f'{escape(manifest["name"])}: size vs quality (x = failed gate)</text>')
