@@ -11,7 +11,6 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
-import re
 import shutil
 from pathlib import Path
 
@@ -157,11 +156,9 @@ def _likely_files(recipe: Recipe, hub_cache: str | None) -> list[Path]:
     """The files a fetch will most likely place, found without huggingface_hub: the local source folder, or
     the pinned commit's snapshot folder in the hub cache when it is there. Only a hint (see fetch)."""
     if recipe.source.repo:
-        if not re.fullmatch(r"[0-9a-f]{40}", recipe.source.revision or ""):
-            return []
         home = Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface")
         cache = Path(hub_cache or os.environ.get("HF_HUB_CACHE") or home / "hub")
-        folder = cache / ("models--" + recipe.source.repo.replace("/", "--")) / "snapshots" / recipe.source.revision
+        folder = hub_snapshot_dir(cache, recipe.source.repo, recipe.source.revision or "main")
     else:
         folder = Path(recipe.source.path).expanduser()
     patterns = allow_patterns(recipe)
@@ -169,6 +166,14 @@ def _likely_files(recipe: Recipe, hub_cache: str | None) -> list[Path]:
         return [p for p in folder.rglob("*") if _wanted(str(p.relative_to(folder)), patterns) and p.is_file()]
     except OSError:
         return []
+
+
+def hub_snapshot_dir(cache: Path, repo: str, revision: str) -> Path:
+    """Where the hub cache ``cache`` keeps ``repo`` at ``revision`` (a commit, or a branch or tag that its
+    ``refs/`` resolves); it may not exist."""
+    repo_dir = cache / ("models--" + repo.replace("/", "--"))
+    ref = repo_dir / "refs" / revision
+    return repo_dir / "snapshots" / (ref.read_text().strip() if ref.is_file() else revision)
 
 
 def _fetch(recipe: Recipe, out_dir: Path, record: Path, hub_cache: str | None) -> dict:

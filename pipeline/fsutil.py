@@ -171,7 +171,8 @@ def write_json_atomic(final: str | os.PathLike, data) -> None:
 _AHEAD: dict[tuple[int, int, int, int], object] = {}  # file identity -> Future of its SHA256 (hashing_ahead)
 
 
-def _identity(path: str | os.PathLike) -> tuple[int, int, int, int]:
+def file_identity(path: str | os.PathLike) -> tuple[int, int, int, int]:
+    """(device, inode, size, mtime in ns): changes when the file is replaced or rewritten."""
     st = os.stat(path)
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
@@ -180,7 +181,7 @@ def _sha256_if_unchanged(path: str | os.PathLike, ident: tuple) -> str | None:
     # 16 MiB per update: hashlib drops the GIL for each, and a busy caller thread gives it back only every
     # 5 ms (sys.getswitchinterval), so small blocks left this thread waiting more than hashing
     digest = _sha256_read(path, 16 << 20)
-    return digest if _identity(path) == ident else None
+    return digest if file_identity(path) == ident else None
 
 
 @contextlib.contextmanager
@@ -197,7 +198,7 @@ def hashing_ahead(paths, workers: int = 1) -> Iterator[None]:
     try:
         for p in paths:
             try:
-                ident = _identity(p)
+                ident = file_identity(p)
             except OSError:
                 continue  # the caller reports a missing file itself
             if ident not in _AHEAD:
@@ -213,7 +214,7 @@ def hashing_ahead(paths, workers: int = 1) -> Iterator[None]:
 def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     if _AHEAD:
         try:
-            fut = _AHEAD.get(_identity(path))
+            fut = _AHEAD.get(file_identity(path))
         except OSError:
             fut = None
         try:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import PipelineError
+from .fsutil import file_identity
 
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32  # GGUF_DEFAULT_ALIGNMENT
@@ -168,8 +169,7 @@ def read_header(path: str | os.PathLike) -> GGUFHeader:
     49k-token vocabulary). A rewritten or replaced file is parsed again."""
     path = Path(path)
     try:
-        st = os.stat(path)
-        key = (os.fspath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        key = (os.fspath(path), *file_identity(path))
     except OSError:
         key = None  # open() below gives the error
     if key in _PARSED:

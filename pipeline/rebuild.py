@@ -76,13 +76,11 @@ def find_recipe(manifest_path: Path, manifest: dict, explicit: str | None) -> Pa
                         "pass --recipe PATH")
 
 
-def _hub_snapshot(cache: Path, repo: str, commit: str) -> Path:
-    return cache / ("models--" + repo.replace("/", "--")) / "snapshots" / commit
-
-
 def find_hub_cache(source: dict, explicit: str | None) -> tuple[Path | None, str | None]:
     """(hub cache holding the recorded commit, None) or (None, why not). Tried in order: ``--hub-cache``,
     ``$HF_HUB_CACHE``, huggingface_hub's default cache, the demo's hub cache."""
+    from .fetch import hub_snapshot_dir
+
     if not source.get("repo"):
         return None, None
     cands = [Path(explicit)] if explicit else []
@@ -95,7 +93,7 @@ def find_hub_cache(source: dict, explicit: str | None) -> tuple[Path | None, str
 
         cands.append(hub_cache_dir())
     for c in cands:
-        if _hub_snapshot(c.expanduser(), source["repo"], source["commit"]).is_dir():
+        if hub_snapshot_dir(c.expanduser(), source["repo"], source["commit"]).is_dir():
             return c.expanduser().resolve(), None
     return None, (f"source: {source['repo']}@{source['commit']} is not in the hub cache ("
                   + ", ".join(str(c) for c in cands) + "); rebuild-check works offline: fetch it first or pass "
