@@ -1,18 +1,24 @@
-# Quick start: `make demo` builds the embedded demo recipe; `make test` runs the test suite.
+# Quick start: `make demo` builds the main demo recipe; `make test` runs the whole test suite (what CI runs).
 # Both install what they need: a virtualenv (.venv), pinned Python deps and the pinned llama.cpp tools
-# (built once into $(CACHE), outside the clone, keyed by the llama.cpp build number).
+# (built once into $(CACHE), outside the clone, in a folder keyed by everything that shapes them).
+# `make test-fast`: ruff and the unit tier in a light venv (.venv-fast), no llama.cpp, no torch.
 
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
+FAST   := .venv-fast
 CACHE  := $(or $(GGUFPIPE_CACHE),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/ggufpipe)
 LLAMA_BUILD := b11312
 CORES  ?= all
 PYTEST_ARGS ?=
+DEMO_RECIPE  := recipes/smollm2-135m.yaml
+CALIB_RECIPE := recipes/smollm2-135m-calib.yaml
+DEMO_ENV = HF_HUB_OFFLINE=1 HF_HUB_CACHE=$(CACHE)/demo/hub
 
 export GGUFPIPE_CACHE := $(CACHE)
 
-.PHONY: venv tools pyc demo dvc-repro test lint clean-work clean-logits bench
+.PHONY: venv tools tools-build pyc setup demo demo-calib dvc-repro test test-fast lint docs clean-work \
+	clean-logits bench
 .DEFAULT_GOAL := demo
 
 # Virtualenv with pinned deps. torch goes first and pinned, so pip takes the local CPU wheel.
@@ -20,7 +26,7 @@ $(BIN)/.installed: pyproject.toml requirements/constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade "pip>=24"
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -c requirements/constraints.txt -e '.[build,cluster,dev]'
+	$(BIN)/python -m pip install -q -c requirements/constraints.txt -e '.[build,cluster,dev,lint]'
 	# AutoAWQ 0.2.9 is archived upstream: installed without its declared deps (see pyproject.toml)
 	$(BIN)/python -m pip install -q --no-deps autoawq==0.2.9
 	rm -f $(BIN)/.gguf-py-*
@@ -28,14 +34,22 @@ $(BIN)/.installed: pyproject.toml requirements/constraints.txt
 
 venv: $(BIN)/.installed
 
-# llama.cpp tools (no-op when installed), then the gguf-py of that tree into the venv: the pipeline
-# reads GGUFs with the same gguf-py that the pinned tools come with (PyPI's gguf lacks newer types).
+# The pinned llama.cpp tools into the cache (a no-op when that folder exists). pipeline/tools.py is standard
+# library only, so this runs with the system Python and needs no venv: `setup` builds both at once.
+tools-build:
+	$(PYTHON) -m pipeline.tools install
+
+# Then the gguf-py of that tree into the venv: the pipeline reads GGUFs with the same gguf-py that the pinned
+# tools come with (PyPI's gguf lacks newer types).
 $(BIN)/.gguf-py-$(LLAMA_BUILD): $(BIN)/.installed
-	$(BIN)/python -m pipeline.tools install
+	$(MAKE) --no-print-directory tools-build
 	$(BIN)/python -m pip install -q --no-deps --force-reinstall "$$($(BIN)/python -m pipeline.tools gguf-py)"
 	touch $@
 
-tools: $(BIN)/.gguf-py-$(LLAMA_BUILD)
+# venv and llama.cpp build side by side (pip waits on the network and unpacks while cmake compiles)
+tools:
+	@$(MAKE) --no-print-directory -j2 venv tools-build
+	@$(MAKE) --no-print-directory $(BIN)/.gguf-py-$(LLAMA_BUILD)
 
 # Bytecode of the pipeline package, which the editable install leaves uncompiled: every stage is a fresh
 # interpreter, and under PYTHONDONTWRITEBYTECODE (set on some build boxes) each one compiled the modules
@@ -43,22 +57,56 @@ tools: $(BIN)/.gguf-py-$(LLAMA_BUILD)
 pyc: venv
 	$(BIN)/python -m compileall -q pipeline
 
-demo: tools pyc
-	$(BIN)/python -m pipeline.cli setup-demo
-	HF_HUB_OFFLINE=1 HF_HUB_CACHE=$(CACHE)/demo/hub $(BIN)/snakemake --cores $(CORES)
+# Everything a build or the suite needs. Progress: one [setup i/3] line per step; the tools build prints its
+# linked targets.
+setup:
+	@echo "[setup 1/3] Python venv ($(VENV)) and llama.cpp $(LLAMA_BUILD) tools ($(CACHE)), side by side; first run only"
+	@$(MAKE) --no-print-directory tools
+	@echo "[setup 2/3] bytecode of the pipeline package"
+	@$(MAKE) --no-print-directory pyc
+	@echo "[setup 3/3] demo snapshot: SmolLM2-135M-Instruct as a local Hugging Face cache, eval text"
+	@$(BIN)/python -m pipeline.cli setup-demo
 
-# DVC over the same workflow (dvc.yaml): each stage runs `python -m ...` from the venv
-dvc-repro: tools pyc
-	$(BIN)/python -m pipeline.cli setup-demo
-	PATH=$(abspath $(BIN)):$$PATH HF_HUB_OFFLINE=1 HF_HUB_CACHE=$(CACHE)/demo/hub $(BIN)/dvc repro --keep-going
+# The main demo recipe; Snakemake prints each job and "N of M steps (x%) done".
+demo: setup
+	@echo "[demo] snakemake --cores $(CORES): $(DEMO_RECIPE) and its draft -> artifacts/"
+	$(DEMO_ENV) $(BIN)/snakemake --cores $(CORES) --config recipes=$(DEMO_RECIPE)
 
-test: tools pyc
-	$(BIN)/python -m pipeline.cli setup-demo
+# The calibration demo: plain / imatrix / AWQ / AWQ+imatrix flavours (AutoAWQ on the CPU is the long pole).
+demo-calib: setup
+	@echo "[demo-calib] snakemake --cores $(CORES): $(CALIB_RECIPE) -> artifacts/"
+	$(DEMO_ENV) $(BIN)/snakemake --cores $(CORES) --config recipes=$(CALIB_RECIPE)
+
+# DVC over the same workflow (dvc.yaml), every recipe: each stage runs `python -m ...` from the venv
+dvc-repro: setup
+	PATH=$(abspath $(BIN)):$$PATH $(DEMO_ENV) $(BIN)/dvc repro --keep-going
+
+# The whole suite, tiers in order (tests/unit, tests/integration, tests/e2e): what CI runs.
+test: setup
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-lint: venv
+# The light venv: core + dev extras (pyyaml, pytest, ruff, numpy, gguf); no torch, no snakemake, no llama.cpp.
+$(FAST)/bin/.installed: pyproject.toml requirements/constraints.txt
+	test -x $(FAST)/bin/python || $(PYTHON) -m venv $(FAST)
+	$(FAST)/bin/python -m pip install -q -c requirements/constraints.txt -e '.[dev]'
+	touch $@
+
+# ruff and the unit tier, under 2 minutes from a fresh clone (pip's cache warm)
+test-fast: $(FAST)/bin/.installed
+	$(FAST)/bin/ruff check pipeline tests bench
+	$(FAST)/bin/python -m pytest tests/unit -q $(PYTEST_ARGS)
+
+# Every linter, pinned (pyproject.toml): CI runs this before the tests. snakemake --lint loads the recipes,
+# which checks their quant types against the installed llama-quantize.
+lint: tools
 	$(BIN)/ruff check pipeline tests bench
+	$(BIN)/snakefmt --check Snakefile
+	$(BIN)/python -m pipeline.recipe_docs --check
 	$(BIN)/snakemake --lint
+
+# docs/recipes.md from the recipe schema (pipeline/recipe_schema.py)
+docs: venv
+	$(BIN)/python -m pipeline.recipe_docs
 
 clean-work:
 	rm -rf work
@@ -69,6 +117,5 @@ clean-logits: venv
 	$(BIN)/python -m pipeline.cli clean-logits
 
 # pipeline overhead, no-op re-run, add-one-quant, --cores 1 vs 2, peak memory and disk (bench/pipeline_bench.py)
-bench: tools pyc
-	$(BIN)/python -m pipeline.cli setup-demo
+bench: setup
 	$(BIN)/python bench/pipeline_bench.py

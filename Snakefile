@@ -50,9 +50,9 @@ onerror:
 
 
 rule all:
+    default_target: True
     input:
         W.targets(),
-    default_target: True
 
 
 rule fetch:
@@ -61,20 +61,20 @@ rule fetch:
         record=L.fetch_record("{name}"),
     log:
         L.log("{name}", "fetch"),
-    params:
-        recipe=RECIPE,
-        roots=ROOTS,
-        hub_cache=W.hub_cache,
-        trigger=lambda wc: W.fetch_params(wc.name),
+    conda:
+        ENV
     threads: 1
     resources:
         mem_mb=1024,
         disk_mb=lambda wc: W.fetch_disk_mb(wc.name),
         runtime=lambda wc: W.fetch_runtime(wc.name),
-    conda:
-        ENV
+    params:
+        recipe=RECIPE,
+        roots=ROOTS,
+        hub_cache=W.hub_cache,
+        trigger=lambda wc: W.fetch_params(wc.name),
     shell:
-        "\"$GGUFPIPE_PYTHON\" -m pipeline.cli stage fetch --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
+        '"$GGUFPIPE_PYTHON" -m pipeline.cli stage fetch --recipe {params.recipe:q} --name {wildcards.name} {params.roots}'
         " --hub-cache {params.hub_cache:q} > {log:q} 2>&1"
 
 
@@ -86,20 +86,20 @@ rule convert:
         record=L.wrk("{name}", "records", "convert-{outtype}.json"),
     log:
         L.log("{name}", "convert-{outtype}"),
-    params:
-        recipe=RECIPE,
-        roots=ROOTS,
-        quantized_by=W.quantized_by,
-        trigger=lambda wc: W.convert_params(wc.name),
+    conda:
+        ENV
     threads: 1
     resources:
         mem_mb=lambda wc, input: mem_mb(input.size_mb, 1.5),
         disk_mb=lambda wc, input: mem_mb(input.size_mb, 2.5),
         runtime=lambda wc, input: int(30 + input.size_mb / 100),
-    conda:
-        ENV
+    params:
+        recipe=RECIPE,
+        roots=ROOTS,
+        quantized_by=W.quantized_by,
+        trigger=lambda wc: W.convert_params(wc.name),
     shell:
-        "\"$GGUFPIPE_PYTHON\" -m pipeline.cli stage convert --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
+        '"$GGUFPIPE_PYTHON" -m pipeline.cli stage convert --recipe {params.recipe:q} --name {wildcards.name} {params.roots}'
         " --quantized-by {params.quantized_by:q}"
 
 
@@ -112,20 +112,20 @@ rule awq:
         record=L.awq_record("{name}"),
     log:
         L.log("{name}", "awq"),
-    params:
-        recipe=RECIPE,
-        roots=ROOTS,
-        threads=W.calib_threads,  # fixed, not scaled by --cores: the folded weights stay identical
-        trigger=lambda wc: W.awq_params(wc.name),
+    conda:
+        ENV
     threads: W.calib_threads
     resources:
         mem_mb=lambda wc, input: mem_mb(input.size_mb, 8, 2048),
         disk_mb=lambda wc, input: mem_mb(input.size_mb, 2),
         runtime=lambda wc, input: int(30 + input.size_mb / 5),
-    conda:
-        ENV
+    params:
+        recipe=RECIPE,
+        roots=ROOTS,
+        threads=W.calib_threads,  # fixed, not scaled by --cores: the folded weights stay identical
+        trigger=lambda wc: W.awq_params(wc.name),
     shell:
-        "\"$GGUFPIPE_PYTHON\" -m pipeline.cli stage awq --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
+        '"$GGUFPIPE_PYTHON" -m pipeline.cli stage awq --recipe {params.recipe:q} --name {wildcards.name} {params.roots}'
         " --threads {params.threads} > {log:q} 2>&1"
 
 
@@ -137,20 +137,20 @@ rule convert_awq:
         record=L.wrk("{name}", "records", "convert-{outtype}-awq.json"),
     log:
         L.log("{name}", "convert-{outtype}-awq"),
-    params:
-        recipe=RECIPE,
-        roots=ROOTS,
-        quantized_by=W.quantized_by,
-        trigger=lambda wc: W.convert_params(wc.name),
+    conda:
+        ENV
     threads: 1
     resources:
         mem_mb=lambda wc, input: mem_mb(input.size_mb, 1.5),
         disk_mb=lambda wc, input: mem_mb(input.size_mb, 2.5),
         runtime=lambda wc, input: int(30 + input.size_mb / 100),
-    conda:
-        ENV
+    params:
+        recipe=RECIPE,
+        roots=ROOTS,
+        quantized_by=W.quantized_by,
+        trigger=lambda wc: W.convert_params(wc.name),
     shell:
-        "\"$GGUFPIPE_PYTHON\" -m pipeline.cli stage convert --awq --recipe {params.recipe:q} --name {wildcards.name}"
+        '"$GGUFPIPE_PYTHON" -m pipeline.cli stage convert --awq --recipe {params.recipe:q} --name {wildcards.name}'
         " {params.roots} --quantized-by {params.quantized_by:q}"
 
 
@@ -163,20 +163,20 @@ rule imatrix:
         record=L.wrk("{name}", "records", "imatrix-{base}.json"),
     log:
         L.log("{name}", "imatrix-{base}"),
-    params:
-        recipe=RECIPE,
-        roots=ROOTS,
-        threads=W.calib_threads,  # fixed, not scaled by --cores: the matrix stays identical
-        trigger=lambda wc: W.imatrix_params(wc.name),
+    conda:
+        ENV
     threads: W.calib_threads
     resources:
         mem_mb=lambda wc, input: mem_mb(input.size_mb, 1.3, 1024),
         disk_mb=1024,
         runtime=lambda wc, input: int(30 + input.size_mb / 10),
-    conda:
-        ENV
+    params:
+        recipe=RECIPE,
+        roots=ROOTS,
+        threads=W.calib_threads,  # fixed, not scaled by --cores: the matrix stays identical
+        trigger=lambda wc: W.imatrix_params(wc.name),
     shell:
-        "\"$GGUFPIPE_PYTHON\" -m pipeline.cli stage imatrix --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
+        '"$GGUFPIPE_PYTHON" -m pipeline.cli stage imatrix --recipe {params.recipe:q} --name {wildcards.name} {params.roots}'
         " --base {wildcards.base} --threads {params.threads}"
 
 
@@ -189,20 +189,20 @@ rule convert_mtp:
         record=L.wrk("{name}", "records", "convert-mtp-{outtype}.json"),
     log:
         L.log("{name}", "convert-mtp-{outtype}"),
-    params:
-        recipe=RECIPE,
-        roots=ROOTS,
-        quantized_by=W.quantized_by,
-        trigger=lambda wc: W.convert_params(wc.name),
+    conda:
+        ENV
     threads: 1
     resources:
         mem_mb=lambda wc, input: mem_mb(input.size_mb, 1.5),
         disk_mb=lambda wc, input: mem_mb(input.size_mb, 1.5),
         runtime=lambda wc, input: int(30 + input.size_mb / 100),
-    conda:
-        ENV
+    params:
+        recipe=RECIPE,
+        roots=ROOTS,
+        quantized_by=W.quantized_by,
+        trigger=lambda wc: W.convert_params(wc.name),
     shell:
-        "\"$GGUFPIPE_PYTHON\" -m pipeline.cli stage convert-mtp --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
+        '"$GGUFPIPE_PYTHON" -m pipeline.cli stage convert-mtp --recipe {params.recipe:q} --name {wildcards.name} {params.roots}'
         " --quantized-by {params.quantized_by:q}"
 
 
@@ -214,19 +214,19 @@ rule quantize:
         record=L.quant_record("{name}", "{quant}"),
     log:
         L.log("{name}", "quantize-{quant}"),
-    params:
-        recipe=RECIPE,
-        roots=ROOTS,
-        trigger=lambda wc: W.quant_params(wc.name, wc.quant),
+    conda:
+        ENV
     threads: W.threads
     resources:
         mem_mb=lambda wc, input: mem_mb(input.size_mb, 1.2),
         disk_mb=lambda wc, input: mem_mb(input.size_mb, 1.0),
         runtime=lambda wc, input: int(20 + input.size_mb / 200),
-    conda:
-        ENV
+    params:
+        recipe=RECIPE,
+        roots=ROOTS,
+        trigger=lambda wc: W.quant_params(wc.name, wc.quant),
     shell:
-        "\"$GGUFPIPE_PYTHON\" -m pipeline.cli stage quantize --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
+        '"$GGUFPIPE_PYTHON" -m pipeline.cli stage quantize --recipe {params.recipe:q} --name {wildcards.name} {params.roots}'
         " --quant {wildcards.quant:q} --threads {threads}"
 
 
@@ -238,19 +238,19 @@ rule eval_base:
         record=L.base_record("{name}", "{es}"),
     log:
         L.log("{name}", "eval-{es}-base"),
-    params:
-        recipe=RECIPE,
-        roots=ROOTS,
-        trigger=lambda wc: W.eval_base_params(wc.name, wc.es),
+    conda:
+        ENV
     threads: W.eval_threads  # capped by --cores; llama-perplexity's logits and statistics do not depend on it
     resources:
         mem_mb=lambda wc, input: mem_mb(input.size_mb, 1.3, 1024),
         disk_mb=lambda wc, input: W.logits_disk_mb(wc.name, wc.es, input.base),
         runtime=lambda wc, input: int(30 + input.size_mb / 20),
-    conda:
-        ENV
+    params:
+        recipe=RECIPE,
+        roots=ROOTS,
+        trigger=lambda wc: W.eval_base_params(wc.name, wc.es),
     shell:
-        "\"$GGUFPIPE_PYTHON\" -m pipeline.cli stage eval-base --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
+        '"$GGUFPIPE_PYTHON" -m pipeline.cli stage eval-base --recipe {params.recipe:q} --name {wildcards.name} {params.roots}'
         " --eval-set {wildcards.es:q} --threads {threads}"
 
 
@@ -263,19 +263,19 @@ rule eval:
         L.eval_record("{name}", "{es}", "{quant}"),
     log:
         L.log("{name}", "eval-{es}-{quant}"),
-    params:
-        recipe=RECIPE,
-        roots=ROOTS,
-        trigger=lambda wc: W.eval_base_params(wc.name, wc.es),
+    conda:
+        ENV
     threads: W.eval_threads  # capped by --cores; llama-perplexity's logits and statistics do not depend on it
     resources:
         mem_mb=lambda wc, input: mem_mb(size_mb(input.gguf), 1.3, 1024),
         disk_mb=1024,
         runtime=lambda wc, input: int(30 + size_mb(input.gguf) / 20),
-    conda:
-        ENV
+    params:
+        recipe=RECIPE,
+        roots=ROOTS,
+        trigger=lambda wc: W.eval_base_params(wc.name, wc.es),
     shell:
-        "\"$GGUFPIPE_PYTHON\" -m pipeline.cli stage eval --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
+        '"$GGUFPIPE_PYTHON" -m pipeline.cli stage eval --recipe {params.recipe:q} --name {wildcards.name} {params.roots}'
         " --eval-set {wildcards.es:q} --quant {wildcards.quant:q} --threads {threads}"
 
 
@@ -286,19 +286,19 @@ rule bench:
         L.bench_record("{name}", "{bkey}"),
     log:
         L.log("{name}", "bench-{bkey}"),
-    params:
-        recipe=RECIPE,
-        roots=ROOTS,
-        threads=W.eval_threads,  # fixed, not scaled by --cores: metrics stay bit-identical
+    conda:
+        ENV
     threads: W.eval_threads
     resources:
         mem_mb=lambda wc, input: mem_mb(input.size_mb, 1.3, 1024),
         disk_mb=1024,
         runtime=lambda wc, input: int(30 + input.size_mb / 100),
-    conda:
-        ENV
+    params:
+        recipe=RECIPE,
+        roots=ROOTS,
+        threads=W.eval_threads,  # fixed, not scaled by --cores: metrics stay bit-identical
     shell:
-        "\"$GGUFPIPE_PYTHON\" -m pipeline.cli stage bench --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
+        '"$GGUFPIPE_PYTHON" -m pipeline.cli stage bench --recipe {params.recipe:q} --name {wildcards.name} {params.roots}'
         " --quant {wildcards.bkey:q} --threads {params.threads}"
 
 
@@ -310,19 +310,19 @@ rule split:
         shards=directory(L.wrk("{name}", "split", "{name}-{skey}")),
     log:
         L.log("{name}", "split-{skey}"),
-    params:
-        recipe=RECIPE,
-        roots=ROOTS,
-        trigger=lambda wc: W.split_params(wc.name, wc.skey),
+    conda:
+        ENV
     threads: 1
     resources:
         mem_mb=1024,
         disk_mb=lambda wc, input: mem_mb(input.size_mb, 1.0),
         runtime=lambda wc, input: int(10 + input.size_mb / 200),
-    conda:
-        ENV
+    params:
+        recipe=RECIPE,
+        roots=ROOTS,
+        trigger=lambda wc: W.split_params(wc.name, wc.skey),
     shell:
-        "\"$GGUFPIPE_PYTHON\" -m pipeline.cli stage split --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
+        '"$GGUFPIPE_PYTHON" -m pipeline.cli stage split --recipe {params.recipe:q} --name {wildcards.name} {params.roots}'
         " --quant {wildcards.skey:q}"
 
 
@@ -334,18 +334,18 @@ rule vocab_check:
         L.vocab_record("{name}", "{mkey}", "{dkey}"),
     log:
         L.log("{name}", "vocab-{mkey}--{dkey}"),
-    params:
-        recipe=RECIPE,
-        roots=ROOTS,
+    conda:
+        ENV
     threads: 1
     resources:
         mem_mb=1024,
         disk_mb=1024,
         runtime=10,
-    conda:
-        ENV
+    params:
+        recipe=RECIPE,
+        roots=ROOTS,
     shell:
-        "\"$GGUFPIPE_PYTHON\" -m pipeline.cli stage vocab --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
+        '"$GGUFPIPE_PYTHON" -m pipeline.cli stage vocab --recipe {params.recipe:q} --name {wildcards.name} {params.roots}'
         " --quant {wildcards.mkey:q} --draft-quant {wildcards.dkey:q} > {log:q} 2>&1"
 
 
@@ -358,20 +358,20 @@ rule acceptance:
         L.spec_record("{name}", "{mkey}", "{dkey}"),
     log:
         L.log("{name}", "acceptance-{mkey}--{dkey}"),
-    params:
-        recipe=RECIPE,
-        roots=ROOTS,
-        threads=W.eval_threads,
-        trigger=lambda wc: W.draft_params(wc.name),
+    conda:
+        ENV
     threads: W.eval_threads
     resources:
         mem_mb=lambda wc, input: mem_mb(input.size_mb, 1.5, 1024),
         disk_mb=1024,
         runtime=lambda wc, input: int(60 + input.size_mb / 20),
-    conda:
-        ENV
+    params:
+        recipe=RECIPE,
+        roots=ROOTS,
+        threads=W.eval_threads,
+        trigger=lambda wc: W.draft_params(wc.name),
     shell:
-        "\"$GGUFPIPE_PYTHON\" -m pipeline.cli stage acceptance --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
+        '"$GGUFPIPE_PYTHON" -m pipeline.cli stage acceptance --recipe {params.recipe:q} --name {wildcards.name} {params.roots}'
         " --quant {wildcards.mkey:q} --draft-quant {wildcards.dkey:q} --threads {params.threads}"
 
 
@@ -382,19 +382,19 @@ rule agreement:
         L.agreement_record("{name}", "{dkey}"),
     log:
         L.log("{name}", "agreement-{dkey}"),
-    params:
-        recipe=RECIPE,
-        roots=ROOTS,
-        threads=W.eval_threads,
+    conda:
+        ENV
     threads: W.eval_threads
     resources:
         mem_mb=lambda wc, input: mem_mb(size_mb(input.draft), 1.3, 1024),
         disk_mb=1024,
         runtime=lambda wc, input: int(30 + size_mb(input.draft) / 20),
-    conda:
-        ENV
+    params:
+        recipe=RECIPE,
+        roots=ROOTS,
+        threads=W.eval_threads,
     shell:
-        "\"$GGUFPIPE_PYTHON\" -m pipeline.cli stage agreement --recipe {params.recipe:q} --name {wildcards.name} {params.roots}"
+        '"$GGUFPIPE_PYTHON" -m pipeline.cli stage agreement --recipe {params.recipe:q} --name {wildcards.name} {params.roots}'
         " --draft-quant {wildcards.dkey:q} --threads {params.threads}"
 
 
@@ -409,19 +409,19 @@ rule publish:
         card=L.card("{name}"),
     log:
         L.log("{name}", "publish"),
-    params:
-        recipe=RECIPE,
-        roots=ROOTS,
-        trigger=lambda wc: W.publish_params(wc.name),
+    conda:
+        ENV
     threads: 1
     resources:
         mem_mb=1024,
         disk_mb=lambda wc, input: mem_mb(input.size_mb, 1.0),
         runtime=lambda wc, input: int(30 + input.size_mb / 5000),
-    conda:
-        ENV
+    params:
+        recipe=RECIPE,
+        roots=ROOTS,
+        trigger=lambda wc: W.publish_params(wc.name),
     shell:
-        "\"$GGUFPIPE_PYTHON\" -m pipeline.cli stage publish --recipe {params.recipe:q} --name {wildcards.name} {params.roots} > {log:q} 2>&1"
+        '"$GGUFPIPE_PYTHON" -m pipeline.cli stage publish --recipe {params.recipe:q} --name {wildcards.name} {params.roots} > {log:q} 2>&1'
 
 
 rule gate:
@@ -433,15 +433,15 @@ rule gate:
         L.gate_ok("{name}"),
     log:
         L.log("{name}", "gate"),
-    params:
-        recipe=RECIPE,
-        roots=ROOTS,
+    conda:
+        ENV
     threads: 1
     resources:
         mem_mb=512,
         disk_mb=512,
         runtime=10,
-    conda:
-        ENV
+    params:
+        recipe=RECIPE,
+        roots=ROOTS,
     shell:
-        "\"$GGUFPIPE_PYTHON\" -m pipeline.cli stage gate --recipe {params.recipe:q} --name {wildcards.name} {params.roots} 2>&1 | tee {log:q}"
+        '"$GGUFPIPE_PYTHON" -m pipeline.cli stage gate --recipe {params.recipe:q} --name {wildcards.name} {params.roots} 2>&1 | tee {log:q}'

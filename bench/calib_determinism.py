@@ -1,7 +1,7 @@
 """Are the calibration stages bit-deterministic? AWQ (torch, CPU) and llama-imatrix, by thread count.
 
 Run:  PYTHONPATH=. python bench/calib_determinism.py [--demo] [--threads 1,2,2] [--no-awq]
-On the tiny Llama of tests/test_awq.py (and with --demo also llama-imatrix on the demo F16 GGUF),
+On the tiny Llama of tests/helpers (and with --demo also llama-imatrix on the demo F16 GGUF),
 each run in its own process:
 - run_awq (pipeline/awq.py) with torch threads 1, 2, 2 (scale search, and scale search + clipping):
   SHA256 of the folded model.safetensors, and the largest weight difference between the first two runs;
@@ -59,7 +59,7 @@ def _max_diff(a: Path, b: Path) -> float:
 
 
 def main() -> int:
-    from test_awq import CALIB, awq_recipe, make_tiny_llama
+    from helpers import CALIB, awq_recipe, make_tiny_llama
 
     from pipeline.convert import convert
     from pipeline.recipe import load_recipe

@@ -1,7 +1,7 @@
 """AWQ stage on a CUDA machine: the same entry function (pipeline.awq.run_awq) as on the build box.
 
 Run where torch sees a GPU:  PYTHONPATH=. python bench/gpu_awq_check.py
-1. a tiny Llama (tests/test_awq.py's generator), scale search only: the folded model must compute the
+1. a tiny Llama (tests/helpers' generator), scale search only: the folded model must compute the
    same function (fp16 weights);
 2. the same with clipping;
 3. a random model with SmolLM2-135M's shapes (30 layers, hidden 576), clipping on, 16 x 128 and
@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 def main() -> int:
     import torch
-    from test_awq import CALIB, awq_recipe, make_tiny_llama  # the test suite's generator
+    from helpers import CALIB, awq_recipe, make_tiny_llama  # the test suite's generator
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
     from pipeline.awq import run_awq

@@ -5,7 +5,7 @@ destination folder (``.<name>.tmp-<pid>``) and the file is renamed into place on
 succeeded, so a failed or killed stage never leaves a file that looks finished. A temporary left by a
 killed process is removed by the next :func:`atomic_output` for the same name (once its pid is gone).
 
-Fault injection (tests only; ``tests/test_faults.py``): ``PIPELINE_TEST_KILL=<point>:<suffix>[:group]``
+Fault injection (tests only; ``tests/e2e/test_faults.py``): ``PIPELINE_TEST_KILL=<point>:<suffix>[:group]``
 SIGKILLs the stage process at ``point`` when the path involved ends with ``suffix`` (``:group`` kills
 its whole process group instead: Snakemake and every job, like a power cut, when Snakemake was started
 in a session of its own). Unset, the hook costs one environment lookup. Points:

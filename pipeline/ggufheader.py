@@ -9,7 +9,7 @@ offsets are the ones llama.cpp expects and that the data lies inside the file.
 
 No numpy, no ``gguf`` package: a device install stays small, and the type tables below are those of the
 pinned llama.cpp rather than of whichever ``gguf`` release PyPI has (0.19.0 cannot name Q1_0 or Q2_0). A
-build-box test (tests/test_device.py) checks that both tables equal the pinned tree's gguf-py
+build-box test (tests/integration/test_device.py) checks that both tables equal the pinned tree's gguf-py
 (``LlamaFileType``, ``GGMLQuantizationType`` and ``GGML_QUANT_SIZES`` in gguf/constants.py), and that the
 facts derived here (what :func:`pipeline.ggufinfo.read_facts` returns) equal gguf-py's ``GGUFReader``'s on real files.
 """

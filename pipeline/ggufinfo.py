@@ -84,7 +84,7 @@ def field(reader, key: str, default=None):
 def read_facts(path: str | Path, with_sha256: bool = True) -> GGUFFacts:
     """What the manifest records of a GGUF. Parsed by the stdlib header reader (pipeline.ggufheader):
     gguf-py's GGUFReader decodes every vocabulary entry into numpy views and took 4 s per file on the demo's
-    49k-token vocabulary (a publish opened nine: 23 s of a 121 s demo build); tests/test_device.py checks both
+    49k-token vocabulary (a publish opened nine: 23 s of a 121 s demo build); tests/integration/test_device.py checks both
     give the same facts on real files."""
     from .ggufheader import read_header
 

@@ -4,86 +4,9 @@ Every error is one line naming the recipe file and the field, e.g.::
 
     recipes/foo.yaml: quants[2].type: unknown quant type 'Q4_Z' (llama-quantize b11312 accepts ...)
 
-Schema (keys not listed are refused)::
-
-    name: smollm2-135m              # slug [a-z0-9][a-z0-9._-]*, also the artifact folder
-    description: free text          # optional
-    license: apache-2.0             # optional; default: from the source's model card / GGUF
-    source:                         # exactly one of repo or path
-      repo: org/name                # Hugging Face repo id
-      revision: <commit|tag|branch> # required with repo; the resolved commit is recorded
-      path: /local/hf/folder        # a local HF folder instead of a repo (relative: to the recipe)
-      allow_pickle: false           # accept *.bin / *.pt weights (pickle) — off by default
-      trust_remote_code: false      # accept repos whose config needs custom code — off by default
-    outtype: f16                    # f16 | bf16: the unquantized GGUF the quants are made from
-    mtp: keep                       # multi-token-prediction (nextn) heads, for models that have them:
-                                    #   keep: as the converter writes them (in every file); strip: left out
-                                    #   (--no-mtp); separate: left out of the model files and exported
-                                    #   alone (--mtp) as the draft <name>-mtp-<OUTTYPE>.gguf. strip and
-                                    #   separate need an architecture whose converter supports it; the
-                                    #   convert stage says so in one line otherwise
-    quants:                         # llama-quantize types; a plain string or a mapping
-      - Q8_0
-      - type: Q4_K_M
-        variant: embq8              # file <name>-Q4_K_M-embq8.gguf; lets two flavours coexist
-        output_tensor_type: q8_0    # --output-tensor-type
-        token_embedding_type: q8_0  # --token-embedding-type
-        tensor_types: ["attn_v=q8_0"]  # --tensor-type, repeatable
-        pure: false                 # --pure
-        leave_output_tensor: false  # --leave-output-tensor
-        gates: {max_kld_mean: 0.01}     # per-quant threshold overrides (all eval sets) ...
-        # gates: {botchan: {max_kld_mean: 0.01}}   # ... or per eval set
-        imatrix: true               # use the importance matrix (default: when `imatrix:` is set, for
-                                    # types of 4 bits and fewer; IQ1/IQ2/IQ3_XXS... require it)
-        awq: false                  # opt out of the AWQ-scaled base (default: true when `awq:` is set)
-        split: {max_size: 2G}       # publish this file as llama-gguf-split shards (overrides the top-level
-                                    # default; `split: false` publishes it whole)
-    split: {max_size: 2G}           # optional default for every model file (base, quants, MTP draft):
-                                    # shards of at most max_size tensor data each (N M|G, decimal units as
-                                    # llama-gguf-split --split-max-size), published as a folder <name>-<KEY>/
-    awq:                            # optional: AutoAWQ scale search folded into the FP weights
-      calibration: ../data/calib.txt  # text file; must differ from every gates text (SHA256)
-      calibration_sha256: <sha256>  # optional pin
-      w_bit: 4                      # 2 | 3 | 4 | 8: the grid the scales are searched for
-      q_group_size: 128             # 32 | 64 | 128 | 256 | -1; must divide every linear's input size
-      zero_point: true
-      version: gemm                 # gemm | gemv | gemv_fast
-      n_samples: 64                 # n_samples windows of seq_len tokens from the start of the text
-      seq_len: 256
-      apply_clip: true              # also search weight clipping (needs out-features % 64 == 0)
-    imatrix:                        # optional: llama-imatrix on the base GGUF, once per base
-      calibration: ../data/calib.txt  # must differ from every gates text (SHA256)
-      calibration_sha256: <sha256>  # optional pin
-      ctx: 512
-      chunks: 32                    # the text must hold ctx x chunks tokens
-    draft:                          # optional draft model for speculative decoding
-      source: {repo: org/small, revision: <sha>}  # built like the main model, as <name>-draft ...
-      # gguf: path/to/draft.gguf    # ... or an existing GGUF: checked, not rebuilt
-      quants: [Q4_0]
-      pairs: [[Q8_0, Q4_0]]         # (main, draft) pairs to check; default: every main x every draft quant
-      n_max: [4, 8]                 # draft lengths measured (llama-speculative-simple --spec-draft-n-max)
-      eval_text: ../data/code.txt   # prompts for the acceptance measurement (default: the first gate text)
-      prompts: 3                    # prompts taken from that text, n_predict tokens each
-      n_predict: 96
-      min_acceptance: 0.5           # optional gate on the acceptance rate at the best draft length
-    publish:                        # optional: `ggufpipe hub-publish` (an explicit command, never part of a build)
-      hf_repo: org/name-GGUF        # Hugging Face model repo the artifact folder is uploaded to
-      revision: main                # branch to commit to (created from main when missing)
-      private: false                # visibility when the repo is created (an existing repo is left as is)
-      path_in_repo: ""              # optional folder in the repo (default: the repo root)
-      ollama: true                  # the publish stage writes Modelfile.<QUANT> beside each model file
-      ollama_template: null         # optional Go template used as every Modelfile's TEMPLATE
-    gates:                          # quality gates: one or more eval sets
-      - name: botchan               # [a-z0-9_-]
-        text: ../data/botchan.txt   # relative paths are relative to the recipe file
-        text_sha256: <sha256>       # optional pin of the text
-        ctx: 512
-        chunks: 16                  # ctx x chunks bounds the evaluation; >= 2048 scored tokens
-        max_ppl_ratio: 1.05         # thresholds; those not given default per quant family
-        max_kld_mean: 0.05
-        max_kld_p99: 0.5
-        min_same_top_p: 0.9
-    bench: true                     # llama-bench each quant (build-box speed, report only)
+Every key, with its type and default, is declared once in :mod:`pipeline.recipe_schema` (the allowed-key
+sets below are taken from it; keys not listed there are refused) and documented in ``docs/recipes.md``,
+which ``make docs`` (``python -m pipeline.recipe_docs``) renders from it.
 
 With ``awq:``, the published base file (``<name>-F16.gguf``) is still the unmodified model: it is the
 reference every quant's gates are measured against, AWQ quants included. The AWQ-scaled base is an
@@ -99,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from . import recipe_schema as _schema
 from .errors import PipelineError
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
@@ -119,29 +43,28 @@ NOT_QUANTS = {"F16", "BF16", "F32", "COPY"}
 # tensor_requires_imatrix): their mixes contain IQ1/IQ2/IQ3_XXS tensors, or Q2_K in Q2_K_S.
 NEEDS_IMATRIX = {"IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ3_XXS", "IQ3_XS", "Q2_K_S"}
 
-TOP_KEYS = {"name", "description", "license", "source", "outtype", "quants", "gates", "bench", "draft", "awq",
-            "imatrix", "mtp", "publish", "split"}
-SPLIT_KEYS = {"max_size"}
+# The allowed keys of each section come from the declarative table in recipe_schema.py, which
+# docs/recipes.md is rendered from (`make docs`): a key documented there is a key accepted here.
+TOP_KEYS = _schema.keys("")
+SPLIT_KEYS = _schema.keys("split")
 # llama-gguf-split --split-max-size: an integer count of M (10^6 bytes) or G (10^9 bytes); the tool reads
 # the number with %d, so it is kept well inside an int.
 SPLIT_SIZE_RE = re.compile(r"^([1-9][0-9]{0,6})([MG])$")
 SPLIT_UNITS = {"M": 1000**2, "G": 1000**3}
-PUBLISH_KEYS = {"hf_repo", "revision", "private", "path_in_repo", "ollama", "ollama_template"}
+PUBLISH_KEYS = _schema.keys("publish")
 # A folder inside a Hub repo: segments of [A-Za-z0-9._-] not starting with a dot (no "..", no hidden names).
 REPO_PATH_RE = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]*(/[A-Za-z0-9_-][A-Za-z0-9._-]*)*$")
-AWQ_KEYS = {"calibration", "calibration_sha256", "w_bit", "q_group_size", "zero_point", "version", "n_samples",
-            "seq_len", "apply_clip"}
+AWQ_KEYS = _schema.keys("awq")
 AWQ_VERSIONS = ("gemm", "gemv", "gemv_fast")
-IMATRIX_KEYS = {"calibration", "calibration_sha256", "ctx", "chunks"}
-DRAFT_KEYS = {"source", "gguf", "outtype", "quants", "pairs", "n_max", "eval_text", "min_acceptance", "prompts",
-              "n_predict"}
-SOURCE_KEYS = {"repo", "revision", "path", "allow_pickle", "trust_remote_code"}
-QUANT_KEYS = {"type", "variant", "output_tensor_type", "token_embedding_type", "tensor_types", "pure",
-              "leave_output_tensor", "gates", "awq", "imatrix", "split"}
+IMATRIX_KEYS = _schema.keys("imatrix")
+DRAFT_KEYS = _schema.keys("draft")
+SOURCE_KEYS = _schema.keys("source")  # also draft.source (the same fields)
+QUANT_KEYS = _schema.keys("quants[]")
 # Families that use the recipe's importance matrix unless a quant says `imatrix: false`.
 IMATRIX_DEFAULT_FAMILIES = ("4bit", "3bit", "2bit")
-THRESHOLDS = ("max_ppl_ratio", "max_kld_mean", "max_kld_p99", "min_same_top_p")
-EVAL_KEYS = {"name", "text", "text_sha256", "ctx", "chunks", *THRESHOLDS}
+# In this order (FAMILY_DEFAULTS' columns): the per-quant gates' keys, less the eval set name placeholder.
+THRESHOLDS = tuple(f.key for f in _schema.section("quants[].gates").fields if not f.placeholder)
+EVAL_KEYS = _schema.keys("gates[]")
 EVAL_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 MIN_SCORED_TOKENS = 2048
@@ -577,7 +500,7 @@ def gguf_file_types() -> frozenset[str]:
     Read from the source of its ``constants`` module (the ``MOSTLY_*`` members of ``class LlamaFileType``)
     unless ``gguf`` is already imported: the package itself imports numpy and more (0.7 s), and even
     executing ``constants.py`` alone (its many enums) took 35 ms, paid by every Snakemake start and every
-    stage for loading a recipe. tests/test_tools.py checks the text reading against the enum."""
+    stage for loading a recipe. tests/unit/test_tools.py checks the text reading against the enum."""
     import importlib.util
     import sys
 

@@ -11,7 +11,9 @@ Where the tools come from, in order:
    binaries with ``convert_hf_to_gguf.py`` and ``gguf-py`` beside them. Its build number is read
    from ``llama-perplexity --version`` and must be at least :data:`MIN_BUILD`.
 2. The pinned build installed by :func:`install` into the cache folder
-   (``$GGUFPIPE_CACHE`` or ``~/.cache/ggufpipe``), keyed by the llama.cpp build number.
+   (``$GGUFPIPE_CACHE`` or ``~/.cache/ggufpipe``), in a folder keyed by everything that shapes it
+   (:func:`cache_key`: build, commit, sdist, targets, cmake flags, copied assets), so that adding a
+   target or a flag builds a new folder instead of trusting an old one.
 
 This module only uses the standard library so that it can run before anything else is installed.
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -68,6 +71,15 @@ CMAKE_FLAGS = (
     f"-DLLAMA_BUILD_NUMBER={PINNED_BUILD}",
     f"-DLLAMA_BUILD_COMMIT={PINNED_COMMIT}",
 )
+# What install() copies out of the source tree besides the TOOLS binaries: (glob in the tree, folder in the
+# cache). Part of the cache key.
+ASSETS = (
+    ("convert_hf_to_gguf.py", "convert"),
+    ("conversion", "convert"),
+    ("gguf-py", "convert"),
+    ("LICENSE", "."),
+    ("models/ggml-vocab-*.gguf", "vocab"),
+)
 INSTALL_HINT = "run `make tools` (or `ggufpipe install-tools`), or set LLAMA_CPP_DIR to your own llama.cpp build"
 
 
@@ -79,8 +91,16 @@ def cache_root() -> Path:
     return Path(base) / "ggufpipe"
 
 
+def cache_key() -> str:
+    """A digest of everything that shapes the installed tools: the source (build, commit, sdist), the targets,
+    the cmake flags and the assets copied beside them. Part of the cache folder's name."""
+    spec = {"build": PINNED_BUILD, "commit": PINNED_COMMIT, "sdist_sha256": SDIST_SHA256, "tools": list(TOOLS),
+            "cmake_flags": list(CMAKE_FLAGS), "assets": list(ASSETS)}
+    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
+
+
 def pinned_dir() -> Path:
-    return cache_root() / "llama.cpp" / f"b{PINNED_BUILD}-{PINNED_COMMIT}"
+    return cache_root() / "llama.cpp" / f"b{PINNED_BUILD}-{PINNED_COMMIT}-{cache_key()}"
 
 
 @dataclass(frozen=True)
@@ -348,7 +368,7 @@ def install(jobs: int | None = None, force: bool = False) -> Path:
         t0 = time.monotonic()
         sdist = pip_fetch(SDIST_NAME, SDIST_VERSION, SDIST_FILE, SDIST_SHA256, root / "downloads", sdist=True)
         # A fixed build folder per version: a failed or interrupted install resumes incrementally.
-        work = final.parent / f".build-b{PINNED_BUILD}"
+        work = final.parent / f".build-{final.name}"
         if (work / "src").exists():
             shutil.rmtree(work / "src")
         shutil.rmtree(work / "out", ignore_errors=True)
@@ -371,15 +391,11 @@ def install(jobs: int | None = None, force: bool = False) -> Path:
             (stage / "bin").mkdir(parents=True)
             for name in TOOLS:
                 shutil.copy2(build / "bin" / name, stage / "bin" / name)
-            conv = stage / "convert"
-            conv.mkdir()
-            shutil.copy2(src / "convert_hf_to_gguf.py", conv / "convert_hf_to_gguf.py")
-            shutil.copytree(src / "conversion", conv / "conversion")
-            shutil.copytree(src / "gguf-py", conv / "gguf-py")
-            shutil.copy2(src / "LICENSE", stage / "LICENSE")
-            (stage / "vocab").mkdir()
-            for vocab in sorted((src / "models").glob("ggml-vocab-*.gguf")):
-                shutil.copy2(vocab, stage / "vocab" / vocab.name)
+            for pattern, dest in ASSETS:
+                for path in sorted(src.glob(pattern)):
+                    target = stage / dest / path.name
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    (shutil.copytree if path.is_dir() else shutil.copy2)(path, target)
             build_no, commit = read_build_version(stage / "bin" / "llama-perplexity")
             if build_no != PINNED_BUILD:
                 raise PipelineError(f"built llama.cpp reports b{build_no}, expected b{PINNED_BUILD}")
@@ -390,6 +406,8 @@ def install(jobs: int | None = None, force: bool = False) -> Path:
                 "sdist_sha256": SDIST_SHA256,
                 "cmake_flags": list(CMAKE_FLAGS),
                 "tools": list(TOOLS),
+                "assets": list(ASSETS),
+                "cache_key": cache_key(),
             }
             (stage / "toolchain.json").write_text(json.dumps(info, indent=2) + "\n")
             if final.exists():

@@ -1,19 +1,35 @@
-"""Shared fixtures: the real llama.cpp tools, the demo snapshot, and one demo build per session."""
+"""Shared fixtures (the real llama.cpp tools, the demo snapshot, one demo build per session) and the test tiers.
+
+Every test lives in one tier folder, which also marks it (``-m unit`` ...) and orders the run: tests/unit (no
+compiled tools, no torch/transformers, no network: tests/unit/conftest.py enforces it), then tests/integration
+(real llama.cpp tools on generated or demo inputs), then tests/e2e (whole builds, DVC, Slurm). Shared helpers live
+in tests/helpers (``from helpers import ...``)."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import NamedTuple
 
 import pytest
+from helpers import DEMO_RECIPE, ROOT, snakemake
 
-ROOT = Path(__file__).resolve().parent.parent
-DEMO_RECIPE = ROOT / "recipes" / "smollm2-135m.yaml"
-FAKE_TOKEN = "hf_FAKEtestTOKENdoNotLeak0123456789abcdef"
+TIERS = ("unit", "integration", "e2e")
+TESTS = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark each test with its tier and run the tiers in order (unit first, before anything imports torch)."""
+    def tier(item) -> str:
+        parts = Path(str(item.path)).resolve().relative_to(TESTS).parts
+        if len(parts) < 2 or parts[0] not in TIERS:
+            raise pytest.UsageError(f"{item.nodeid}: every test lives in one of tests/{{{','.join(TIERS)}}}/")
+        return parts[0]
+
+    for item in items:
+        item.add_marker(tier(item))
+    items.sort(key=lambda item: TIERS.index(tier(item)))  # stable: file and definition order within a tier
 
 
 @pytest.fixture(scope="session")
@@ -56,21 +72,6 @@ def source_gguf():
     return _src()
 
 
-def snakemake(workdir: Path, recipes: list[Path] | Path, cores: int = 2, extra: list[str] | None = None,
-              env: dict | None = None, hub: Path | None = None, new_session: bool = False) -> subprocess.CompletedProcess:
-    """Run the real workflow (this repo's Snakefile) with its outputs under ``workdir``; ``new_session``: in a
-    process group of its own (which the ``:group`` kill of tests/test_faults.py may kill whole)."""
-    recipes = recipes if isinstance(recipes, list) else [recipes]
-    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"), "--directory", str(workdir),
-           "--cores", str(cores), *(extra or []), "--config", "recipes=" + ",".join(str(r) for r in recipes)]
-    full_env = dict(os.environ)
-    full_env.update({"HF_HUB_OFFLINE": "1", "HF_TOKEN": FAKE_TOKEN})
-    if hub:
-        full_env["HF_HUB_CACHE"] = str(hub)
-    full_env.update(env or {})
-    return subprocess.run(cmd, capture_output=True, text=True, env=full_env, start_new_session=new_session)
-
-
 @pytest.fixture(scope="session")
 def demo_build(tmp_path_factory, demo_hub):
     """The demo recipe built once by the real Snakemake workflow; shared by the end-to-end tests."""
@@ -78,19 +79,6 @@ def demo_build(tmp_path_factory, demo_hub):
     res = snakemake(work, DEMO_RECIPE, cores=2, hub=demo_hub)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return work
-
-
-def copy_recipe(src: Path, dest_dir: Path, **changes) -> Path:
-    """Write a copy of a recipe with top-level keys replaced (YAML round trip)."""
-    import yaml
-
-    data = yaml.safe_load(src.read_text())
-    data.update(changes)
-    dest_dir.mkdir(parents=True, exist_ok=True)
-    out = dest_dir / f"{data['name']}.yaml"
-    out.write_text(yaml.safe_dump(data, sort_keys=False))
-    return out
-
 
 
 class FailingBuild(NamedTuple):
@@ -110,7 +98,7 @@ def failing_build(tmp_path_factory, demo_hub):
     Shared by test_gates and test_draft; what the build left is snapshotted here, since
     test_gates' re-judging test rebuilds in the same folder afterwards."""
     import yaml
-    from gguf_factory import tiny_llama
+    from helpers.gguf_factory import tiny_llama
 
     from pipeline.tools import find_toolchain
 

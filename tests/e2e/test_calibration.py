@@ -1,0 +1,47 @@
+"""Calibration end to end: an imatrix build of the demo model through the real Snakefile, the manifest's
+calibration records and their cross-check with the GGUF's own keys."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+from helpers import CALIB, snakemake
+
+
+def test_imatrix_build_on_demo_model(tmp_path, demo_hub):
+    """imatrix flavours of the demo model built by the real workflow: the quant records the matrix
+    (GGUF keys), the manifest records it with SHA256s, and both agree; the plain flavour has none."""
+    from pipeline.ggufinfo import field, open_reader
+    from pipeline.manifest import IMATRIX_KEYS
+
+    recipe = tmp_path / "recipes" / "imx.yaml"
+    recipe.parent.mkdir()
+    recipe.write_text(textwrap.dedent(f"""\
+        name: imx
+        source: {{repo: HuggingFaceTB/SmolLM2-135M-Instruct, revision: "6b5982a638c6ed4e3da15711b6a5a1328c34a53e"}}
+        imatrix: {{calibration: {CALIB}, ctx: 256, chunks: 4}}
+        quants: [Q4_K_M, {{type: Q4_K_M, variant: plain, imatrix: false}}, IQ3_XXS]
+        bench: false
+        """))
+    res = snakemake(tmp_path, recipe, hub=demo_hub)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    folder = tmp_path / "artifacts" / "imx"
+    manifest = json.loads((folder / "manifest.json").read_text())
+    rec = json.loads((tmp_path / "work" / "imx" / "records" / "imatrix-plain.json").read_text())
+    by_file = {a["file"]: a for a in manifest["artifacts"]}
+    for f in ("imx-Q4_K_M.gguf", "imx-IQ3_XXS.gguf"):
+        cal = by_file[f]["calibration"]["imatrix"]
+        assert cal["sha256"] == rec["sha256"] and len(cal["sha256"]) == 64
+        assert cal["calibration"] == "botchan-calib.txt" and cal["chunks"] == 4 and cal["ctx"] == 256
+        assert cal["calibration_sha256"] == "20400aa480e8368d54e02e63d441531782ea327651c4f056120ebab70ac41c95"
+        r = open_reader(folder / f)
+        assert field(r, "quantize.imatrix.dataset") == "botchan-calib.txt"
+        assert field(r, "quantize.imatrix.chunks_count") == 4
+        assert field(r, "quantize.imatrix.entries_count") == cal["entries"] > 0
+        assert field(r, "quantize.imatrix.file") == "imatrix-plain.gguf"  # no build-folder path in the file
+    plain = by_file["imx-Q4_K_M-plain.gguf"]
+    assert "calibration" not in plain
+    assert not any(k in open_reader(folder / plain["file"]).fields for k in IMATRIX_KEYS)
+    # the imatrix changed the quant: same type, different bytes
+    assert by_file["imx-Q4_K_M.gguf"]["sha256"] != plain["sha256"]

@@ -1,0 +1,230 @@
+"""End to end: the real Snakemake workflow on the demo recipe with the real llama.cpp tools."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from helpers import DEMO_RECIPE, FAKE_TOKEN, snakemake
+
+from pipeline.errors import PipelineError
+from pipeline.evaluate import perplexity
+from pipeline.fsutil import sha256_file
+from pipeline.ggufinfo import general_metadata, read_facts
+from pipeline.manifest import strip_volatile
+
+NAME = "smollm2-135m"
+
+
+def _manifest(root):
+    return json.loads((root / "artifacts" / NAME / "manifest.json").read_text())
+
+
+def test_manifest_matches_files(demo_build):
+    m = _manifest(demo_build)
+    folder = demo_build / "artifacts" / NAME
+    files = {e["file"]: e for e in m["artifacts"]}
+    assert set(files) == {f"{NAME}-{t}.gguf" for t in ("F16", "Q8_0", "Q5_K_M", "Q4_K_M")}
+    assert sorted(p.name for p in folder.glob("*.gguf")) == sorted(files)
+    for name, entry in files.items():
+        path = folder / name
+        assert entry["sha256"] == sha256_file(path)
+        assert entry["size_bytes"] == path.stat().st_size
+        facts = read_facts(path)
+        expected = name.removeprefix(f"{NAME}-").removesuffix(".gguf")
+        assert facts.quant_type == entry["quant_type"] == expected
+        assert entry["gguf_version"] == 3 and entry["tensor_count"] == facts.tensor_count > 200
+        assert 4.0 < entry["bits_per_weight"] < 16.1  # F16 files keep F32 norms
+    bpw = {e["quant_type"]: e["bits_per_weight"] for e in m["artifacts"]}
+    assert bpw["F16"] > bpw["Q8_0"] > bpw["Q5_K_M"] > bpw["Q4_K_M"]
+
+
+def test_manifest_provenance(demo_build):
+    from pipeline.demo import DEMO_COMMIT
+
+    m = _manifest(demo_build)
+    assert m["recipe"]["sha256"] == sha256_file(DEMO_RECIPE)
+    assert m["source"]["repo"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert m["source"]["commit"] == DEMO_COMMIT
+    assert m["tools"]["llama_cpp_build"] == 11312 and m["tools"]["llama_cpp_commit"] == "0c1e570"
+    assert {"torch", "transformers", "gguf", "safetensors"} <= set(m["tools"]["python"])
+    assert m["build_id"].startswith(NAME + "-") and len(m["build_id"]) == len(NAME) + 13
+    assert set(m["build"]) == {"timestamp", "bench", "bench_label", "draft_decode_tokens_per_s", "eval_threads"}
+    assert m["build"]["eval_threads"] == {"botchan": 2}  # eval_threads capped by --cores 2: volatile, not in eval_sets
+    assert all("threads" not in es for es in m["eval_sets"])
+    q4 = next(e for e in m["artifacts"] if e["quant_type"] == "Q4_K_M")
+    assert q4["requested"] == {"type": "Q4_K_M"} and q4["role"] == "quant"
+
+
+def test_gguf_general_metadata(demo_build):
+    meta = general_metadata(demo_build / "artifacts" / NAME / f"{NAME}-Q4_K_M.gguf")
+    assert meta["general.quantized_by"] == "ggufpipe"
+    assert meta["general.name"] == "SmolLM2-135M-Instruct"
+    assert meta["general.source.url"] == "https://huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert meta["general.license"] == "apache-2.0"
+
+
+def test_q4_k_m_perplexity_bound(demo_build, toolchain, eval_text, tmp_path):
+    ppl, _ = perplexity(toolchain, demo_build / "artifacts" / NAME / f"{NAME}-Q4_K_M.gguf", eval_text,
+                        ctx=512, chunks=16, log=tmp_path / "ppl.log")
+    assert ppl < 35, ppl
+
+
+def test_rerun_runs_zero_jobs(demo_build, demo_hub):
+    res = snakemake(demo_build, DEMO_RECIPE, extra=["--dry-run"], hub=demo_hub)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "Nothing to be done" in res.stdout + res.stderr
+
+
+def test_rerun_with_another_interpreter_path_runs_zero_jobs(demo_build, demo_hub, tmp_path):
+    """The interpreter is not a rerun trigger: another path to the same venv (python3 vs python) finds
+    nothing to do."""
+    other = Path(sys.executable).with_name("python3" if Path(sys.executable).name != "python3" else "python")
+    assert other.exists() and str(other) != sys.executable
+    cmd = [str(other), "-m", "snakemake", "--snakefile", str(DEMO_RECIPE.parent.parent / "Snakefile"),
+           "--directory", str(demo_build), "--cores", "2", "--dry-run", "--config", f"recipes={DEMO_RECIPE}"]
+    res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1",
+                                                                   "HF_HUB_CACHE": str(demo_hub)})
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "Nothing to be done" in res.stdout + res.stderr, (res.stdout + res.stderr)[-2000:]
+
+
+def test_clean_logits_then_rerun(demo_build, demo_hub, tmp_path):
+    """`ggufpipe clean-logits` on a finished build (a hard-linked copy): nothing to re-run; evals that run
+    again use the stub (recomputing the logits themselves), no eval-base job."""
+    from pipeline.evaluate import clean_logits
+
+    copy = tmp_path / "copy"
+    for sub in ("work", "artifacts", ".snakemake"):
+        shutil.copytree(demo_build / sub, copy / sub, copy_function=os.link, symlinks=True,
+                        ignore=shutil.ignore_patterns("locks", "incomplete", "log"))
+    logits = copy / "work" / NAME / "eval" / "botchan" / "base.logits"
+    logits.unlink()  # a copy of its own (clean-logits empties the file in place)
+    shutil.copy2(demo_build / "work" / NAME / "eval" / "botchan" / "base.logits", logits)
+    mtime = logits.stat().st_mtime_ns
+    gone = clean_logits(copy / "work", [NAME])
+    assert [p.name for p, _ in gone] == ["base.logits"] and gone[0][1] > 100e6
+    assert logits.stat().st_size == 0 and logits.stat().st_mtime_ns == mtime
+    res = snakemake(copy, DEMO_RECIPE, extra=["--dry-run"], hub=demo_hub)
+    assert res.returncode == 0 and "Nothing to be done" in res.stdout + res.stderr, (res.stdout + res.stderr)[-2000:]
+    # the evals forced again (as for a quant added to the recipe, which here would need a recipe at another
+    # path, itself a rerun trigger): they take the stub as it is, the base logits job does not run
+    res = snakemake(copy, DEMO_RECIPE, extra=["--dry-run", "--quiet", "rules", "--forcerun", "eval"], hub=demo_hub)
+    assert res.returncode == 0, (res.stdout + res.stderr)[-2000:]
+    out = res.stdout + res.stderr
+    counts = dict(re.findall(r"^(\w+)\s+(\d+)\s*$", out, re.M))
+    assert counts.get("eval") == "3", out
+    assert not {"convert", "fetch", "quantize", "eval_base", "agreement"} & set(counts), out
+
+
+def test_no_token_or_temp_files_left(demo_build):
+    for path in demo_build.rglob("*"):
+        if path.is_file() and ".snakemake" not in path.parts:
+            assert FAKE_TOKEN.encode() not in path.read_bytes()[:50_000_000], path
+        assert ".tmp-" not in path.name, path
+
+
+def _tree(root):
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(root.rglob("*"))
+            if ".snakemake" not in p.parts}
+
+
+def test_rebuild_check_identical(demo_build, demo_hub, tmp_path, capsys):
+    """`ggufpipe rebuild-check`: the demo rebuilt from its manifest in another folder with other --cores (3, so
+    llama-quantize runs with 3 threads, not 2) gives the same SHA256 for every GGUF and the same manifest
+    apart from the volatile `build` section; the original build folder is left as it was."""
+    from pipeline.rebuild import rebuild_check
+
+    manifest = demo_build / "artifacts" / NAME / "manifest.json"
+    before = _tree(demo_build)
+    code = rebuild_check(manifest, recipe=str(DEMO_RECIPE), cores="3", keep=str(tmp_path / "rb"),
+                         hub_cache=str(demo_hub))
+    out = capsys.readouterr().out
+    assert code == 0, out + (tmp_path / "rb" / "rebuild.log").read_text()[-3000:]
+    rows = [ln.split() for ln in out.splitlines() if ln.startswith((f"{NAME}-", "manifest.json"))]
+    files = {f"{NAME}-{t}.gguf" for t in ("F16", "Q8_0", "Q5_K_M", "Q4_K_M")}
+    assert {r[0] for r in rows} == files | {"manifest.json"} and all(r[-1] == "yes" for r in rows), out
+    assert f"OK: {len(files) + 1} of {len(files) + 1} identical" in out
+    m2 = json.loads((tmp_path / "rb" / "artifacts" / NAME / "manifest.json").read_text())
+    assert strip_volatile(m2) == strip_volatile(_manifest(demo_build))
+    for f in files:  # the published copies too, not only what rebuild-check hashed in work/
+        assert sha256_file(tmp_path / "rb" / "artifacts" / NAME / f) == sha256_file(demo_build / "artifacts" / NAME / f)
+    assert _tree(demo_build) == before
+
+
+def test_rebuild_check_mismatch_and_refusals(demo_build, demo_hub, tmp_path, capsys):
+    """A recorded SHA256 that the rebuild does not give fails with exit 1 naming the file (--only F16: fetch and
+    convert only); a toolchain, recipe or source that differs from the recorded one is refused, one line
+    each, before anything is built."""
+    from pipeline.rebuild import rebuild_check
+
+    m = _manifest(demo_build)
+    folder = tmp_path / "artifacts" / NAME
+    folder.mkdir(parents=True)
+    f16 = next(e for e in m["artifacts"] if e["quant_type"] == "F16")
+    f16["sha256"] = "0" * 64
+    (folder / "manifest.json").write_text(json.dumps(m))
+    code = rebuild_check(folder / "manifest.json", recipe=str(DEMO_RECIPE), cores="2", only=["F16"],
+                         hub_cache=str(demo_hub))
+    out = capsys.readouterr().out
+    assert code == 1, out
+    assert f"MISMATCH: 1 of 1: {NAME}-F16.gguf" in out and "Q8_0" not in out.split("identical")[0]
+    row = next(ln for ln in out.splitlines() if ln.startswith(f"{NAME}-F16.gguf"))
+    assert row.split()[1:] == ["0000000000000000…", sha256_file(demo_build / "artifacts" / NAME / f"{NAME}-F16.gguf")[:16]
+                               + "…", "NO"], row
+
+    m = _manifest(demo_build)
+    m["tools"]["llama_cpp_commit"] = "1234567"
+    m["tools"]["python"]["torch"] = "9.9.9"
+    m["recipe"]["sha256"] = "f" * 64
+    (folder / "manifest.json").write_text(json.dumps(m))
+    code = rebuild_check(folder / "manifest.json", recipe=str(DEMO_RECIPE), keep=str(tmp_path / "never"),
+                         hub_cache=str(demo_hub))
+    lines = capsys.readouterr().out.splitlines()
+    assert code == 1 and len(lines) == 3, lines
+    assert "toolchain: llama.cpp b11312 (commit 0c1e570) here, the manifest records b11312 (commit 1234567)" in lines[0]
+    assert "toolchain: Python package torch 2.13.0+cpu here, the manifest records 9.9.9" in lines[1]
+    assert f"recipe: {DEMO_RECIPE} has SHA256 " in lines[2] and "(edited since the build)" in lines[2]
+    m = _manifest(demo_build)
+    m["source"]["commit"] = "ab" * 20
+    (folder / "manifest.json").write_text(json.dumps(m))
+    code = rebuild_check(folder / "manifest.json", recipe=str(DEMO_RECIPE), hub_cache=str(demo_hub))
+    lines = capsys.readouterr().out.splitlines()
+    assert code == 1 and len(lines) == 1 and f"{'ab' * 20} is not in the hub cache ({demo_hub})" in lines[0], lines
+    assert not (tmp_path / "never").exists()
+
+
+def test_verify_against_manifest(demo_build, tmp_path):
+    """`ggufpipe verify`: a pulled file checked against its manifest; altered or truncated copies fail."""
+    from pipeline.cli import main
+
+    src = demo_build / "artifacts" / NAME
+    shutil.copyfile(src / "manifest.json", tmp_path / "manifest.json")
+    good = tmp_path / f"{NAME}-Q4_K_M.gguf"
+    shutil.copyfile(src / good.name, good)
+    assert main(["verify", str(good)]) == 0
+    with open(good, "r+b") as fh:  # flip one byte in the tensor data
+        fh.seek(good.stat().st_size // 2)
+        b = fh.read(1)
+        fh.seek(-1, 1)
+        fh.write(bytes([b[0] ^ 0xFF]))
+    assert main(["verify", str(good)]) == 1
+    with open(good, "r+b") as fh:
+        fh.truncate(1000)
+    assert main(["verify", str(good)]) == 1
+    assert main(["verify", str(tmp_path / "nope.gguf")]) == 1
+
+
+def test_truncated_gguf_refused(demo_build, tmp_path):
+    src = demo_build / "artifacts" / "smollm2-135m" / "smollm2-135m-Q4_K_M.gguf"
+    cut = tmp_path / "cut.gguf"
+    with open(src, "rb") as fh:
+        cut.write_bytes(fh.read(src.stat().st_size // 2))
+    with pytest.raises(PipelineError, match="truncated"):
+        read_facts(cut)

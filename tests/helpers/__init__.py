@@ -1,0 +1,242 @@
+"""Shared test helpers (one module, imported by every tier as ``helpers``): the repository paths, the real
+workflow run as a subprocess, generated tiny HF models, and a git + DVC project repository.
+Generated GGUFs live in :mod:`helpers.gguf_factory`, the single-node Slurm cluster in :mod:`helpers.slurm_cluster`.
+
+Nothing here imports torch, transformers or llama.cpp at module level: the unit tier imports this module too."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+DEMO_RECIPE = ROOT / "recipes" / "smollm2-135m.yaml"
+BOTCHAN = ROOT / "data" / "botchan.txt"
+CALIB = ROOT / "data" / "botchan-calib.txt"
+TEST_DATA = ROOT / "tests" / "data" / "perplexity"  # captured output of the pinned llama-perplexity
+FAKE_TOKEN = "hf_FAKEtestTOKENdoNotLeak0123456789abcdef"
+# Files a project repository needs to run this workflow (besides pipeline/ and its recipes)
+PROJECT_FILES = ["Snakefile", "dvc.yaml", ".dvcignore", ".dvc/config", "envs/ggufpipe.yaml", "data/botchan.txt"]
+
+
+def snakemake(workdir: Path, recipes: list[Path] | Path, cores: int = 2, extra: list[str] | None = None,
+              env: dict | None = None, hub: Path | None = None, new_session: bool = False) -> subprocess.CompletedProcess:
+    """Run the real workflow (this repo's Snakefile) with its outputs under ``workdir``; ``new_session``: in a
+    process group of its own (which the ``:group`` kill of tests/e2e/test_faults.py may kill whole)."""
+    recipes = recipes if isinstance(recipes, list) else [recipes]
+    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"), "--directory", str(workdir),
+           "--cores", str(cores), *(extra or []), "--config", "recipes=" + ",".join(str(r) for r in recipes)]
+    full_env = dict(os.environ)
+    full_env.update({"HF_HUB_OFFLINE": "1", "HF_TOKEN": FAKE_TOKEN})
+    if hub:
+        full_env["HF_HUB_CACHE"] = str(hub)
+    full_env.update(env or {})
+    return subprocess.run(cmd, capture_output=True, text=True, env=full_env, start_new_session=new_session)
+
+
+def make_tiny_llama(dest: Path, intermediate: int = 512) -> Path:
+    """A 2-layer Llama (hidden 256, 4 heads, 1 KV head of 64: every AWQ-clipped linear has a multiple of
+    64 output features; tied embeddings like SmolLM2) with random weights and a byte-fallback BPE
+    SentencePiece tokenizer."""
+    import sentencepiece as spm
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, LlamaTokenizer
+
+    dest.mkdir(parents=True)
+    spm.SentencePieceTrainer.train(
+        input=str(CALIB), model_prefix=str(dest / "spm"), vocab_size=768, model_type="bpe", byte_fallback=True,
+        character_coverage=1.0, unk_id=0, bos_id=1, eos_id=2, pad_id=-1, num_threads=1, minloglevel=2,
+        input_sentence_size=20000, shuffle_input_sentence=False)
+    tok = LlamaTokenizer(vocab_file=str(dest / "spm.model"), legacy=True, add_bos_token=True)
+    tok.save_pretrained(dest)
+    for f in ("spm.model", "spm.vocab"):
+        (dest / f).unlink()
+    cfg = LlamaConfig(vocab_size=tok.vocab_size, hidden_size=256, intermediate_size=intermediate, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=1, head_dim=64, max_position_embeddings=512,
+                      tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, torch_dtype="float16")
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():  # trained-looking norms: not all ones, so that folded scales show
+        for name, p in model.named_parameters():
+            if name.endswith("layernorm.weight"):
+                p.uniform_(0.5, 1.5)
+    model.half().save_pretrained(dest, safe_serialization=True)
+    return dest
+
+
+def awq_recipe(folder: Path, source: Path, awq: str, quants: str = "[Q8_0]") -> Path:
+    p = folder / "awq.yaml"
+    p.write_text(textwrap.dedent(f"""\
+        name: tiny-awq
+        source: {{path: {source}}}
+        awq: {awq}
+        quants: {quants}
+        bench: false
+        """))
+    return p
+
+
+class Repo:
+    def __init__(self, path: Path, env: dict):
+        self.path, self.env = path, env
+
+    def run(self, *cmd: str, check: bool = True) -> subprocess.CompletedProcess:
+        res = subprocess.run(list(cmd), cwd=self.path, env=self.env, capture_output=True, text=True)
+        if check and res.returncode != 0:
+            raise AssertionError(f"{' '.join(cmd)} failed ({res.returncode}):\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
+        return res
+
+    def git(self, *args: str) -> str:
+        return self.run("git", *args).stdout
+
+    def dvc(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        return self.run(sys.executable, "-m", "dvc", *args, check=check)
+
+    def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        return self.run(sys.executable, "-m", "pipeline.cli", *args, check=check)
+
+    def commit(self, msg: str, tag: str | None = None) -> None:
+        self.git("add", "-A")
+        self.git("commit", "-qm", msg)
+        if tag:
+            self.git("tag", tag)
+
+    def lock_stages(self) -> set[str]:
+        import yaml
+
+        return set((yaml.safe_load((self.path / "dvc.lock").read_text()) or {}).get("stages", {}))
+
+    def manifest(self, name: str) -> dict:
+        return json.loads((self.path / "artifacts" / name / "manifest.json").read_text())
+
+
+def project_repo(path: Path, env: dict) -> Repo:
+    """A git + DVC repository holding this project's workflow files (no recipes yet)."""
+    repo = Repo(path, env)
+    path.mkdir()
+    for f in PROJECT_FILES:
+        (path / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(ROOT / f, path / f)
+    shutil.copytree(ROOT / "pipeline", path / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
+    (path / ".gitignore").write_text("work/\n.snakemake/\nartifacts/**/*.gguf\n__pycache__/\n")
+    repo.git("init", "-q", "-b", "main")
+    repo.dvc("init", "-q", "-f")
+    shutil.copyfile(ROOT / ".dvc" / "config", path / ".dvc" / "config")  # cache.type hardlink,copy
+    return repo
+
+
+# ------------------------------------------------------------------ git repositories for `ggufpipe ci`
+
+DEMO_SOURCE = {"repo": "HuggingFaceTB/SmolLM2-135M-Instruct", "revision": "6b5982a638c6ed4e3da15711b6a5a1328c34a53e"}
+GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.org", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@example.org", "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
+
+
+def git(repo: Path, *args: str) -> str:
+    res = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, env={**os.environ, **GIT_ENV})
+    assert res.returncode == 0, res.stderr
+    return res.stdout
+
+
+def commit_all(repo: Path, msg: str) -> None:
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", msg)
+
+
+def ci_recipe(name: str, text: str = "../data/botchan.txt", **changes) -> dict:
+    """A small recipe on the demo model: one Q8_0, one eval set of 9 x 512 (2295 scored tokens)."""
+    data = {"name": name, "source": dict(DEMO_SOURCE), "quants": ["Q8_0"],
+            "gates": [{"name": "botchan", "text": text, "ctx": 512, "chunks": 9}], "bench": False}
+    data.update(changes)
+    return data
+
+
+def write_yaml(path: Path, data) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(data, sort_keys=False) if isinstance(data, dict) else data)
+    return path
+
+
+def new_repo(tmp_path: Path, recipes: dict[str, dict], data: dict[str, str] | None = None) -> Path:
+    """A git repo (branch main, one commit) with recipes/, data/ (Botchan unless given) and a README."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    if data is None:
+        (repo / "data").mkdir()
+        shutil.copyfile(BOTCHAN, repo / "data" / "botchan.txt")
+    for rel, text in (data or {}).items():
+        write_yaml(repo / rel, text)
+    for name, r in recipes.items():
+        write_yaml(repo / "recipes" / f"{name}.yaml", r)
+    write_yaml(repo / "README.md", "recipes\n")
+    commit_all(repo, "base")
+    return repo
+
+
+def run_ci(repo: Path, *args: str, hub: Path | None = None) -> subprocess.CompletedProcess:
+    """`ggufpipe ci` as a user runs it: in the checkout's folder (this repo's code and Snakefile)."""
+    env = {**os.environ, **GIT_ENV, "HF_HUB_OFFLINE": "1", "HF_TOKEN": FAKE_TOKEN,
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    if hub:
+        env["HF_HUB_CACHE"] = str(hub)
+    return subprocess.run([sys.executable, "-m", "pipeline.cli", "ci", *args], cwd=repo, capture_output=True,
+                          text=True, env=env)
+
+
+# ------------------------------------------------------------------ a recipe with a publish section (pipeline/hub.py)
+
+HUB_NAME = "tiny-chat"
+HUB_REPO = "ggufpipe-test/tiny-chat-GGUF"
+HUB_SOURCE_COMMIT = "0123456789abcdef0123456789abcdef01234567"
+HUB_KEYS = ["Q8_0", "Q4_K_M"]
+
+
+def hub_recipe_data(**publish) -> dict:
+    return {"name": HUB_NAME, "description": "tiny random model with the SmolLM2 tokenizer",
+            "license": "apache-2.0", "source": {"repo": "org/tiny-chat", "revision": HUB_SOURCE_COMMIT},
+            "outtype": "f16", "quants": HUB_KEYS, "bench": False, "publish": {"hf_repo": HUB_REPO, **publish}}
+
+
+def write_hub_recipe(root: Path, data: dict) -> Path:
+    path = root / "recipes" / f"{HUB_NAME}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)  # a hard link in a clone: never write through it
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+# ------------------------------------------------------------------ a recipe of a local model folder (split files)
+
+SPLIT_NAME = "tiny-split"
+
+
+def write_split_recipe(folder: Path, hf: Path, body: str, name: str = SPLIT_NAME) -> Path:
+    """A recipe of the model folder ``hf`` (tests of `split:`), no bench."""
+    folder.mkdir(parents=True, exist_ok=True)
+    p = folder / f"{name}.yaml"
+    p.write_text(f"name: {name}\nsource: {{path: {hf}}}\nbench: false\n" + textwrap.dedent(body))
+    return p
+
+
+# ------------------------------------------------------------------ pinned requirements
+
+def norm(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
+
+
+def read_pins(path: Path) -> dict[str, str]:
+    pins = {}
+    for line in path.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, _, version = line.partition("==")
+            pins[norm(name)] = version
+    return pins

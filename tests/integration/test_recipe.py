@@ -1,0 +1,75 @@
+"""Recipe schema against the real llama-quantize: its type list, the demo recipe, `ggufpipe validate`.
+(Every other bad input: tests/unit/test_recipe.py.)"""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from pipeline.errors import PipelineError
+from pipeline.recipe import load_recipe
+
+SHA = "6b5982a638c6ed4e3da15711b6a5a1328c34a53e"
+GOOD = f"""
+name: demo-a
+source:
+  repo: org/model
+  revision: "{SHA}"
+outtype: f16
+quants:
+  - Q8_0
+  - type: Q4_K_M
+    variant: embq8
+    output_tensor_type: q8_0
+    token_embedding_type: Q8_0
+    tensor_types: ["attn_v=q8_0"]
+  - Q4_K
+"""
+
+
+def write(tmp_path, text, name="r.yaml"):
+    p = tmp_path / name
+    p.write_text(textwrap.dedent(text))
+    return p
+
+
+def test_good_recipe_loads(tmp_path, quantize_exe):
+    r = load_recipe(write(tmp_path, GOOD), quantize_exe)
+    assert r.name == "demo-a"
+    assert r.source.repo == "org/model" and r.source.revision == SHA
+    assert [q.key for q in r.quants] == ["Q8_0", "Q4_K_M-embq8", "Q4_K_M"]  # alias Q4_K resolved
+    assert r.file_for("Q4_K_M-embq8") == "demo-a-Q4_K_M-embq8.gguf"
+    assert r.base_file == "demo-a-F16.gguf"
+    assert r.quants[1].quantize_args() == [
+        "--output-tensor-type", "q8_0", "--token-embedding-type", "q8_0", "--tensor-type", "attn_v=q8_0"]
+    assert len(r.sha256) == 64
+
+
+def test_demo_recipe_is_valid(quantize_exe):
+    from helpers import DEMO_RECIPE
+
+    r = load_recipe(DEMO_RECIPE, quantize_exe)
+    assert [q.type for q in r.quants] == ["Q8_0", "Q5_K_M", "Q4_K_M"]
+    assert r.source.revision and len(r.source.revision) == 40
+
+
+def test_unknown_quant_type_names_what_llama_quantize_accepts(tmp_path, quantize_exe):
+    path = write(tmp_path, GOOD.replace("- Q8_0", "- Q4_Z"))
+    with pytest.raises(PipelineError) as exc:
+        load_recipe(path, quantize_exe)
+    msg = str(exc.value)
+    assert "\n" not in msg and msg.startswith(f"{path}: quants[0]: unknown quant type 'Q4_Z' (llama-quantize b"), msg
+    assert "Q4_K_M" in msg and "Q8_0" in msg, msg
+
+
+def test_cli_validate_exit_code(tmp_path, capsys):
+    from pipeline.cli import main
+
+    good = write(tmp_path, GOOD, "good.yaml")
+    assert main(["validate", str(good)]) == 0
+    assert "ok" in capsys.readouterr().out
+    bad = write(tmp_path, GOOD.replace("- Q8_0", "- Q4_Z"), "bad.yaml")
+    assert main(["validate", str(bad)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "bad.yaml: quants[0]" in err and "\n" not in err

@@ -1,0 +1,78 @@
+"""The bounded re-run of llama-perplexity when b11312 loses its last output lines at exit, on captured real
+output (tests/data/perplexity) fed to the evaluation code in place of a run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from helpers import ROOT, TEST_DATA
+
+from pipeline.errors import PipelineError
+
+
+def _runner(outputs_: list[tuple[int, str]], calls: list):
+    from pipeline.tools import ToolResult
+
+    def run_tool(tc, name, args, log, check=True, cwd=None):
+        calls.append(name)
+        rc, out = outputs_[min(len(calls), len(outputs_)) - 1]
+        return ToolResult(rc, out, 0.1)
+    return run_tool
+
+
+KLD = (TEST_DATA / "kld-q4_k_m.txt").read_text()
+
+
+KLD_CUT = KLD[:KLD.index("Median  KLD")]  # lost from the middle of the statistics
+
+
+def _base_record(tmp_path: Path) -> tuple[Path, Path]:
+    rec = tmp_path / "base.json"
+    rec.write_text(json.dumps({"text": "botchan.txt", "text_sha256": "0" * 64, "scored_tokens": 4080}))
+    logits = tmp_path / "base.logits"
+    logits.write_bytes(b"x")
+    return rec, logits
+
+
+@pytest.mark.parametrize("runs,calls_expected,error", [
+    ([(0, KLD_CUT), (0, KLD)], 2, None),  # lost once: re-run, logged
+    ([(0, KLD_CUT), (0, KLD_CUT), (0, KLD)], 3, None),
+    ([(0, KLD_CUT)], 3, "printed no KL divergence statistics|lacks"),  # bounded: 1 + 2 re-runs, then the error
+    ([(1, KLD_CUT)], 1, "exited 1"),  # not the symptom: no re-run
+    ([(0, KLD_CUT + "0.99.000.000 E kl_divergence: failed reading log-probs\n")], 1, "failed reading log-probs"),
+    ([(0, KLD.replace("Maximum KLD", "Max KLD"))], 1, "lacks kld_max"),  # complete but changed: no re-run
+])
+def test_eval_reruns_only_when_the_final_lines_are_lost(tmp_path, monkeypatch, runs, calls_expected, error):
+    from pipeline.evaluate import eval_quant
+    from pipeline.recipe import EvalSet
+
+    calls: list = []
+    monkeypatch.setattr("pipeline.evaluate.run_tool", _runner(runs, calls))
+    rec, logits = _base_record(tmp_path)
+    es = EvalSet(name="botchan", text=ROOT / "data" / "botchan.txt", ctx=512, chunks=16)
+    log = tmp_path / "eval.log"
+    if error:
+        with pytest.raises(PipelineError, match=error):
+            eval_quant("r", "Q4_K_M", es, tmp_path / "q.gguf", logits, rec, tmp_path / "out.json", log=log, tc=object())
+    else:
+        out = eval_quant("r", "Q4_K_M", es, tmp_path / "q.gguf", logits, rec, tmp_path / "out.json", log=log, tc=object())
+        assert out["metrics"]["kld_mean"] == 0.045521
+    assert len(calls) == calls_expected
+    notes = log.read_text().count("lost its final lines") if log.exists() else 0
+    assert notes == min(calls_expected - 1, 2)
+
+
+def test_base_eval_reruns_on_a_real_lost_tail(tmp_path, monkeypatch, capsys):
+    """A real capture: llama-perplexity b11312 exited 0 after printing chunk 13 of 17 (tiny model, 2 cores)."""
+    from pipeline.evaluate import has_final_estimate, run_perplexity
+
+    lost = (TEST_DATA / "lost-tail-base.txt").read_text()
+    assert "Final estimate" not in lost and "calculating perplexity over 17 chunks" in lost
+    calls: list = []
+    monkeypatch.setattr("pipeline.evaluate.run_tool", _runner([(0, lost), (0, (TEST_DATA / "base.txt").read_text())], calls))
+    res = run_perplexity(object(), [], tmp_path / "base.log", has_final_estimate, "r: eval set botchan: base")
+    assert has_final_estimate(res.output) and calls == ["llama-perplexity"] * 2
+    assert "warning: r: eval set botchan: base: llama-perplexity exited 0 but its output lost its final lines" \
+        in capsys.readouterr().err

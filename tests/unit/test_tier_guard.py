@@ -1,0 +1,71 @@
+"""The unit tier's guard (tests/unit/conftest.py) holds: torch, transformers, the llama.cpp tools and the network
+are out of reach here and in subprocesses, while loopback stays usable. Also the key of the tools cache."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from pipeline import tools
+
+from .conftest import TierViolation
+
+
+@pytest.mark.parametrize("name", ["torch", "transformers", "transformers.models.llama", "awq", "accelerate"])
+def test_heavy_imports_refused(name):
+    with pytest.raises(TierViolation, match=f"import {name.partition('.')[0]}"):
+        importlib.import_module(name)
+
+
+@pytest.mark.parametrize("name", ["torch", "transformers"])
+def test_heavy_imports_refused_in_subprocesses(name):
+    res = subprocess.run([sys.executable, "-c", f"import {name}"], capture_output=True, text=True)
+    assert res.returncode != 0 and "unit tier: import of" in res.stderr, res.stderr
+
+
+def test_tool_lookup_refused(tmp_path):
+    from pipeline.tools import find_toolchain  # bound here, as a stage module binds it
+
+    with pytest.raises(TierViolation):
+        find_toolchain()
+    with pytest.raises(TierViolation):
+        tools.pinned_dir()
+    tc = tools.Toolchain(tmp_path, tmp_path, tmp_path / "c.py", tmp_path, 1, "x", "user")
+    with pytest.raises(TierViolation):
+        tc.tool("llama-quantize")
+    assert "LLAMA_CPP_DIR" not in os.environ and not any(tools.cache_root().iterdir())
+
+
+def test_tool_lookup_refused_in_subprocesses():
+    res = subprocess.run([sys.executable, "-m", "pipeline.tools", "where"], capture_output=True, text=True)
+    assert res.returncode == 1 and "are not installed in" in res.stderr, res.stderr
+
+
+def test_network_refused_loopback_allowed():
+    with socket.socket() as s, pytest.raises(TierViolation, match="network connection"):
+        s.connect(("192.0.2.1", 80))  # TEST-NET-1: refused before any packet leaves
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(1)
+        with socket.create_connection(server.getsockname(), timeout=5):
+            pass
+
+
+def test_tools_cache_key_covers_what_shapes_the_build(monkeypatch):
+    """Adding a target, changing a cmake flag or an asset gives another cache folder: an old cache is rebuilt,
+    never trusted."""
+    key = tools.cache_key()
+    assert len(key) == 12 and tools.cache_key() == key
+    for name, value in (("TOOLS", (*tools.TOOLS, "llama-server")),
+                        ("CMAKE_FLAGS", (*tools.CMAKE_FLAGS, "-DGGML_CUDA=ON")),
+                        ("ASSETS", (*tools.ASSETS, ("README.md", "."))),
+                        ("SDIST_SHA256", "0" * 64),
+                        ("PINNED_COMMIT", "deadbee")):
+        with monkeypatch.context() as m:
+            m.setattr(tools, name, value)
+            assert tools.cache_key() != key, name
