@@ -9,7 +9,7 @@
   quant builds that quant only.
 * ``gguf@<name>-<key>``: one stage per GGUF the recipe can publish. DVC removes the published file
   before the stage runs; :func:`link` links it again from ``work/`` when the manifest publishes it,
-  and DVC caches it (``cache.type hardlink``: no copy). A file the gates rejected makes the stage
+  and DVC caches it (``cache.type hardlink,copy``: no copy where it can link). A file the gates rejected makes the stage
   fail after dropping its stale ``dvc.lock`` entry, so that a later ``dvc pull`` cannot bring back a
   file that no longer passes. ``dvc repro --keep-going`` still commits every other file. A file the
   recipe splits (``split:``) is one stage too, whose output is the folder ``<name>-<key>`` of its

@@ -529,7 +529,7 @@ def _check_quant_type(ctx: _Ctx, value: str, where: str, known: set[str] | None,
         ctx.fail(where, f"unknown quant type {value!r} (llama-quantize b{build} accepts: {', '.join(sorted(known - NOT_QUANTS))})")
     if t not in gguf_file_types():
         ctx.fail(where, f"quant type {t} is unknown to the installed gguf Python package, which could not read the "
-                        "result back; install the gguf-py of the pinned llama.cpp (`make venv`)")
+                        "result back; install the gguf-py of the pinned llama.cpp (`make tools`)")
     return t
 
 

@@ -129,8 +129,8 @@ _SOURCE_FIELDS = (
           "The revision to fetch; the resolved commit is recorded. Quote it: YAML reads an all-digit SHA "
           "prefix as a number, which is refused.", SHA),
     Field("path", "string: folder", Note("one of `repo` or `path` is required"),
-          "A local Hugging Face folder instead of a repo (relative paths: to the recipe file); not valid with "
-          "`revision`.", "/data/my-hf-folder"),
+          "A local Hugging Face folder instead of a repo; not valid with `revision`. Unlike the text paths, a "
+          "relative path is read from the folder the build runs in, not the recipe's: write it absolute.", "/data/my-hf-folder"),
     Field("allow_pickle", "bool", False, "Accept `*.bin` / `*.pt` (pickled) weights; refused by default.", True),
     Field("trust_remote_code", "bool", False,
           "Accept repositories whose config needs custom code; refused by default.", True),

@@ -1,7 +1,7 @@
 """Stage split: a model file cut into ``llama-gguf-split`` shards (recipe ``split:``), and the shard checks
-shared by the publish stage and ``verify`` (light dependencies: numpy + gguf).
+shared by the publish stage and ``verify`` (standard library: the GGUF header reader).
 
-The split stage runs after quantize, eval and bench, which all read the whole file in
+The split stage reads the whole file in
 ``work/<name>/quants/``; it writes ``work/<name>/split/<name>-<KEY>/<name>-<KEY>-0000i-of-0000N.gguf`` (the
 tool's own naming, ``llama_split_path``), which the publish stage hard-links into
 ``artifacts/<name>/<name>-<KEY>/``. llama.cpp loads a split model from its first shard with the others
