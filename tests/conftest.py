@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
-from helpers import DEMO_RECIPE, ROOT, snakemake
+from helpers import BOTCHAN, DEMO_RECIPE, ROOT, TINY_COMMIT, TINY_NAME, TINY_REPO, snakemake
 
 TIERS = ("unit", "integration", "e2e")
 TESTS = Path(__file__).resolve().parent
@@ -79,6 +79,43 @@ def demo_build(tmp_path_factory, demo_hub):
     res = snakemake(work, DEMO_RECIPE, cores=2, hub=demo_hub)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return work
+
+
+@pytest.fixture(scope="session")
+def tiny_hub(tmp_path_factory):
+    """The tiny Llama (make_tiny_llama) in a local hub cache under a pinned commit, and a recipe fetching it
+    from there: (hub cache, recipe). Two quants, gates it passes (a random model: the point is that every
+    stage runs), no bench."""
+    from helpers import make_tiny_llama
+
+    from pipeline.demo import place_in_hub_cache
+
+    base = tmp_path_factory.mktemp("tiny-hub")
+    hub = base / "hub"
+    place_in_hub_cache(make_tiny_llama(base / "hf"), hub, TINY_REPO, TINY_COMMIT)
+    recipe = base / "recipes" / f"{TINY_NAME}.yaml"
+    recipe.parent.mkdir()
+    recipe.write_text(f"""\
+name: {TINY_NAME}
+source: {{repo: {TINY_REPO}, revision: "{TINY_COMMIT}"}}
+bench: false
+quants: [Q8_0, Q4_0]
+gates:
+  - {{name: botchan, text: {BOTCHAN}, ctx: 256, chunks: 17, max_ppl_ratio: 100,
+     max_kld_mean: 100, max_kld_p99: 100, min_same_top_p: 0}}
+""")
+    return hub, recipe
+
+
+@pytest.fixture(scope="session")
+def tiny_build(tmp_path_factory, tiny_hub):
+    """The tiny recipe built once by the real Snakemake workflow (the reference of the fault, rebuild-check and
+    Slurm tests: none of them changes it)."""
+    hub, recipe = tiny_hub
+    folder = tmp_path_factory.mktemp("tiny-build")
+    res = snakemake(folder, recipe, hub=hub)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return folder
 
 
 class FailingBuild(NamedTuple):

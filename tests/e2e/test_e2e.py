@@ -17,7 +17,6 @@ from pipeline.errors import PipelineError
 from pipeline.evaluate import perplexity
 from pipeline.fsutil import sha256_file
 from pipeline.ggufinfo import general_metadata, read_facts
-from pipeline.manifest import strip_volatile
 
 NAME = "smollm2-135m"
 
@@ -128,76 +127,6 @@ def test_no_token_or_temp_files_left(demo_build):
         if path.is_file() and ".snakemake" not in path.parts:
             assert FAKE_TOKEN.encode() not in path.read_bytes()[:50_000_000], path
         assert ".tmp-" not in path.name, path
-
-
-def _tree(root):
-    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(root.rglob("*"))
-            if ".snakemake" not in p.parts}
-
-
-def test_rebuild_check_identical(demo_build, demo_hub, tmp_path, capsys):
-    """`ggufpipe rebuild-check`: the demo rebuilt from its manifest in another folder with other --cores (3, so
-    llama-quantize runs with 3 threads, not 2) gives the same SHA256 for every GGUF and the same manifest
-    apart from the volatile `build` section; the original build folder is left as it was."""
-    from pipeline.rebuild import rebuild_check
-
-    manifest = demo_build / "artifacts" / NAME / "manifest.json"
-    before = _tree(demo_build)
-    code = rebuild_check(manifest, recipe=str(DEMO_RECIPE), cores="3", keep=str(tmp_path / "rb"),
-                         hub_cache=str(demo_hub))
-    out = capsys.readouterr().out
-    assert code == 0, out + (tmp_path / "rb" / "rebuild.log").read_text()[-3000:]
-    rows = [ln.split() for ln in out.splitlines() if ln.startswith((f"{NAME}-", "manifest.json"))]
-    files = {f"{NAME}-{t}.gguf" for t in ("F16", "Q8_0", "Q5_K_M", "Q4_K_M")}
-    assert {r[0] for r in rows} == files | {"manifest.json"} and all(r[-1] == "yes" for r in rows), out
-    assert f"OK: {len(files) + 1} of {len(files) + 1} identical" in out
-    m2 = json.loads((tmp_path / "rb" / "artifacts" / NAME / "manifest.json").read_text())
-    assert strip_volatile(m2) == strip_volatile(_manifest(demo_build))
-    for f in files:  # the published copies too, not only what rebuild-check hashed in work/
-        assert sha256_file(tmp_path / "rb" / "artifacts" / NAME / f) == sha256_file(demo_build / "artifacts" / NAME / f)
-    assert _tree(demo_build) == before
-
-
-def test_rebuild_check_mismatch_and_refusals(demo_build, demo_hub, tmp_path, capsys):
-    """A recorded SHA256 that the rebuild does not give fails with exit 1 naming the file (--only F16: fetch and
-    convert only); a toolchain, recipe or source that differs from the recorded one is refused, one line
-    each, before anything is built."""
-    from pipeline.rebuild import rebuild_check
-
-    m = _manifest(demo_build)
-    folder = tmp_path / "artifacts" / NAME
-    folder.mkdir(parents=True)
-    f16 = next(e for e in m["artifacts"] if e["quant_type"] == "F16")
-    f16["sha256"] = "0" * 64
-    (folder / "manifest.json").write_text(json.dumps(m))
-    code = rebuild_check(folder / "manifest.json", recipe=str(DEMO_RECIPE), cores="2", only=["F16"],
-                         hub_cache=str(demo_hub))
-    out = capsys.readouterr().out
-    assert code == 1, out
-    assert f"MISMATCH: 1 of 1: {NAME}-F16.gguf" in out and "Q8_0" not in out.split("identical")[0]
-    row = next(ln for ln in out.splitlines() if ln.startswith(f"{NAME}-F16.gguf"))
-    assert row.split()[1:] == ["0000000000000000…", sha256_file(demo_build / "artifacts" / NAME / f"{NAME}-F16.gguf")[:16]
-                               + "…", "NO"], row
-
-    m = _manifest(demo_build)
-    m["tools"]["llama_cpp_commit"] = "1234567"
-    m["tools"]["python"]["torch"] = "9.9.9"
-    m["recipe"]["sha256"] = "f" * 64
-    (folder / "manifest.json").write_text(json.dumps(m))
-    code = rebuild_check(folder / "manifest.json", recipe=str(DEMO_RECIPE), keep=str(tmp_path / "never"),
-                         hub_cache=str(demo_hub))
-    lines = capsys.readouterr().out.splitlines()
-    assert code == 1 and len(lines) == 3, lines
-    assert "toolchain: llama.cpp b11312 (commit 0c1e570) here, the manifest records b11312 (commit 1234567)" in lines[0]
-    assert "toolchain: Python package torch 2.13.0+cpu here, the manifest records 9.9.9" in lines[1]
-    assert f"recipe: {DEMO_RECIPE} has SHA256 " in lines[2] and "(edited since the build)" in lines[2]
-    m = _manifest(demo_build)
-    m["source"]["commit"] = "ab" * 20
-    (folder / "manifest.json").write_text(json.dumps(m))
-    code = rebuild_check(folder / "manifest.json", recipe=str(DEMO_RECIPE), hub_cache=str(demo_hub))
-    lines = capsys.readouterr().out.splitlines()
-    assert code == 1 and len(lines) == 1 and f"{'ab' * 20} is not in the hub cache ({demo_hub})" in lines[0], lines
-    assert not (tmp_path / "never").exists()
 
 
 def test_verify_against_manifest(demo_build, tmp_path):

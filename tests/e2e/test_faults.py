@@ -1,7 +1,7 @@
 """Kill -9 at fixed points of every long stage, then re-run: the build finishes with the clean build's bytes.
 
-A tiny Llama generated here (tests/helpers make_tiny_llama) is placed in a local hub cache, so the fetch stage goes
-through the real ``snapshot_download`` (``HF_HUB_OFFLINE=1``), and built once cleanly (the reference).
+A tiny Llama placed in a local hub cache (the session fixtures ``tiny_hub`` and ``tiny_build`` of tests/conftest.py),
+so the fetch stage goes through the real ``snapshot_download`` (``HF_HUB_OFFLINE=1``), built once cleanly (the reference).
 In a second folder the same build is run again and again, each run killed at one point by the test-only
 hook of pipeline/fsutil.py (``PIPELINE_TEST_KILL``): fetch before its rename, convert after its rename,
 llama-quantize itself mid-write (a partial temporary file stays), eval after llama-perplexity exited,
@@ -22,51 +22,16 @@ import re
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, snakemake
+from helpers import TINY_NAME as NAME
+from helpers import snakemake
 
 from pipeline.errors import PipelineError
 from pipeline.fsutil import MID_WRITE_BYTES, sha256_file
 from pipeline.ggufheader import read_header
 from pipeline.manifest import strip_volatile
 
-NAME = "tiny-faults"
-REPO = "ggufpipe-test/tiny-faults"
-COMMIT = "fa17ed0000000000000000000000000000c0ffee"
 TMP_RE = re.compile(r"^\..+\.tmp-\d+$")
 BYTE_EQUAL = (".gguf", ".safetensors", ".logits", ".model")  # deterministic outputs and fetched files
-
-
-@pytest.fixture(scope="module")
-def hub_recipe(tmp_path_factory):
-    """The tiny model in a local hub cache under a pinned commit, and a recipe fetching it from there."""
-    from helpers import make_tiny_llama
-
-    from pipeline.demo import place_in_hub_cache
-
-    base = tmp_path_factory.mktemp("faults")
-    hub = base / "hub"
-    place_in_hub_cache(make_tiny_llama(base / "hf"), hub, REPO, COMMIT)
-    recipe = base / "recipes" / f"{NAME}.yaml"
-    recipe.parent.mkdir()
-    recipe.write_text(f"""\
-name: {NAME}
-source: {{repo: {REPO}, revision: "{COMMIT}"}}
-bench: false
-quants: [Q8_0, Q4_0]
-gates:   # a random model: thresholds it passes; the point is that every stage runs
-  - {{name: botchan, text: {ROOT / 'data' / 'botchan.txt'}, ctx: 256, chunks: 17, max_ppl_ratio: 100,
-     max_kld_mean: 100, max_kld_p99: 100, min_same_top_p: 0}}
-""")
-    return hub, recipe
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory, hub_recipe):
-    hub, recipe = hub_recipe
-    folder = tmp_path_factory.mktemp("faults-ref")
-    res = snakemake(folder, recipe, hub=hub)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    return folder
 
 
 def outputs(folder: Path) -> tuple[dict[str, Path], dict[str, Path]]:
@@ -114,8 +79,9 @@ KILLS = [
 ]
 
 
-def test_killed_builds_resume_to_the_reference_bytes(hub_recipe, reference, tmp_path):
-    hub, recipe = hub_recipe
+def test_killed_builds_resume_to_the_reference_bytes(tiny_hub, tiny_build, tmp_path):
+    hub, recipe = tiny_hub
+    reference = tiny_build
     folder = tmp_path / "k"
     previous: dict[str, Path] = {}
     for spec, temps_expected, rule in KILLS:

@@ -1,6 +1,8 @@
 """The workflow on a real distributed engine: a single-node Slurm cluster (Debian's slurmctld, slurmd,
-munged; tests/helpers/slurm_cluster.py) builds the demo model through snakemake-executor-plugin-slurm with the
-repo's profile (profiles/slurm), and its GGUFs are byte-identical to the local build's (demo_build).
+munged; tests/helpers/slurm_cluster.py) builds one quant of the tiny model (tests/conftest.py: tiny_hub) through
+snakemake-executor-plugin-slurm with the repo's profile (profiles/slurm), and its GGUFs and manifest entries are
+byte-identical to the local build's (tiny_build). Also: every rule declares its resources, and the estimates
+that input sizes alone do not give match the demo build's real files.
 
 Runs as root where the Debian packages are installed (.ci/run installs them); skipped otherwise."""
 
@@ -9,35 +11,34 @@ from __future__ import annotations
 import json
 import re
 import time
+from pathlib import Path
 
 import pytest
 import yaml
-from helpers import DEMO_RECIPE, ROOT, snakemake
+from helpers import DEMO_RECIPE, ROOT, TINY_NAME, snakemake
 from helpers.slurm_cluster import SlurmCluster, unavailable
 
 from pipeline.fsutil import sha256_file
 
 REASON = unavailable()
-NAME = "smollm2-135m"  # the demo recipe's name: same GGUF metadata, same bytes
+NAME = "smollm2-135m"
 
 
-def one_quant_recipe(dest) -> tuple:
-    """The demo recipe with its first quant (Q8_0, with its gates) only: no draft, no bench; same name,
-    source, license and eval set as the demo, so that its F16 and Q8_0 must equal demo_build's."""
-    data = yaml.safe_load(DEMO_RECIPE.read_text())
+def one_quant_recipe(src: Path, dest: Path) -> tuple:
+    """The tiny recipe with its first quant (Q8_0) only; same name, source and eval set, so that its F16 and
+    Q8_0 must equal tiny_build's."""
+    data = yaml.safe_load(src.read_text())
     data["quants"] = data["quants"][:1]
-    data["bench"] = False
-    del data["draft"]
-    data["gates"][0]["text"] = str((DEMO_RECIPE.parent / data["gates"][0]["text"]).resolve())
     dest.mkdir(parents=True)
-    path = dest / f"{NAME}.yaml"
+    path = dest / f"{TINY_NAME}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path, data
 
 
 @pytest.mark.skipif(REASON is not None, reason=REASON or "")
-def test_slurm_build_equals_local_build(tmp_path, demo_build, demo_hub):
-    recipe, data = one_quant_recipe(tmp_path / "recipes")
+def test_slurm_build_equals_local_build(tmp_path, tiny_hub, tiny_build):
+    hub, tiny_recipe = tiny_hub
+    recipe, data = one_quant_recipe(tiny_recipe, tmp_path / "recipes")
     assert [q if isinstance(q, str) else q["type"] for q in data["quants"]] == ["Q8_0"]
     work = tmp_path / "build"
     work.mkdir()
@@ -46,7 +47,7 @@ def test_slurm_build_equals_local_build(tmp_path, demo_build, demo_hub):
     try:
         with cluster:
             up = time.monotonic() - started
-            res = snakemake(work, recipe, hub=demo_hub, extra=[
+            res = snakemake(work, recipe, hub=hub, extra=[
                 "--profile", str(ROOT / "profiles" / "slurm"),
                 "--slurm-init-seconds-before-status-checks", "2",  # small jobs: check soon
                 "--slurm-keep-successful-logs", "--slurm-no-account"])
@@ -73,9 +74,9 @@ def test_slurm_build_equals_local_build(tmp_path, demo_build, demo_hub):
 
     # the same bytes as the local build: every GGUF, and its whole manifest entry (SHA256, type, size and the
     # gate metrics, which are bit-identical because eval threads are fixed)
-    folder, local_folder = work / "artifacts" / NAME, demo_build / "artifacts" / NAME
+    folder, local_folder = work / "artifacts" / TINY_NAME, tiny_build / "artifacts" / TINY_NAME
     files = sorted(p.name for p in folder.glob("*.gguf"))
-    assert files == [f"{NAME}-F16.gguf", f"{NAME}-Q8_0.gguf"]
+    assert files == [f"{TINY_NAME}-F16.gguf", f"{TINY_NAME}-Q8_0.gguf"]
     for f in files:
         assert sha256_file(folder / f) == sha256_file(local_folder / f), f
     remote = {a["file"]: a for a in json.loads((folder / "manifest.json").read_text())["artifacts"]}
@@ -84,8 +85,8 @@ def test_slurm_build_equals_local_build(tmp_path, demo_build, demo_hub):
     for f in files:
         assert remote[f] == local[f], f
         assert remote[f]["sha256"] == sha256_file(folder / f)
-    assert remote[f"{NAME}-Q8_0.gguf"]["gate"]["passed"] is True
-    assert (work / "work" / NAME / "gate.ok").exists()
+    assert remote[f"{TINY_NAME}-Q8_0.gguf"]["gate"]["passed"] is True
+    assert (work / "work" / TINY_NAME / "gate.ok").exists()
 
 
 def test_every_rule_declares_its_resources(tmp_path, demo_hub):

@@ -22,6 +22,10 @@ BOTCHAN = ROOT / "data" / "botchan.txt"
 CALIB = ROOT / "data" / "botchan-calib.txt"
 TEST_DATA = ROOT / "tests" / "data" / "perplexity"  # captured output of the pinned llama-perplexity
 FAKE_TOKEN = "hf_FAKEtestTOKENdoNotLeak0123456789abcdef"
+# The tiny Llama of make_tiny_llama as a Hub repo in a local hub cache (tests/conftest.py: tiny_hub, tiny_build)
+TINY_NAME = "tiny-hub"
+TINY_REPO = "ggufpipe-test/tiny-llama"
+TINY_COMMIT = "fa17ed0000000000000000000000000000c0ffee"
 # Files a project repository needs to run this workflow (besides pipeline/ and its recipes)
 PROJECT_FILES = ["Snakefile", "dvc.yaml", ".dvcignore", ".dvc/config", "envs/ggufpipe.yaml", "data/botchan.txt"]
 
