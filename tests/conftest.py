@@ -147,6 +147,7 @@ def failing_build(tmp_path_factory, demo_hub):
                 quants=["Q8_0", {"type": "Q2_K", "gates": {"max_kld_mean": 0.0001}}],
                 draft={"gguf": str(draft), "n_max": 4, "prompts": 1})
     data["gates"][0]["text"] = str(ROOT / "data" / "botchan.txt")
+    data["gates"][0]["chunks"] = 9  # 2295 scored tokens at ctx 512: the fewest a recipe may ask (>= 2048)
     recipe = work / "recipes" / "smollm2-gates.yaml"
     recipe.parent.mkdir()
     recipe.write_text(yaml.safe_dump(data, sort_keys=False))

@@ -1,16 +1,16 @@
-"""Calibration end to end: an imatrix build of the demo model through the real Snakefile, the manifest's
-calibration records and their cross-check with the GGUF's own keys."""
+"""Calibration end to end: an imatrix build of the tiny model (tests/conftest.py: tiny_hub) through the real
+Snakefile, the manifest's calibration records and their cross-check with the GGUF's own keys."""
 
 from __future__ import annotations
 
 import json
 import textwrap
 
-from helpers import CALIB, snakemake
+from helpers import CALIB, TINY_COMMIT, TINY_REPO, snakemake
 
 
-def test_imatrix_build_on_demo_model(tmp_path, demo_hub):
-    """imatrix flavours of the demo model built by the real workflow: the quant records the matrix
+def test_imatrix_build(tmp_path, tiny_hub):
+    """imatrix flavours of the tiny model built by the real workflow: the quant records the matrix
     (GGUF keys), the manifest records it with SHA256s, and both agree; the plain flavour has none."""
     from pipeline.ggufinfo import field, open_reader
     from pipeline.manifest import IMATRIX_KEYS
@@ -19,12 +19,12 @@ def test_imatrix_build_on_demo_model(tmp_path, demo_hub):
     recipe.parent.mkdir()
     recipe.write_text(textwrap.dedent(f"""\
         name: imx
-        source: {{repo: HuggingFaceTB/SmolLM2-135M-Instruct, revision: "6b5982a638c6ed4e3da15711b6a5a1328c34a53e"}}
+        source: {{repo: {TINY_REPO}, revision: "{TINY_COMMIT}"}}
         imatrix: {{calibration: {CALIB}, ctx: 256, chunks: 4}}
         quants: [Q4_K_M, {{type: Q4_K_M, variant: plain, imatrix: false}}, IQ3_XXS]
         bench: false
         """))
-    res = snakemake(tmp_path, recipe, hub=demo_hub)
+    res = snakemake(tmp_path, recipe, hub=tiny_hub[0])
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     folder = tmp_path / "artifacts" / "imx"
     manifest = json.loads((folder / "manifest.json").read_text())

@@ -1,9 +1,9 @@
 """``ggufpipe ci`` end to end: a fetch failure is reported, and a branch that adds a recipe builds only that
-recipe (real Snakemake, real llama.cpp, the demo model)."""
+recipe (real Snakemake, real llama.cpp, the tiny model of tests/conftest.py: tiny_hub)."""
 
 from __future__ import annotations
 
-from helpers import DEMO_SOURCE, ci_recipe, commit_all, git, new_repo, run_ci, write_yaml
+from helpers import DEMO_SOURCE, TINY_COMMIT, TINY_REPO, ci_recipe, commit_all, git, new_repo, run_ci, write_yaml
 
 
 def test_ci_reports_a_fetch_failure(tmp_path, demo_hub):
@@ -18,15 +18,17 @@ def test_ci_reports_a_fetch_failure(tmp_path, demo_hub):
             + ": cannot fetch: HF_HUB_OFFLINE is set") in res.stdout, res.stdout
 
 
-def test_ci_builds_only_the_added_recipe(tmp_path, demo_hub):
+def test_ci_builds_only_the_added_recipe(tmp_path, tiny_hub):
     """A branch adds a recipe with an impossible gate: only it is built, the command fails, and the
     summary names the quant and the metric."""
-    repo = new_repo(tmp_path, {"existing": ci_recipe("existing")})
+    tiny = {"repo": TINY_REPO, "revision": TINY_COMMIT}
+    repo = new_repo(tmp_path, {"existing": ci_recipe("existing", source=tiny)})
     git(repo, "checkout", "-q", "-b", "add-tight")
-    write_yaml(repo / "recipes" / "tight.yaml", ci_recipe("tight", quants=[{"type": "Q8_0", "gates": {"max_kld_mean": 1e-7}}]))
+    write_yaml(repo / "recipes" / "tight.yaml",
+               ci_recipe("tight", source=tiny, quants=[{"type": "Q8_0", "gates": {"max_kld_mean": 1e-7}}]))
     commit_all(repo, "add tight")
     summary = tmp_path / "summary.md"
-    res = run_ci(repo, "--base", "main", "--cores", "2", "--summary", str(summary), hub=demo_hub)
+    res = run_ci(repo, "--base", "main", "--cores", "2", "--summary", str(summary), hub=tiny_hub[0])
     assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]
     assert (repo / "work" / "tight").is_dir() and not (repo / "work" / "existing").exists()
     assert not (repo / "artifacts" / "existing").exists()

@@ -75,8 +75,14 @@ def test_llama_tokenize_matches_hf_tokenizer(f16, demo_snapshot, eval_text, tool
 
 
 def test_f16_perplexity_matches_source(f16, source_gguf, eval_text, toolchain, tmp_path):
+    """llama-perplexity run here on the source GGUF (ctx 512 x 16 chunks of the eval text) against the F16's
+    perplexity that the build's eval-base stage recorded in the manifest with the same settings: the F16 is the
+    source model (within 1%), and the pipeline's recorded figure is what the tool gives."""
+    manifest = json.loads((f16.parent / "manifest.json").read_text())
+    es = next(e for e in manifest["eval_sets"] if e["name"] == "botchan")
+    assert (es["ctx"], es["chunks"]) == (512, 16), es
+    ppl_f16 = manifest["eval_base"]["botchan"]["ppl"]
     ppl_src, _ = perplexity(toolchain, source_gguf, eval_text, ctx=512, chunks=16, log=tmp_path / "src.log")
-    ppl_f16, _ = perplexity(toolchain, f16, eval_text, ctx=512, chunks=16, log=tmp_path / "f16.log")
     assert 20 < ppl_src < 35, ppl_src
     assert abs(ppl_f16 - ppl_src) / ppl_src < 0.01, (ppl_f16, ppl_src)
 

@@ -14,7 +14,6 @@ import pytest
 from helpers import DEMO_RECIPE, FAKE_TOKEN, snakemake
 
 from pipeline.errors import PipelineError
-from pipeline.evaluate import perplexity
 from pipeline.fsutil import sha256_file
 from pipeline.ggufinfo import general_metadata, read_facts
 
@@ -69,10 +68,11 @@ def test_gguf_general_metadata(demo_build):
     assert meta["general.license"] == "apache-2.0"
 
 
-def test_q4_k_m_perplexity_bound(demo_build, toolchain, eval_text, tmp_path):
-    ppl, _ = perplexity(toolchain, demo_build / "artifacts" / NAME / f"{NAME}-Q4_K_M.gguf", eval_text,
-                        ctx=512, chunks=16, log=tmp_path / "ppl.log")
-    assert ppl < 35, ppl
+def test_q4_k_m_perplexity_bound(demo_build):
+    """The published Q4_K_M's perplexity as its gate measured it (test_demo_fixture checks the recorded F16
+    figure against a run of llama-perplexity of its own)."""
+    q4 = next(a for a in _manifest(demo_build)["artifacts"] if a["quant_type"] == "Q4_K_M")
+    assert q4["metrics"]["botchan"]["ppl_q"] < 35, q4["metrics"]
 
 
 def test_rerun_runs_zero_jobs(demo_build, demo_hub):

@@ -1,0 +1,84 @@
+"""The newcomer path's targets, measured as a new user meets them: from a fresh clone of this repository's HEAD.
+
+- `make test-fast` (light venv, ruff, unit tier) with pip's cache warm: target under 120 s.
+- The first `make demo` with an empty ggufpipe cache (no venv, no llama.cpp build, no demo snapshot): target
+  720 s on 2 cores, ending with the main demo recipe published and gated.
+
+Prints each wall time, its ratio to the target and where the log is. `--empty-pip-cache` also gives pip an
+empty cache for the demo (everything downloaded again). Run it on a quiet machine: it measures wall time.
+
+    python3 bench/newcomer_bench.py [--skip-fast] [--skip-demo] [--empty-pip-cache] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGETS = {"make test-fast": 120.0, "make demo": 720.0}
+DEMO = "smollm2-135m"
+
+
+def run(label: str, cmd: list[str], cwd: Path, env: dict, log: Path) -> float:
+    print(f"[bench] {label}: running in {cwd} (log: {log})", flush=True)
+    start = time.monotonic()
+    with open(log, "w") as fh:
+        rc = subprocess.run(cmd, cwd=cwd, env=env, stdout=fh, stderr=subprocess.STDOUT).returncode
+    wall = time.monotonic() - start
+    if rc != 0:
+        sys.exit(f"error: {label} exited {rc} after {wall:.1f} s; see {log}")
+    target = TARGETS[label]
+    verdict = "ok" if wall <= target else "MISSED"
+    print(f"[bench] {label}: {wall:.1f} s = {wall / 60:.1f} min (target {target:.0f} s: {wall / target:.2f}x) {verdict}",
+          flush=True)
+    return wall
+
+
+def clone(dest: Path) -> Path:
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(dest)], check=True)
+    return dest
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--skip-fast", action="store_true")
+    ap.add_argument("--skip-demo", action="store_true")
+    ap.add_argument("--empty-pip-cache", action="store_true", help="the demo's pip gets an empty cache too")
+    ap.add_argument("--keep", help="work in this folder and keep it (default: a temporary folder, removed)")
+    args = ap.parse_args(argv)
+    base = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="newcomer-bench-"))
+    base.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("GGUFPIPE_CACHE", "LLAMA_CPP_DIR", "VIRTUAL_ENV")}
+    try:
+        if not args.skip_fast:
+            run("make test-fast", ["make", "test-fast"], clone(base / "fast"), env, base / "test-fast.log")
+        if not args.skip_demo:
+            demo_env = {**env, "GGUFPIPE_CACHE": str(base / "empty-cache")}
+            if args.empty_pip_cache:
+                demo_env["PIP_CACHE_DIR"] = str(base / "empty-pip-cache")
+            work = clone(base / "demo")
+            run("make demo", ["make", "demo"], work, demo_env, base / "demo.log")
+            gate = work / "work" / DEMO / "gate.ok"
+            manifest = work / "artifacts" / DEMO / "manifest.json"
+            if not (gate.is_file() and manifest.is_file()):
+                sys.exit(f"error: make demo exited 0 but {gate} or {manifest} is missing")
+            published = sorted(p.name for p in manifest.parent.glob("*.gguf"))
+            print(f"[bench] published and gated: {', '.join(published)}", flush=True)
+            steps = [ln.strip() for ln in (base / "demo.log").read_text().splitlines()
+                     if ln.startswith(("[setup", "[demo]")) or " steps (" in ln]
+            print("[bench] progress lines: " + " | ".join(steps[:4] + ["..."] + steps[-1:]), flush=True)
+    finally:
+        if not args.keep:
+            shutil.rmtree(base, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
