@@ -86,7 +86,7 @@ def tiny_hub(tmp_path_factory):
     """The tiny Llama (make_tiny_llama) in a local hub cache under a pinned commit, and a recipe fetching it
     from there: (hub cache, recipe). Two quants, gates it passes (a random model: the point is that every
     stage runs), no bench."""
-    from helpers import make_tiny_llama
+    from helpers.hf_factory import make_tiny_llama
 
     from pipeline.demo import place_in_hub_cache
 

@@ -50,7 +50,7 @@ def good_recipe(hf: Path, **changes) -> dict:
 
 @pytest.fixture(scope="module")
 def tiny_hf(tmp_path_factory):
-    from helpers import make_tiny_llama
+    from helpers.hf_factory import make_tiny_llama
 
     return make_tiny_llama(tmp_path_factory.mktemp("bad-inputs-hf") / "hf")
 

@@ -43,7 +43,7 @@ V2 = """\
 
 @pytest.fixture(scope="module")
 def tiny_hf(tmp_path_factory):
-    from helpers import make_tiny_llama
+    from helpers.hf_factory import make_tiny_llama
 
     return make_tiny_llama(tmp_path_factory.mktemp("tiny-split") / "hf", intermediate=1536)
 

@@ -1,8 +1,9 @@
-"""Shared test helpers (one module, imported by every tier as ``helpers``): the repository paths, the real
-workflow run as a subprocess, generated tiny HF models, and a git + DVC project repository.
-Generated GGUFs live in :mod:`helpers.gguf_factory`, the single-node Slurm cluster in :mod:`helpers.slurm_cluster`.
+"""Shared test helpers (one package, imported by every tier as ``helpers``): repository paths, the real workflow
+run as a subprocess, recipe writers, a git + DVC project repository, git repositories for ``ggufpipe ci`` and the
+pinned requirements. Generated checkpoints live in :mod:`helpers.hf_factory`, generated GGUFs in
+:mod:`helpers.gguf_factory`, the single-node Slurm cluster in :mod:`helpers.slurm_cluster`.
 
-Nothing here imports torch, transformers or llama.cpp at module level: the unit tier imports this module too."""
+Nothing here imports torch, transformers or llama.cpp at module level: the unit tier imports this package too."""
 
 from __future__ import annotations
 
@@ -43,36 +44,6 @@ def snakemake(workdir: Path, recipes: list[Path] | Path, cores: int = 2, extra: 
         full_env["HF_HUB_CACHE"] = str(hub)
     full_env.update(env or {})
     return subprocess.run(cmd, capture_output=True, text=True, env=full_env, start_new_session=new_session)
-
-
-def make_tiny_llama(dest: Path, intermediate: int = 512) -> Path:
-    """A 2-layer Llama (hidden 256, 4 heads, 1 KV head of 64: every AWQ-clipped linear has a multiple of
-    64 output features; tied embeddings like SmolLM2) with random weights and a byte-fallback BPE
-    SentencePiece tokenizer."""
-    import sentencepiece as spm
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, LlamaTokenizer
-
-    dest.mkdir(parents=True)
-    spm.SentencePieceTrainer.train(
-        input=str(CALIB), model_prefix=str(dest / "spm"), vocab_size=768, model_type="bpe", byte_fallback=True,
-        character_coverage=1.0, unk_id=0, bos_id=1, eos_id=2, pad_id=-1, num_threads=1, minloglevel=2,
-        input_sentence_size=20000, shuffle_input_sentence=False)
-    tok = LlamaTokenizer(vocab_file=str(dest / "spm.model"), legacy=True, add_bos_token=True)
-    tok.save_pretrained(dest)
-    for f in ("spm.model", "spm.vocab"):
-        (dest / f).unlink()
-    cfg = LlamaConfig(vocab_size=tok.vocab_size, hidden_size=256, intermediate_size=intermediate, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=1, head_dim=64, max_position_embeddings=512,
-                      tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, torch_dtype="float16")
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(cfg)
-    with torch.no_grad():  # trained-looking norms: not all ones, so that folded scales show
-        for name, p in model.named_parameters():
-            if name.endswith("layernorm.weight"):
-                p.uniform_(0.5, 1.5)
-    model.half().save_pretrained(dest, safe_serialization=True)
-    return dest
 
 
 def awq_recipe(folder: Path, source: Path, awq: str, quants: str = "[Q8_0]") -> Path:
@@ -244,3 +215,16 @@ def read_pins(path: Path) -> dict[str, str]:
             name, _, version = line.partition("==")
             pins[norm(name)] = version
     return pins
+
+
+# ------------------------------------------------------------------ a recipe with `mtp:`
+
+def mtp_recipe(folder: Path, src: Path, mtp: str | None, name: str = "glm", **extra) -> Path:
+    """A one-quant recipe (Q8_0, no bench) of the local model folder ``src`` with ``mtp:`` set unless None."""
+    data = {"name": name, "source": {"path": str(src)}, "quants": ["Q8_0"], "bench": False, **extra}
+    if mtp is not None:
+        data["mtp"] = mtp
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path

@@ -9,7 +9,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers import CALIB, ROOT, awq_recipe, make_tiny_llama, snakemake
+from helpers import CALIB, ROOT, awq_recipe
+from helpers.hf_factory import make_tiny_llama
 
 from pipeline.errors import PipelineError
 from pipeline.recipe import load_recipe
@@ -157,22 +158,3 @@ def test_awq_bad_inputs_one_line(tmp_path, tiny_hf, quantize_exe, case):
     assert not out.exists() and not (tmp_path / "awq.json").exists()
 
 
-def test_awq_build_with_clipping(tmp_path, tiny_hf):
-    """The workflow with `awq:` (clipping on): the plain F16 is published and is the reference; AWQ
-    quants come from the AWQ base and the manifest records the AWQ parameters and text SHA256."""
-    recipe = awq_recipe(tmp_path, tiny_hf, f"{{calibration: {CALIB}, n_samples: 8, seq_len: 64, q_group_size: 64}}",
-                        "[Q8_0, {type: Q8_0, variant: plain, awq: false}]")
-    res = snakemake(tmp_path, recipe)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    manifest = json.loads((tmp_path / "artifacts" / "tiny-awq" / "manifest.json").read_text())
-    by_file = {a["file"]: a for a in manifest["artifacts"]}
-    awq = by_file["tiny-awq-Q8_0.gguf"]["calibration"]["awq"]
-    assert awq["apply_clip"] is True and awq["q_group_size"] == 64 and awq["calibration"] == CALIB.name
-    assert awq["calibration_sha256"] == "20400aa480e8368d54e02e63d441531782ea327651c4f056120ebab70ac41c95"
-    assert awq["device"] == "cpu" and awq["threads"] == 2  # calib_threads, whatever --cores
-    assert "calibration" not in by_file["tiny-awq-Q8_0-plain.gguf"]
-    assert by_file["tiny-awq-Q8_0.gguf"]["sha256"] != by_file["tiny-awq-Q8_0-plain.gguf"]["sha256"]
-    assert (tmp_path / "work" / "tiny-awq" / "awq" / "tiny-awq-F16-awq.gguf").is_file()
-    assert manifest["build"]["calibration_seconds"]["awq"] > 0
-    log = (tmp_path / "work" / "tiny-awq" / "logs" / "awq.log").read_text()
-    assert "AWQ: 100%" in log  # AutoAWQ's progress bar, per layer, in the stage log

@@ -12,13 +12,11 @@ test string and knows only published tokenizers' hashes.
 from __future__ import annotations
 
 import functools
-import json
 import re
-import shutil
 
 import pytest
-import yaml
-from helpers import snakemake
+from helpers import mtp_recipe
+from helpers.hf_factory import tiny_glm4_moe
 
 from pipeline.convert import convert, convert_mtp
 from pipeline.errors import PipelineError
@@ -27,78 +25,12 @@ from pipeline.mtp import mtp_facts
 from pipeline.recipe import load_recipe
 from pipeline.tools import run_tool
 
-GLM_SPECIAL = ["[gMASK]", "<|user|>", "<|observation|>"]  # <|endoftext|> is in the SmolLM2 vocab already
 MTP_NAMES = [f"blk.2.nextn.{k}.weight" for k in ("eh_proj", "enorm", "hnorm", "shared_head_norm")]
-
-
-def tiny_glm4_moe(dest, tokenizer_dir, n_layer: int = 2, nextn_layers: int = 1, seed: int = 0):
-    """A random Glm4MoeForCausalLM checkpoint (safetensors): layer 0 dense, the others (MTP layers
-    included) MoE with 4 routed experts and a shared one; hidden size 64."""
-    import torch
-    from safetensors.torch import save_file
-
-    dest.mkdir(parents=True)
-    tok = json.loads((tokenizer_dir / "tokenizer.json").read_text())
-    n_tok = len(tok["model"]["vocab"])
-    assert all(t["id"] < n_tok for t in tok["added_tokens"])
-    tok["added_tokens"] += [{"id": n_tok + i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
-                             "normalized": False, "special": True} for i, t in enumerate(GLM_SPECIAL)]
-    (dest / "tokenizer.json").write_text(json.dumps(tok))
-    for name in ("tokenizer_config.json", "special_tokens_map.json"):
-        shutil.copy(tokenizer_dir / name, dest / name)
-    vocab = (n_tok + len(GLM_SPECIAL) + 7) // 8 * 8
-    H, NH, KV, HD, FF, E, FFE = 64, 4, 2, 16, 128, 4, 32
-    (dest / "config.json").write_text(json.dumps({
-        "architectures": ["Glm4MoeForCausalLM"], "model_type": "glm4_moe", "vocab_size": vocab, "hidden_size": H,
-        "num_hidden_layers": n_layer, "num_nextn_predict_layers": nextn_layers, "num_attention_heads": NH,
-        "num_key_value_heads": KV, "head_dim": HD, "intermediate_size": FF, "moe_intermediate_size": FFE,
-        "n_routed_experts": E, "num_experts_per_tok": 2, "n_shared_experts": 1, "first_k_dense_replace": 1,
-        "routed_scaling_factor": 1.0, "norm_topk_prob": True, "partial_rotary_factor": 0.5, "rope_theta": 10000.0,
-        "rms_norm_eps": 1e-5, "max_position_embeddings": 4096, "attention_bias": True, "use_qk_norm": False,
-        "tie_word_embeddings": False, "n_group": 1, "topk_group": 1, "torch_dtype": "float32",
-        "bos_token_id": 1, "eos_token_id": 2}))
-    g = torch.Generator().manual_seed(seed)
-
-    def rnd(*shape):
-        return (torch.randn(*shape, generator=g) * 0.05).contiguous()
-
-    t = {"model.embed_tokens.weight": rnd(vocab, H), "model.norm.weight": torch.ones(H), "lm_head.weight": rnd(vocab, H)}
-    for b in range(n_layer + nextn_layers):
-        p = f"model.layers.{b}."
-        t[p + "input_layernorm.weight"] = torch.ones(H)
-        t[p + "post_attention_layernorm.weight"] = torch.ones(H)
-        for proj, rows in (("q", NH * HD), ("k", KV * HD), ("v", KV * HD)):
-            t[p + f"self_attn.{proj}_proj.weight"] = rnd(rows, H)
-            t[p + f"self_attn.{proj}_proj.bias"] = rnd(rows)
-        t[p + "self_attn.o_proj.weight"] = rnd(H, NH * HD)
-        mlps = {"mlp.": FF} if b == 0 else {**{f"mlp.experts.{e}.": FFE for e in range(E)}, "mlp.shared_experts.": FFE}
-        for q, ff in mlps.items():
-            t[p + q + "gate_proj.weight"], t[p + q + "up_proj.weight"] = rnd(ff, H), rnd(ff, H)
-            t[p + q + "down_proj.weight"] = rnd(H, ff)
-        if b > 0:
-            t[p + "mlp.gate.weight"] = rnd(E, H)
-            t[p + "mlp.gate.e_score_correction_bias"] = torch.zeros(E)
-        if b >= n_layer:  # the NextN/MTP layer's own tensors
-            t[p + "eh_proj.weight"] = rnd(H, 2 * H)
-            for norm in ("enorm", "hnorm", "shared_head.norm"):
-                t[p + f"{norm}.weight"] = torch.ones(H)
-    save_file(t, str(dest / "model.safetensors"), metadata={"format": "pt"})
-    return dest
 
 
 @pytest.fixture(scope="module")
 def glm_hf(tmp_path_factory, demo_snapshot):
     return tiny_glm4_moe(tmp_path_factory.mktemp("glm") / "hf", demo_snapshot)
-
-
-def recipe(folder, src, mtp: str | None, name: str = "glm", **extra):
-    data = {"name": name, "source": {"path": str(src)}, "quants": ["Q8_0"], "bench": False, **extra}
-    if mtp is not None:
-        data["mtp"] = mtp
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
 
 
 @functools.cache
@@ -115,7 +47,7 @@ def converted(tmp_path_factory, glm_hf, toolchain):
     root = tmp_path_factory.mktemp("modes")
     out = {}
     for mode in ("keep", "strip", "separate"):
-        r = load_recipe(recipe(root / mode, glm_hf, mode))
+        r = load_recipe(mtp_recipe(root / mode, glm_hf, mode))
         d = root / mode
         out[mode] = {"gguf": d / r.base_file, "record": convert(r, glm_hf, d / r.base_file, d / "convert.json",
                                                                  log=d / "convert.log", tc=toolchain)}
@@ -129,11 +61,11 @@ def converted(tmp_path_factory, glm_hf, toolchain):
 
 
 def test_recipe_mtp_field(tmp_path, glm_hf):
-    assert load_recipe(recipe(tmp_path, glm_hf, None)).mtp == "keep"
-    r = load_recipe(recipe(tmp_path, glm_hf, "separate"))
+    assert load_recipe(mtp_recipe(tmp_path, glm_hf, None)).mtp == "keep"
+    r = load_recipe(mtp_recipe(tmp_path, glm_hf, "separate"))
     assert r.mtp == "separate" and r.mtp_file == "glm-mtp-F16.gguf"
     for bad, shown in (("both", "'both'"), (True, "True")):
-        path = recipe(tmp_path, glm_hf, bad)
+        path = mtp_recipe(tmp_path, glm_hf, bad)
         with pytest.raises(PipelineError) as exc:
             load_recipe(path)
         assert str(exc.value) == f"{path}: mtp: {shown} is not one of keep, strip, separate"
@@ -191,7 +123,7 @@ def test_llama_cpp_runs_the_mtp_draft(converted, toolchain, tmp_path):
 @pytest.mark.parametrize("stage,mode", [(convert, "strip"), (convert_mtp, "separate")], ids=["strip", "separate"])
 def test_unsupported_architecture_one_clear_line(tmp_path, demo_snapshot, toolchain, stage, mode):
     """The demo model (LlamaForCausalLM): its converter class cannot split MTP heads off."""
-    path = recipe(tmp_path, demo_snapshot, mode)
+    path = mtp_recipe(tmp_path, demo_snapshot, mode)
     out = tmp_path / "art" / "out.gguf"
     with pytest.raises(PipelineError) as exc:
         stage(load_recipe(path), demo_snapshot, out, tmp_path / "rec.json", log=tmp_path / "c.log", tc=toolchain)
@@ -205,7 +137,7 @@ def test_unsupported_architecture_one_clear_line(tmp_path, demo_snapshot, toolch
 def test_model_without_heads_gives_no_draft(tmp_path, demo_snapshot, toolchain):
     """A supported architecture whose checkpoint has no MTP layer: the converter would write an empty draft."""
     src = tiny_glm4_moe(tmp_path / "hf", demo_snapshot, nextn_layers=0)
-    path = recipe(tmp_path, src, "separate")
+    path = mtp_recipe(tmp_path, src, "separate")
     out = tmp_path / "art" / "glm-mtp-F16.gguf"
     with pytest.raises(PipelineError) as exc:
         convert_mtp(load_recipe(path), src, out, tmp_path / "rec.json", tc=toolchain)
@@ -215,7 +147,7 @@ def test_model_without_heads_gives_no_draft(tmp_path, demo_snapshot, toolchain):
 
 
 def test_convert_mtp_only_for_separate(tmp_path, glm_hf):
-    path = recipe(tmp_path, glm_hf, "strip")
+    path = mtp_recipe(tmp_path, glm_hf, "strip")
     with pytest.raises(PipelineError, match=r"glm\.yaml: mtp: strip: the MTP draft is exported only with `mtp: separate`"):
         convert_mtp(load_recipe(path), glm_hf, tmp_path / "x.gguf", tmp_path / "x.json")
 
@@ -226,7 +158,7 @@ def test_heads_left_despite_no_mtp_are_caught(tmp_path, glm_hf, toolchain, monke
 
     real = conv.run_converter
     monkeypatch.setattr(conv, "run_converter", lambda tc, args, log: real(tc, [a for a in args if a != "--no-mtp"], log))
-    path = recipe(tmp_path, glm_hf, "strip")
+    path = mtp_recipe(tmp_path, glm_hf, "strip")
     out = tmp_path / "art" / "glm-F16.gguf"
     with pytest.raises(PipelineError, match=r"mtp: strip: the converter left 4 nextn tensors in glm-F16\.gguf despite --no-mtp"):
         convert(load_recipe(path), glm_hf, out, tmp_path / "rec.json", tc=toolchain)
@@ -239,45 +171,13 @@ def test_heads_left_despite_no_mtp_are_caught(tmp_path, glm_hf, toolchain, monke
 def test_convert_trigger_holds_the_mode(tmp_path, glm_hf):
     from pipeline.workflow import Workflow
 
-    files = [recipe(tmp_path, glm_hf, mode, name=f"m-{mode}") for mode in ("keep", "strip", "separate")]
+    files = [mtp_recipe(tmp_path, glm_hf, mode, name=f"m-{mode}") for mode in ("keep", "strip", "separate")]
     W = Workflow({"recipes": ",".join(map(str, files))})
     params = {mode: W.convert_params(f"m-{mode}") for mode in ("keep", "strip", "separate")}
     assert len(set(params.values())) == 3
     assert "keep" not in params["keep"]  # the default leaves the trigger of existing builds unchanged
-    assert W.publish_inputs("m-separate")["mtp"] == [str(W.layout.mtp_gguf(W.recipe("m-separate"))),
-                                                     str(W.layout.mtp_record(W.recipe("m-separate")))]
+    assert W.publish_inputs("m-separate")["mtp"] == [str(W.layout.mtp_gguf(W.mtp_recipe("m-separate"))),
+                                                     str(W.layout.mtp_record(W.mtp_recipe("m-separate")))]
     assert "mtp" not in W.publish_inputs("m-strip")
 
 
-def test_workflow_separate(tmp_path, glm_hf, demo_hub):
-    """Real Snakemake, `mtp: separate`: the MTP draft is exported by its own rule, published beside the
-    model files and recorded; switching the recipe to another mode re-converts (the mode is a rerun trigger)."""
-    from pipeline.verify import verify
-
-    rfile = recipe(tmp_path / "recipes", glm_hf, "separate")
-    res = snakemake(tmp_path, rfile, hub=demo_hub)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    folder = tmp_path / "artifacts" / "glm"
-    m = json.loads((folder / "manifest.json").read_text())
-    assert [(e["file"], e["role"]) for e in m["artifacts"]] == [
-        ("glm-F16.gguf", "base"), ("glm-mtp-F16.gguf", "mtp-draft"), ("glm-Q8_0.gguf", "quant")]
-    base, draft, q8 = m["artifacts"]
-    assert "mtp" not in base and "mtp" not in q8
-    assert draft["mtp"] == {"tensors": 4, "layers": [2], "nextn_predict_layers": 1}
-    assert draft["quant_type"] == "F16" and draft["converter_args"] == ["--mtp"] and len(draft["sha256"]) == 64
-    assert m["mtp"]["mode"] == "separate" and m["mtp"]["converter_args"] == ["--no-mtp"]
-    assert m["mtp"]["draft_file"] == "glm-mtp-F16.gguf"
-    assert m["mtp"]["deploy"] == [f"llama-server -m {f} -md glm-mtp-F16.gguf --spec-type draft-mtp"
-                                  for f in ("glm-F16.gguf", "glm-Q8_0.gguf")]
-    assert verify(folder / "glm-mtp-F16.gguf").startswith("OK")
-    assert (tmp_path / "work" / "glm" / "gate.ok").is_file()
-    assert "## MTP heads" in (folder / "report.md").read_text()
-    card = (folder / "README.md").read_text()
-    assert "-md glm-mtp-F16.gguf --spec-type draft-mtp" in card and "llama-cli -m glm-mtp-F16.gguf" not in card
-
-    for mode in ("strip", "keep"):
-        recipe(tmp_path / "recipes", glm_hf, mode)
-        res = snakemake(tmp_path, rfile, hub=demo_hub, extra=["--dry-run"])
-        out = res.stdout + res.stderr
-        assert res.returncode == 0, out[-3000:]
-        assert re.search(r"^convert\s+1$", out, re.M) and "convert_mtp" not in out, out[-3000:]

@@ -1,0 +1,36 @@
+"""AWQ end to end: a real AutoAWQ run with weight clipping inside the real Snakefile, on a tiny Llama generated
+here; its quant is published with the AWQ parameters recorded."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from helpers import CALIB, awq_recipe, snakemake
+from helpers.hf_factory import make_tiny_llama
+
+
+@pytest.fixture(scope="module")
+def tiny_hf(tmp_path_factory):
+    return make_tiny_llama(tmp_path_factory.mktemp("tiny-awq") / "hf")
+
+
+def test_awq_build_with_clipping(tmp_path, tiny_hf):
+    """The workflow with `awq:` (clipping on): the plain F16 is published and is the reference; AWQ
+    quants come from the AWQ base and the manifest records the AWQ parameters and text SHA256."""
+    recipe = awq_recipe(tmp_path, tiny_hf, f"{{calibration: {CALIB}, n_samples: 8, seq_len: 64, q_group_size: 64}}",
+                        "[Q8_0, {type: Q8_0, variant: plain, awq: false}]")
+    res = snakemake(tmp_path, recipe)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    manifest = json.loads((tmp_path / "artifacts" / "tiny-awq" / "manifest.json").read_text())
+    by_file = {a["file"]: a for a in manifest["artifacts"]}
+    awq = by_file["tiny-awq-Q8_0.gguf"]["calibration"]["awq"]
+    assert awq["apply_clip"] is True and awq["q_group_size"] == 64 and awq["calibration"] == CALIB.name
+    assert awq["calibration_sha256"] == "20400aa480e8368d54e02e63d441531782ea327651c4f056120ebab70ac41c95"
+    assert awq["device"] == "cpu" and awq["threads"] == 2  # calib_threads, whatever --cores
+    assert "calibration" not in by_file["tiny-awq-Q8_0-plain.gguf"]
+    assert by_file["tiny-awq-Q8_0.gguf"]["sha256"] != by_file["tiny-awq-Q8_0-plain.gguf"]["sha256"]
+    assert (tmp_path / "work" / "tiny-awq" / "awq" / "tiny-awq-F16-awq.gguf").is_file()
+    assert manifest["build"]["calibration_seconds"]["awq"] > 0
+    log = (tmp_path / "work" / "tiny-awq" / "logs" / "awq.log").read_text()
+    assert "AWQ: 100%" in log  # AutoAWQ's progress bar, per layer, in the stage log

@@ -1,0 +1,99 @@
+"""Generated tiny Hugging Face checkpoints with real tokenizers: a Llama (SentencePiece BPE trained on real
+text) and a GLM-4.5-style MoE with NextN/MTP layers (the demo's SmolLM2 tokenizer). torch, transformers and
+sentencepiece are imported inside the functions: the unit tier imports the helpers package, never these."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from . import CALIB
+
+GLM_SPECIAL = ["[gMASK]", "<|user|>", "<|observation|>"]  # <|endoftext|> is in the SmolLM2 vocab already
+
+def make_tiny_llama(dest: Path, intermediate: int = 512) -> Path:
+    """A 2-layer Llama (hidden 256, 4 heads, 1 KV head of 64: every AWQ-clipped linear has a multiple of
+    64 output features; tied embeddings like SmolLM2) with random weights and a byte-fallback BPE
+    SentencePiece tokenizer."""
+    import sentencepiece as spm
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, LlamaTokenizer
+
+    dest.mkdir(parents=True)
+    spm.SentencePieceTrainer.train(
+        input=str(CALIB), model_prefix=str(dest / "spm"), vocab_size=768, model_type="bpe", byte_fallback=True,
+        character_coverage=1.0, unk_id=0, bos_id=1, eos_id=2, pad_id=-1, num_threads=1, minloglevel=2,
+        input_sentence_size=20000, shuffle_input_sentence=False)
+    tok = LlamaTokenizer(vocab_file=str(dest / "spm.model"), legacy=True, add_bos_token=True)
+    tok.save_pretrained(dest)
+    for f in ("spm.model", "spm.vocab"):
+        (dest / f).unlink()
+    cfg = LlamaConfig(vocab_size=tok.vocab_size, hidden_size=256, intermediate_size=intermediate, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=1, head_dim=64, max_position_embeddings=512,
+                      tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, torch_dtype="float16")
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():  # trained-looking norms: not all ones, so that folded scales show
+        for name, p in model.named_parameters():
+            if name.endswith("layernorm.weight"):
+                p.uniform_(0.5, 1.5)
+    model.half().save_pretrained(dest, safe_serialization=True)
+    return dest
+
+
+def tiny_glm4_moe(dest, tokenizer_dir, n_layer: int = 2, nextn_layers: int = 1, seed: int = 0):
+    """A random Glm4MoeForCausalLM checkpoint (safetensors): layer 0 dense, the others (MTP layers
+    included) MoE with 4 routed experts and a shared one; hidden size 64."""
+    import torch
+    from safetensors.torch import save_file
+
+    dest.mkdir(parents=True)
+    tok = json.loads((tokenizer_dir / "tokenizer.json").read_text())
+    n_tok = len(tok["model"]["vocab"])
+    assert all(t["id"] < n_tok for t in tok["added_tokens"])
+    tok["added_tokens"] += [{"id": n_tok + i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+                             "normalized": False, "special": True} for i, t in enumerate(GLM_SPECIAL)]
+    (dest / "tokenizer.json").write_text(json.dumps(tok))
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(tokenizer_dir / name, dest / name)
+    vocab = (n_tok + len(GLM_SPECIAL) + 7) // 8 * 8
+    H, NH, KV, HD, FF, E, FFE = 64, 4, 2, 16, 128, 4, 32
+    (dest / "config.json").write_text(json.dumps({
+        "architectures": ["Glm4MoeForCausalLM"], "model_type": "glm4_moe", "vocab_size": vocab, "hidden_size": H,
+        "num_hidden_layers": n_layer, "num_nextn_predict_layers": nextn_layers, "num_attention_heads": NH,
+        "num_key_value_heads": KV, "head_dim": HD, "intermediate_size": FF, "moe_intermediate_size": FFE,
+        "n_routed_experts": E, "num_experts_per_tok": 2, "n_shared_experts": 1, "first_k_dense_replace": 1,
+        "routed_scaling_factor": 1.0, "norm_topk_prob": True, "partial_rotary_factor": 0.5, "rope_theta": 10000.0,
+        "rms_norm_eps": 1e-5, "max_position_embeddings": 4096, "attention_bias": True, "use_qk_norm": False,
+        "tie_word_embeddings": False, "n_group": 1, "topk_group": 1, "torch_dtype": "float32",
+        "bos_token_id": 1, "eos_token_id": 2}))
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape):
+        return (torch.randn(*shape, generator=g) * 0.05).contiguous()
+
+    t = {"model.embed_tokens.weight": rnd(vocab, H), "model.norm.weight": torch.ones(H), "lm_head.weight": rnd(vocab, H)}
+    for b in range(n_layer + nextn_layers):
+        p = f"model.layers.{b}."
+        t[p + "input_layernorm.weight"] = torch.ones(H)
+        t[p + "post_attention_layernorm.weight"] = torch.ones(H)
+        for proj, rows in (("q", NH * HD), ("k", KV * HD), ("v", KV * HD)):
+            t[p + f"self_attn.{proj}_proj.weight"] = rnd(rows, H)
+            t[p + f"self_attn.{proj}_proj.bias"] = rnd(rows)
+        t[p + "self_attn.o_proj.weight"] = rnd(H, NH * HD)
+        mlps = {"mlp.": FF} if b == 0 else {**{f"mlp.experts.{e}.": FFE for e in range(E)}, "mlp.shared_experts.": FFE}
+        for q, ff in mlps.items():
+            t[p + q + "gate_proj.weight"], t[p + q + "up_proj.weight"] = rnd(ff, H), rnd(ff, H)
+            t[p + q + "down_proj.weight"] = rnd(H, ff)
+        if b > 0:
+            t[p + "mlp.gate.weight"] = rnd(E, H)
+            t[p + "mlp.gate.e_score_correction_bias"] = torch.zeros(E)
+        if b >= n_layer:  # the NextN/MTP layer's own tensors
+            t[p + "eh_proj.weight"] = rnd(H, 2 * H)
+            for norm in ("enorm", "hnorm", "shared_head.norm"):
+                t[p + f"{norm}.weight"] = torch.ones(H)
+    save_file(t, str(dest / "model.safetensors"), metadata={"format": "pt"})
+    return dest
+
+
