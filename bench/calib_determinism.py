@@ -59,7 +59,8 @@ def _max_diff(a: Path, b: Path) -> float:
 
 
 def main() -> int:
-    from helpers import CALIB, awq_recipe, make_tiny_llama
+    from helpers import CALIB, awq_recipe
+    from helpers.hf_factory import make_tiny_llama
 
     from pipeline.convert import convert
     from pipeline.recipe import load_recipe

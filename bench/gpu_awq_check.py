@@ -24,7 +24,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 def main() -> int:
     import torch
-    from helpers import CALIB, awq_recipe, make_tiny_llama  # the test suite's generator
+    from helpers import CALIB, awq_recipe  # the test suite's generator
+    from helpers.hf_factory import make_tiny_llama
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
     from pipeline.awq import run_awq
