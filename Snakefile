@@ -254,6 +254,31 @@ rule eval_base:
         " --eval-set {wildcards.es:q} --threads {threads}"
 
 
+# The base GGUF against the HF model (tokenizer, chat template, end of generation, logits): pipeline/conformance.py.
+rule conformance:
+    input:
+        unpack(lambda wc: W.conformance_inputs(wc.name)),
+    output:
+        L.conformance_record("{name}"),
+    log:
+        L.log("{name}", "conformance"),
+    conda:
+        ENV
+    threads: W.eval_threads
+    resources:
+        # the HF model in float32 (2 x the F16 file) beside the base logits being read
+        mem_mb=lambda wc, input: mem_mb(size_mb(input.base[0]), 2.5, 2048),
+        disk_mb=lambda wc, input: W.conformance_disk_mb(wc.name, input.base[0]),
+        runtime=lambda wc, input: int(30 + size_mb(input.base[0]) / 20),
+    params:
+        recipe=RECIPE,
+        roots=ROOTS,
+        trigger=lambda wc: W.conformance_params(wc.name),
+    shell:
+        '"$GGUFPIPE_PYTHON" -m pipeline.cli stage conformance --recipe {params.recipe:q} --name {wildcards.name}'
+        " {params.roots} --threads {threads}"
+
+
 rule eval:
     input:
         gguf=L.wrk("{name}", "quants", "{name}-{quant}.gguf"),

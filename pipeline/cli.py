@@ -114,6 +114,10 @@ def cmd_stage(args) -> None:
         agreement(name, L.draft_gguf(recipe, args.draft_quant), L.base_gguf(recipe), es, L.base_logits(name, es.name),
                   L.base_record(name, es.name), L.agreement_record(name, args.draft_quant), threads=args.threads,
                   log=L.log(name, f"agreement-{args.draft_quant}"))
+    elif st == "conformance":
+        from .conformance import run_stage
+
+        run_stage(recipe, L, threads=args.threads)
     elif st == "publish":
         from .manifest import publish
 
@@ -316,7 +320,8 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=cmd_hub_publish)
 
     p = sub.add_parser("stage", help="run one stage of one recipe (used by the Snakefile)")
-    p.add_argument("stage", choices=["fetch", "awq", "convert", "convert-mtp", "imatrix", "quantize", "eval-base", "eval",
+    p.add_argument("stage", choices=["fetch", "awq", "convert", "convert-mtp", "imatrix", "quantize", "eval-base",
+                                     "eval", "conformance",
                                      "bench", "split", "vocab", "acceptance",
                                      "agreement", "publish", "gate"])
     p.add_argument("--recipe", required=True)

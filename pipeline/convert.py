@@ -134,13 +134,21 @@ def convert(recipe: Recipe, hf_dir: str | Path, out_gguf: str | Path, record: st
     log = Path(log) if log else None
     extra = MAIN_MTP_ARGS[recipe.mtp]
 
-    def no_heads_left(tmp: Path) -> None:
+    overrides = recipe.vocab_overrides
+
+    def finish(tmp: Path) -> None:
         left = mtp_facts(tmp)["tensors"] if extra else 0
         if left:
             raise PipelineError(f"{recipe.path}: convert: mtp: {recipe.mtp}: the converter left {left} nextn tensors "
                                 f"in {out_gguf.name} despite --no-mtp")
+        if overrides:  # the fix path: written into the base, so that every quant made from it carries it
+            from .gguf_edit import override_changes, rewrite_metadata
+            from .ggufheader import read_header
 
-    meta, seconds = _run(recipe, hf_dir, out_gguf, extra, log, quantized_by, tc, no_heads_left)
+            tokens = read_header(tmp).metadata.get("tokenizer.ggml.tokens")
+            rewrite_metadata(tmp, override_changes(overrides, getattr(tokens, "count", 0), str(recipe.path)))
+
+    meta, seconds = _run(recipe, hf_dir, out_gguf, extra, log, quantized_by, tc, finish)
     rec = {
         "outtype": recipe.outtype,
         "tool": "convert_hf_to_gguf.py",
@@ -151,6 +159,8 @@ def convert(recipe: Recipe, hf_dir: str | Path, out_gguf: str | Path, record: st
     }
     if recipe.mtp != "keep":
         rec["mtp"] = {"mode": recipe.mtp, "converter_args": extra}
+    if overrides:
+        rec["vocab_overrides"] = overrides
     write_json_atomic(record, rec)
     return rec
 

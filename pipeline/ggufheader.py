@@ -19,7 +19,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +125,7 @@ class GGUFHeader:
     data_offset: int  # where the tensor data section starts
     tensors: tuple[TensorInfo, ...]
     file_size: int
+    kv_spans: dict[str, tuple[int, int]] = field(default_factory=dict, compare=False)  # key -> bytes [start, end)
 
     @property
     def file_type(self) -> str:
@@ -228,7 +229,9 @@ def _parse(buf: Any, path: Path, size: int) -> GGUFHeader:
         raise bad(f"negative tensor or key count ({n_tensors}, {n_kv})")
 
     meta: dict[str, Any] = {}
+    spans: dict[str, tuple[int, int]] = {}
     for _ in range(n_kv):
+        start = pos
         key, pos = string(pos)
         if not key or key in meta:
             raise bad(f"{'empty' if not key else 'duplicate'} key {key!r}")
@@ -253,6 +256,7 @@ def _parse(buf: Any, path: Path, size: int) -> GGUFHeader:
             meta[key] = ArrayValue(elem_type, count)
         else:
             raise bad(f"key {key!r} has invalid GGUF type {vtype}")
+        spans[key] = (start, pos)
 
     alignment = meta.get("general.alignment", DEFAULT_ALIGNMENT)
     if "general.alignment" in meta and not isinstance(alignment, int):
@@ -302,4 +306,22 @@ def _parse(buf: Any, path: Path, size: int) -> GGUFHeader:
             raise PipelineError(f"{path}: truncated GGUF: tensor data ends at byte {end}, file has {size}")
         tensors.append(TensorInfo(name, shape, gtype, data_offset + rel, n_el, n_bytes))
         expected += -(-n_bytes // alignment) * alignment
-    return GGUFHeader(path, version, meta, alignment, data_offset, tuple(tensors), size)
+    return GGUFHeader(path, version, meta, alignment, data_offset, tuple(tensors), size, spans)
+
+
+# The keys that make a file's tokenizer and chat template: every published file must carry the base's byte for byte.
+TOKENIZER_PREFIXES = ("tokenizer.",)
+
+
+def tokenizer_sha256(path: str | os.PathLike) -> str:
+    """SHA256 of the bytes of every ``tokenizer.*`` key-value entry (chat templates included), in file order."""
+    import hashlib
+
+    header = read_header(path)
+    digest = hashlib.sha256()
+    with open(header.path, "rb") as fh:
+        for key, (start, end) in header.kv_spans.items():
+            if key.startswith(TOKENIZER_PREFIXES):
+                fh.seek(start)
+                digest.update(fh.read(end - start))
+    return digest.hexdigest()

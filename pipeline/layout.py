@@ -183,6 +183,24 @@ class Layout:
         """Written by ``ggufpipe hub-publish`` only after the Hub commit succeeded (not an artifact)."""
         return self.wrk(name, "records", "hub-publish.json")
 
+    def conformance_record(self, name: str) -> Path:
+        return self.wrk(name, "records", "conformance.json")
+
+    def conformance_dir(self, name: str) -> Path:
+        """Scratch of the conformance stage: base logits of a recipe without eval sets (a built draft)."""
+        return self.wrk(name, "conformance")
+
+    def conformance_inputs(self, r: Recipe) -> dict[str, list[str]]:
+        """What the conformance stage reads: the base GGUF, the HF folder, the first eval set's base logits
+        (when the recipe has eval sets), the AWQ-folded folder (with ``awq:``)."""
+        out = {"base": [str(self.base_gguf(r))], "hf": [str(self.hf(r.name))]}
+        if r.eval_sets:
+            es = r.eval_sets[0].name
+            out["logits"] = [str(self.base_logits(r.name, es)), str(self.base_record(r.name, es))]
+        if "awq" in r.bases:
+            out["awq"] = [str(self.hf_awq(r.name))]
+        return out
+
     def gate_ok(self, name: str) -> Path:
         return self.wrk(name, "gate.ok")
 
@@ -203,6 +221,7 @@ class Layout:
             "base_records": [str(self.base_record(r.name, es.name)) for es in r.eval_sets],
             "evals": [str(self.eval_record(r.name, es.name, k)) for es in r.eval_sets for k in keys],
             "bench": [str(self.bench_record(r.name, k)) for k in [r.outtype.upper(), *keys]] if r.bench else [],
+            "conformance": [str(self.conformance_record(r.name))] if r.conformance.enabled else [],
         }
         if r.mtp == "separate":
             out["mtp"] = [str(self.mtp_gguf(r)), str(self.mtp_record(r))]

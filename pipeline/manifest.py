@@ -32,7 +32,9 @@ from .mtp import MTP_KEYS, lost_heads, mtp_facts
 from .recipe import Recipe
 from .split import model_path
 
-SCHEMA_VERSION = 1
+# 2: the conformance section (the base against the HF model), a failed conformance rejects every file, each
+#    artifact's tokenizer_sha256, vocab_overrides; build_id covers the schema version.
+SCHEMA_VERSION = 2
 
 
 def _load(path: Path) -> dict:
@@ -52,7 +54,7 @@ def source_files_digest(files: dict) -> str:
 
 
 def build_id(recipe: Recipe, source: dict, tools: dict, calibration: dict | None = None) -> str:
-    inputs = {"recipe": recipe.sha256, "source": source, "tools": tools}
+    inputs = {"schema_version": SCHEMA_VERSION, "recipe": recipe.sha256, "source": source, "tools": tools}
     if calibration:  # the calibration texts' SHA256s (a text may change while the recipe does not)
         inputs["calibration"] = calibration
     digest = hashlib.sha256(_canonical(inputs)).hexdigest()
@@ -267,6 +269,13 @@ def build_manifest(recipe: Recipe, layout: Layout) -> tuple[dict, dict]:
         else:
             artifacts.append(entry)
 
+    _tokenizer_keys(recipe, layout, artifacts, rejected)
+    conformance, conformance_failures, conformance_seconds = _conformance_section(recipe, layout)
+    if conformance_failures:  # the reference itself is not the HF model: no file of the recipe is published
+        for e in artifacts:
+            e["failures"] = [*e.get("failures", []), {"check": "conformance", "message": CONFORMANCE_REJECTED}]
+        rejected, artifacts = artifacts + rejected, []
+
     paths = {artifact_key(name, e["file"]): model_path(e) for e in artifacts + rejected}
     draft, draft_failures, draft_timings = _draft_section(recipe, layout, paths) if recipe.draft else (None, [], {})
 
@@ -283,6 +292,8 @@ def build_manifest(recipe: Recipe, layout: Layout) -> tuple[dict, dict]:
         build["calibration_seconds"] = calib_seconds
     if draft_timings:
         build["draft_decode_tokens_per_s"] = draft_timings
+    if conformance_seconds:
+        build["conformance_seconds"] = conformance_seconds
     if bench:
         build["bench"] = bench
         build["bench_label"] = "llama-bench on the build box (CPU), not device speed"
@@ -298,16 +309,65 @@ def build_manifest(recipe: Recipe, layout: Layout) -> tuple[dict, dict]:
         "base_quant_type": base.quant_type,
         "eval_sets": eval_sets,
         "eval_base": eval_base,
+        "conformance": conformance,
         "artifacts": artifacts,
         "rejected": rejected,
     }
+    if converted.get("vocab_overrides"):
+        manifest["vocab_overrides"] = _overrides_entry(converted["vocab_overrides"])
     if recipe.mtp != "keep":
         manifest["mtp"] = _mtp_section(recipe, converted, artifacts)
     if draft is not None:
         manifest["draft"] = draft
-        manifest["failures"] = draft_failures
+    if draft is not None or conformance_failures:
+        manifest["failures"] = conformance_failures + draft_failures
     manifest["build"] = build
     return manifest, metrics_out
+
+
+CONFORMANCE_REJECTED = "not published: the base GGUF failed conformance (see the manifest's conformance section)"
+
+
+def _conformance_section(recipe: Recipe, layout: Layout) -> tuple[dict, list[dict], dict]:
+    """(the manifest's ``conformance`` section, recipe-level failures, volatile seconds) from the stage record."""
+    if not recipe.conformance.enabled:
+        return {"skipped": "the recipe opts out (conformance: false)"}, [], {}
+    rec = _load(layout.conformance_record(recipe.name))
+    # the verdict, each check's numbers and the thresholds; the diffs and renders stay in the record
+    section = {k: rec[k] for k in ("passed", "checks", "thresholds", "chunks", "warnings") if k in rec}
+    failures = [{"check": "conformance", "message": m} for m in rec.get("failures", [])]
+    if not rec.get("passed") and not failures:
+        failures = [{"check": "conformance", "message": f"conformance: recipe {recipe.name}: failed "
+                                                       f"(see {layout.conformance_record(recipe.name)})"}]
+    return section, failures, rec.get("seconds", {})
+
+
+def _tokenizer_keys(recipe: Recipe, layout: Layout, artifacts: list[dict], rejected: list[dict]) -> None:
+    """Each model file's ``tokenizer_sha256`` (its tokenizer.* keys, chat templates included, byte for byte); a
+    file whose keys differ from the base's is rejected."""
+    from .ggufheader import tokenizer_sha256
+
+    base = tokenizer_sha256(layout.base_gguf(recipe))
+    for entry in list(artifacts) + rejected:
+        path = layout.built(recipe.name, entry["file"] if not entry.get("split") else entry["file"] + ".gguf")
+        if entry.get("role") == "mtp-draft":
+            path = layout.mtp_gguf(recipe)
+        entry["tokenizer_sha256"] = digest = tokenizer_sha256(path)
+        if digest != base and entry in artifacts and entry.get("role") != "mtp-draft":
+            entry["failures"] = [{"check": "tokenizer_keys", "message": (
+                f"tokenizer keys differ: recipe {recipe.name}, {entry['file']} does not carry the "
+                f"{recipe.outtype.upper()} file's tokenizer.* keys byte for byte")}]
+            artifacts.remove(entry)
+            rejected.append(entry)
+
+
+def _overrides_entry(overrides: dict) -> dict:
+    """The fix-path keys as the manifest records them: the chat template by SHA256 and size."""
+    out = {k: v for k, v in overrides.items() if k != "chat_template"}
+    if "chat_template" in overrides:
+        text = overrides["chat_template"].encode("utf-8")
+        out["chat_template"] = {"sha256": hashlib.sha256(text).hexdigest(), "bytes": len(text)}
+    return out
 
 
 def _calibration_inputs(recipe: Recipe) -> dict:
@@ -433,8 +493,9 @@ def publish(recipe: Recipe, layout: Layout) -> dict:
 
 def gate_messages(manifest: dict) -> list[str]:
     """One line per failed check: quant gates, lost MTP heads, draft vocab / acceptance."""
-    return ([f["message"] for e in manifest.get("rejected", []) for f in e.get("failures", [])]
+    msgs = ([f["message"] for e in manifest.get("rejected", []) for f in e.get("failures", [])]
             + [f["message"] for f in manifest.get("failures", [])])
+    return list(dict.fromkeys(msgs))  # once each: a failed conformance rejects every file with one reason
 
 
 def check_gates(manifest_path: str | Path, ok_path: str | Path) -> None:

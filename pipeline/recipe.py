@@ -47,6 +47,7 @@ NEEDS_IMATRIX = {"IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ3_X
 # docs/recipes.md is rendered from (`make docs`): a key documented there is a key accepted here.
 TOP_KEYS = _schema.keys("")
 SPLIT_KEYS = _schema.keys("split")
+CONFORMANCE_KEYS = _schema.keys("conformance")
 # llama-gguf-split --split-max-size: an integer count of M (10^6 bytes) or G (10^9 bytes); the tool reads
 # the number with %d, so it is kept well inside an int.
 SPLIT_SIZE_RE = re.compile(r"^([1-9][0-9]{0,6})([MG])$")
@@ -271,6 +272,18 @@ class Draft:
 
 
 @dataclass(frozen=True)
+class Conformance:
+    """Recipe ``conformance:``: the base GGUF checked against the HF model (pipeline/conformance.py)."""
+
+    enabled: bool = True
+    chunks: int = 4
+    text: Path | None = None  # logit-fidelity text of a recipe without eval sets (a built draft: the main's first)
+
+    def describe(self) -> dict:
+        return {"enabled": self.enabled, "chunks": self.chunks}
+
+
+@dataclass(frozen=True)
 class Recipe:
     path: Path
     sha256: str
@@ -288,7 +301,24 @@ class Recipe:
     mtp: str = "keep"
     publish: Publish | None = None
     split: Split | None = None  # top-level default: the base file, the MTP draft, quants without their own
+    conformance: Conformance = Conformance()
+    # the fix path: written into the base GGUF after convert (pipeline/convert.py), so every quant carries them
+    chat_template_override: Path | None = None
+    eos_token_ids: tuple[int, ...] | None = None
+    add_bos: bool | None = None
     raw: dict = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def vocab_overrides(self) -> dict:
+        """The fix-path keys the recipe sets (template as its file's text), for the convert stage and the manifest."""
+        out: dict = {}
+        if self.chat_template_override is not None:
+            out["chat_template"] = self.chat_template_override.read_text(encoding="utf-8")
+        if self.eos_token_ids is not None:
+            out["eos_token_ids"] = list(self.eos_token_ids)
+        if self.add_bos is not None:
+            out["add_bos"] = self.add_bos
+        return out
 
     @property
     def bases(self) -> list[str]:
@@ -308,9 +338,11 @@ class Recipe:
         d = self.draft
         if d is None or d.source is None:
             return None
+        text = self.eval_sets[0].text if self.eval_sets else None
         return Recipe(path=self.path, sha256=self.sha256, name=self.draft_name, source=d.source, outtype=d.outtype,
                       quants=d.quants, description=f"draft model of {self.name}", license=self.license,
-                      eval_sets=(), bench=False, draft=None, raw={})
+                      eval_sets=(), bench=False, draft=None, raw={},
+                      conformance=replace(self.conformance, text=text))
 
     def eval_set(self, name: str) -> EvalSet:
         for es in self.eval_sets:
@@ -864,6 +896,16 @@ def load_recipe(path: str | Path, quantize_exe: str | None = None) -> Recipe:
                            split)
     draft = _parse_draft(ctx, d["draft"], quants, eval_sets, known, build, outtype) if "draft" in d else None
     publish = _parse_publish(ctx, d["publish"]) if "publish" in d else None
+    conformance = _parse_conformance(ctx, d["conformance"]) if "conformance" in d else Conformance()
+    template = (_text_path(ctx, d["chat_template_override"], "chat_template_override", "chat template")
+                if d.get("chat_template_override") is not None else None)
+    eos_ids = None
+    if d.get("eos_token_ids") is not None:
+        ids = d["eos_token_ids"]
+        if not isinstance(ids, list) or not 1 <= len(ids) <= 3:
+            ctx.fail("eos_token_ids", f"must be a list of 1 to 3 token ids (eos, eot, eom), got {ids!r}")
+        eos_ids = tuple(_integer(ctx, v, f"eos_token_ids[{i}]", 0) for i, v in enumerate(ids))
+    add_bos = ctx.boolean(d["add_bos"], "add_bos") if d.get("add_bos") is not None else None
 
     for key in ("description", "license"):
         if key in d and d[key] is not None:
@@ -885,8 +927,21 @@ def load_recipe(path: str | Path, quantize_exe: str | None = None) -> Recipe:
         mtp=mtp,
         publish=publish,
         split=split,
+        conformance=conformance,
+        chat_template_override=template,
+        eos_token_ids=eos_ids,
+        add_bos=add_bos,
         raw=d,
     )
+
+
+def _parse_conformance(ctx: _Ctx, value) -> Conformance:
+    if value is False:
+        return Conformance(enabled=False)
+    if value is True:
+        return Conformance()
+    c = ctx.mapping(value, "conformance", CONFORMANCE_KEYS)
+    return Conformance(chunks=_integer(ctx, c.get("chunks", 4), "conformance.chunks", 1))
 
 
 def load_recipes(folder: str | Path, quantize_exe: str | None = None) -> list[Recipe]:

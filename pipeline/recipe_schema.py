@@ -120,6 +120,31 @@ TOP = Section("", "Top level", (
     Field("publish", "map (see `publish:`)", None,
           "Where `ggufpipe hub-publish` uploads the artifact folder, and whether Ollama Modelfiles are written.",
           {"hf_repo": "my-org/SmolLM2-135M-Instruct-GGUF"}),
+    Field("conformance", "`false`, or map (see `conformance:`)", Note("on, with the defaults of `conformance:`"),
+          "The conformance stage proves the base GGUF is the Hugging Face model (tokenizer, chat template, "
+          "end-of-generation tokens, logits) before any quant is judged against it; a failure publishes nothing "
+          "of the recipe. `false` skips it, and the manifest says so.", {"chunks": 2}),
+    Field("chat_template_override", "string: file path", None,
+          "A Jinja chat template (a text file; relative paths: to the recipe file) written into the base GGUF as "
+          "`tokenizer.chat_template`, so every quant carries it; recorded in the manifest and the card, then "
+          "checked like any template.", "../data/chat-template.jinja"),
+    Field("eos_token_ids", "list of 1 to 3 int >= 0", None,
+          "End-of-generation token ids written into the base GGUF as `tokenizer.ggml.eos_token_id`, then "
+          "`eot_token_id`, then `eom_token_id` (llama.cpp stops on each); recorded in the manifest.", [2]),
+    Field("add_bos", "bool", None,
+          "Written into the base GGUF as `tokenizer.ggml.add_bos_token`: whether llama.cpp adds BOS to its "
+          "input; recorded in the manifest.", True),
+))
+
+CONFORMANCE = Section("conformance", "`conformance:`", (
+    "The base GGUF against the Hugging Face model it was converted from: tokenizer parity on a probe set and a "
+    "slice of the first eval text, logit fidelity on the first chunks of that eval set (the base logits of "
+    "eval-base, against the HF model in float32), chat template rendering by both engines, and the "
+    "end-of-generation set. Its thresholds are fixed (see docs/conformance.md), not recipe keys."
+), (
+    Field("chunks", "int >= 1", 4,
+          "Chunks of the first eval set (each `ctx` tokens) on which the HF model's logits are compared with "
+          "the base GGUF's.", 2),
 ))
 
 _SOURCE_FIELDS = (
@@ -314,7 +339,7 @@ SPLIT = Section("split", "`split:`", (
 ))
 
 SECTIONS: tuple[Section, ...] = (TOP, SOURCE, QUANT, QUANT_GATES, EVAL_SET, AWQ, IMATRIX, DRAFT, DRAFT_SOURCE,
-                                 PUBLISH, SPLIT)
+                                 PUBLISH, SPLIT, CONFORMANCE)
 
 
 def section(path: str) -> Section:

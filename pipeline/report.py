@@ -215,6 +215,31 @@ def mtp_text(manifest: dict) -> str:
     return "\n".join(lines)
 
 
+def conformance_text(manifest: dict) -> str:
+    """The conformance verdict of the base file against the HF model, a line per check (recipe ``conformance:``)."""
+    c = manifest.get("conformance")
+    if not c:
+        return ""
+    if c.get("skipped"):
+        return f"Not checked against the Hugging Face model: {c['skipped']}."
+    verdict = "passed" if c.get("passed") else "**failed: no file is published**"
+    lines = [f"The {manifest.get('base_quant_type', 'F16')} file against the Hugging Face model it was converted "
+             f"from, before any quant is measured against it: {verdict}.", "", "| check | verdict | measured |",
+             "|---|---|---|"]
+    for name, check in c.get("checks", {}).items():
+        mark = "not run" if check.get("not_run") else ("pass" if check.get("passed") else "FAIL")
+        lines.append(f"| {name} | {mark} | {check.get('summary') or check.get('not_run') or ''} |")
+    for w in c.get("warnings", []):
+        lines += ["", f"Warning: {w}"]
+    overrides = manifest.get("vocab_overrides")
+    if overrides:
+        parts = [f"chat template (SHA256 {overrides['chat_template']['sha256'][:16]}…)"] if "chat_template" in overrides else []
+        parts += [f"end-of-generation ids {overrides['eos_token_ids']}"] if "eos_token_ids" in overrides else []
+        parts += [f"add_bos {str(overrides['add_bos']).lower()}"] if "add_bos" in overrides else []
+        lines += ["", f"Written into every file by the recipe (fix path): {', '.join(parts)}."]
+    return "\n".join(lines)
+
+
 def write_report(manifest: dict, out_md: str | Path, out_svg: str | Path) -> None:
     """report.md and its plot (report.svg)."""
     write_text_atomic(out_svg, render_plot(manifest))
@@ -228,6 +253,8 @@ def write_report(manifest: dict, out_md: str | Path, out_svg: str | Path) -> Non
         if es:
             parts += [f"## Eval set `{es}`", ""]
         parts += [markdown_table(manifest, es, speed=True), ""]
+    if manifest.get("conformance"):
+        parts += ["## Conformance", "", conformance_text(manifest), ""]
     if manifest.get("mtp"):
         parts += ["## MTP heads", "", mtp_text(manifest), ""]
     if manifest.get("draft"):
@@ -262,13 +289,16 @@ def write_card(manifest: dict, out: str | Path) -> None:
         if es and len(sets) > 1:
             body += [f"### {es}", ""]
         body += [markdown_table(manifest, es, speed=False), ""]
-    body += ["## Run with llama.cpp", "", "```sh"]
+    if manifest.get("conformance"):
+        body += ["## Conformance", "", conformance_text(manifest), ""]
     models = [e for e in manifest["artifacts"] if e.get("role") != "mtp-draft"]
-    for e in models:
-        body.append(f"llama-cli -m {model_path(e)} -cnv            # {e['quant_type']}")
-    first = model_path(models[-1])
-    body += ["```", "", "Serve one file over HTTP (OpenAI-compatible API):", "", "```sh",
-             f"llama-server -m {first} --port 8080", "```", ""]
+    if models:
+        body += ["## Run with llama.cpp", "", "```sh"]
+        for e in models:
+            body.append(f"llama-cli -m {model_path(e)} -cnv            # {e['quant_type']}")
+        first = model_path(models[-1])
+        body += ["```", "", "Serve one file over HTTP (OpenAI-compatible API):", "", "```sh",
+                 f"llama-server -m {first} --port 8080", "```", ""]
     split = [e for e in models if e.get("split")]
     if split:
         body += ["Split files are folders of `llama-gguf-split` shards: download the whole folder and give llama.cpp "

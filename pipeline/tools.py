@@ -12,8 +12,14 @@ Where the tools come from, in order:
    from ``llama-perplexity --version`` and must be at least :data:`MIN_BUILD`.
 2. The pinned build installed by :func:`install` into the cache folder
    (``$GGUFPIPE_CACHE`` or ``~/.cache/ggufpipe``), in a folder keyed by everything that shapes it
-   (:func:`cache_key`: build, commit, sdist, targets, cmake flags, copied assets), so that adding a
-   target or a flag builds a new folder instead of trusting an old one.
+   (:func:`cache_key`: build, commit, sdist, targets, cmake flags, copied assets, the helpers' sources), so
+   that adding a target or a flag, or editing a helper, builds a new folder instead of trusting an old one.
+
+Besides llama.cpp's own tools (:data:`TOOLS`) the pinned build has the pipeline's helpers (:data:`HELPERS`):
+small programs in ``pipeline/native/`` compiled as extra targets of the same llama.cpp tree and linked against
+its libraries, for what no llama.cpp tool prints (``ggufpipe-conformance``: the vocab facts, tokenization and
+chat-template rendering of llama.cpp's own code, for the conformance stage). A user's ``LLAMA_CPP_DIR`` build
+does not have them: :meth:`Toolchain.helper` says so in one line.
 
 This module only uses the standard library so that it can run before anything else is installed.
 """
@@ -59,6 +65,21 @@ TOOLS = (
     "llama-speculative-simple",
     "llama-bench",
 )
+# The pipeline's own programs, built as extra targets of the pinned tree: target -> source in pipeline/native/.
+# install() writes each into examples/<target>/ with :data:`HELPER_CMAKE` and builds it with the TOOLS.
+HELPERS = {
+    "ggufpipe-conformance": "conformance.cpp",
+}
+NATIVE_DIR = Path(__file__).resolve().parent / "native"
+# examples/<target>/CMakeLists.txt of a helper: as tools/tokenize/CMakeLists.txt, plus src/ on the include path
+# (llama-vocab.h: the EOM id has no C API).
+HELPER_CMAKE = """\
+set(TARGET {target})
+add_executable(${{TARGET}} {target}.cpp)
+target_include_directories(${{TARGET}} PRIVATE ${{PROJECT_SOURCE_DIR}}/src)
+target_link_libraries(${{TARGET}} PRIVATE llama-common llama ${{CMAKE_THREAD_LIBS_INIT}})
+target_compile_features(${{TARGET}} PRIVATE cxx_std_17)
+"""
 CMAKE_FLAGS = (
     "-DCMAKE_BUILD_TYPE=Release",
     "-DGGML_NATIVE=OFF",
@@ -79,6 +100,9 @@ ASSETS = (
     ("gguf-py", "convert"),
     ("LICENSE", "."),
     ("models/ggml-vocab-*.gguf", "vocab"),
+    # the test strings of those vocabs and the ids Hugging Face's tokenizers gave them (tests/test-tokenizer-0)
+    ("models/ggml-vocab-*.gguf.inp", "vocab"),
+    ("models/ggml-vocab-*.gguf.out", "vocab"),
 )
 INSTALL_HINT = "run `make tools` (or `ggufpipe install-tools`), or set LLAMA_CPP_DIR to your own llama.cpp build"
 
@@ -91,11 +115,25 @@ def cache_root() -> Path:
     return Path(base) / "ggufpipe"
 
 
-def cache_key() -> str:
+def helper_sources() -> dict[str, str]:
+    """SHA256 of each helper's source file, by target name."""
+    out = {}
+    for target, source in HELPERS.items():
+        path = NATIVE_DIR / source
+        if not path.is_file():
+            raise PipelineError(f"{path}: the source of the helper {target} is missing: restore it from git")
+        out[target] = sha256_file(path)
+    return out
+
+
+def cache_key(helpers: dict[str, str] | None = None) -> str:
     """A digest of everything that shapes the installed tools: the source (build, commit, sdist), the targets,
-    the cmake flags and the assets copied beside them. Part of the cache folder's name."""
+    the cmake flags, the assets copied beside them, and the helpers (target names, the SHA256 of their
+    sources -- ``helpers``, else :func:`helper_sources` -- and their CMakeLists.txt). Part of the cache
+    folder's name."""
     spec = {"build": PINNED_BUILD, "commit": PINNED_COMMIT, "sdist_sha256": SDIST_SHA256, "tools": list(TOOLS),
-            "cmake_flags": list(CMAKE_FLAGS), "assets": list(ASSETS)}
+            "cmake_flags": list(CMAKE_FLAGS), "assets": list(ASSETS),
+            "helpers": helper_sources() if helpers is None else helpers, "helper_cmake": HELPER_CMAKE}
     return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -114,13 +152,30 @@ class Toolchain:
     origin: str  # "pinned" or "user"
 
     def tool(self, name: str) -> Path:
+        """A llama.cpp tool (:data:`TOOLS`) or a helper (:data:`HELPERS`, see :meth:`helper`)."""
         exe = self.bin_dir / name
         if not (exe.is_file() and os.access(exe, os.X_OK)):
+            if name in HELPERS and self.origin == "user":
+                raise PipelineError(
+                    f"the conformance stage needs {name}, built with the pinned tools (`make tools`): "
+                    f"LLAMA_CPP_DIR={self.root} lacks it (unset LLAMA_CPP_DIR, or build pipeline/native/"
+                    f"{HELPERS[name]} as a target of your llama.cpp tree into {self.bin_dir})"
+                )
+            if name in HELPERS:
+                raise PipelineError(f"helper {name} is missing from {self.bin_dir}: run `make tools` "
+                                    "(or `python -m pipeline.tools install --force`)")
             raise PipelineError(
                 f"llama.cpp tool {name} is missing from {self.bin_dir}: {INSTALL_HINT} "
                 f"(a user build needs the target {name})"
             )
         return exe
+
+    def helper(self, name: str) -> Path:
+        """One of the pipeline's own programs (:data:`HELPERS`), built only with the pinned tools: a user's
+        LLAMA_CPP_DIR build gets a one-line error saying how to get it."""
+        if name not in HELPERS:
+            raise ValueError(f"{name} is not a helper ({', '.join(HELPERS)})")
+        return self.tool(name)
 
     def describe(self) -> dict:
         return {
@@ -156,7 +211,7 @@ def find_toolchain(llama_cpp_dir: str | None = None) -> Toolchain:
         commit=str(info["commit"]),
         origin="pinned",
     )
-    for name in TOOLS:
+    for name in (*TOOLS, *HELPERS):
         tc.tool(name)
     return tc
 
@@ -312,6 +367,39 @@ def run_converter(tc: Toolchain, args: list[str], log: Path | None) -> ToolResul
     return _run_logged([sys.executable, str(tc.convert_script), *map(str, args)], log, env, "convert_hf_to_gguf.py")
 
 
+def run_helper(tc: Toolchain, name: str, model: str | Path, requests: list, log: Path | None = None,
+               timeout: float = 600) -> list:
+    """Send a JSON list of requests to a helper (``<helper> MODEL < requests.json``) and return its JSON list
+    of answers (one per request; a request it could not answer is ``{"error": ...}``). The command line and
+    the helper's stderr go to ``log``. Raises PipelineError, one line, when the helper fails as a whole."""
+    exe = tc.helper(name)
+    cmd = [str(exe), str(model)]
+    start = time.monotonic()
+    try:
+        proc = subprocess.run(cmd, input=json.dumps(requests).encode(), capture_output=True, timeout=timeout,
+                              env=_clean_env({"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "passive")}))
+    except subprocess.TimeoutExpired as exc:
+        raise PipelineError(f"{name} on {model} ran over {timeout:.0f}s") from exc
+    except OSError as exc:
+        raise PipelineError(f"cannot run {exe}: {exc}; run `make tools`") from exc
+    stderr = proc.stderr.decode("utf-8", "replace")
+    if log:
+        with open(log, "a", encoding="utf-8") as fh:
+            fh.write(f"$ {' '.join(cmd)} < ({len(requests)} requests)\n{stderr}")
+            fh.write(f"[{name} exited {proc.returncode} after {time.monotonic() - start:.1f}s]\n")
+    if proc.returncode != 0:
+        raise PipelineError(f"{name} failed on {model} (exit {proc.returncode}): {tail(stderr)}"
+                            + (f" [log: {log}]" if log else ""))
+    try:
+        answers = json.loads(proc.stdout.decode("utf-8"))
+    except ValueError as exc:
+        raise PipelineError(f"{name} on {model} printed no JSON list of answers: {exc}") from exc
+    if not isinstance(answers, list) or len(answers) != len(requests):
+        raise PipelineError(f"{name} on {model} answered {len(answers) if isinstance(answers, list) else 'no'} "
+                            f"of {len(requests)} requests")
+    return answers
+
+
 def tail(text: str, lines: int = 3) -> str:
     got = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
     return " | ".join(got[-lines:]) if got else "(no output)"
@@ -380,16 +468,19 @@ def install(jobs: int | None = None, force: bool = False) -> Path:
                 members = [m for m in tar.getmembers() if "/vendor/llama.cpp/" in m.name]
                 tar.extractall(work / "src", members=members, filter="data")
             src = next((work / "src").glob("*/vendor/llama.cpp"))
+            helpers = _add_helpers(src)
+            if final.name != f"b{PINNED_BUILD}-{PINNED_COMMIT}-{cache_key(helpers)}":  # as pinned_dir() named it
+                raise PipelineError(f"a helper's source in {NATIVE_DIR} changed while installing: run the install again")
             build = work / "build"
             jobs = jobs or os.cpu_count() or 2
             print(f"[tools] configuring llama.cpp b{PINNED_BUILD} with cmake", flush=True)
             _check_call(["cmake", "-S", str(src), "-B", str(build), *CMAKE_FLAGS], work / "cmake.log")
-            print(f"[tools] building {' '.join(TOOLS)} with {jobs} jobs (several minutes)", flush=True)
+            print(f"[tools] building {' '.join((*TOOLS, *HELPERS))} with {jobs} jobs (several minutes)", flush=True)
             _check_call(["cmake", "--build", str(build), "--config", "Release", "-j", str(jobs),
-                         "--target", *TOOLS], work / "build.log", progress=True)
+                         "--target", *TOOLS, *HELPERS], work / "build.log", progress=True)
             stage = work / "out"
             (stage / "bin").mkdir(parents=True)
-            for name in TOOLS:
+            for name in (*TOOLS, *HELPERS):
                 shutil.copy2(build / "bin" / name, stage / "bin" / name)
             for pattern, dest in ASSETS:
                 for path in sorted(src.glob(pattern)):
@@ -406,6 +497,7 @@ def install(jobs: int | None = None, force: bool = False) -> Path:
                 "sdist_sha256": SDIST_SHA256,
                 "cmake_flags": list(CMAKE_FLAGS),
                 "tools": list(TOOLS),
+                "helpers": helpers,
                 "assets": list(ASSETS),
                 "cache_key": cache_key(),
             }
@@ -419,6 +511,26 @@ def install(jobs: int | None = None, force: bool = False) -> Path:
                 shutil.rmtree(work, ignore_errors=True)
         print(f"[tools] installed llama.cpp b{PINNED_BUILD} in {final} ({time.monotonic() - t0:.0f}s)", flush=True)
     return final
+
+
+def _add_helpers(src: Path) -> dict[str, str]:
+    """Write each helper into the unpacked tree as examples/<target>/ and add it to examples/CMakeLists.txt
+    (built because LLAMA_BUILD_EXAMPLES=ON; the tree is unpacked afresh by every install). Returns the SHA256
+    of the sources written, by target."""
+    examples = src / "examples" / "CMakeLists.txt"
+    if not examples.is_file():
+        raise PipelineError(f"{examples} is missing: the pinned llama.cpp tree has no examples/ to build the helpers in")
+    lines, written = [], {}
+    for target, source in HELPERS.items():
+        folder = examples.parent / target
+        folder.mkdir(exist_ok=True)
+        (folder / "CMakeLists.txt").write_text(HELPER_CMAKE.format(target=target))
+        shutil.copyfile(NATIVE_DIR / source, folder / f"{target}.cpp")
+        written[target] = sha256_file(folder / f"{target}.cpp")
+        lines.append(f"add_subdirectory({target})  # added by ggufpipe (pipeline/tools.py)\n")
+    with open(examples, "a") as fh:
+        fh.write("\n" + "".join(lines))
+    return written
 
 
 def _check_call(cmd: list[str], log: Path, progress: bool = False) -> None:

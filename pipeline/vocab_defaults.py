@@ -21,6 +21,12 @@ Where llama.cpp refuses a file while doing this (unknown tokenizer or pre-tokeni
 GGUF type, missing tokens or merges, duplicate token texts...), :func:`effective_vocab` raises
 ``ValueError`` with llama.cpp's message instead of returning values llama.cpp would never use.
 
+:func:`eog_set` / :func:`eog_ids` go on to the end-of-generation set (``llama_vocab_is_eog``): the EOT, EOM and
+FIM special ids (keys, then llama.cpp's detection by token text), the fixed list of EOG token texts, the EOS/EOT/EOM
+insertion and the two removals (``<|end|>`` for gpt-oss-like vocabs, ``</s>`` beside ``<|tool_response>`` /
+``<|plamo:eos|>``). Where the result depends on the iteration order of llama.cpp's ``std::unordered_map`` (two
+token texts that could fill the same FIM id), it says so instead of guessing.
+
 GGUF metadata is read either from a ``gguf.GGUFReader`` or, given a path, by a small header parser here
 (GGUFReader decodes every array element and takes seconds on a 256k-token vocabulary; llama.cpp's checks
 only need the array types and lengths, and the token texts).
@@ -28,6 +34,7 @@ only need the array types and lengths, and the token texts).
 
 from __future__ import annotations
 
+import itertools
 import mmap
 import os
 import struct
@@ -36,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["VOCAB_TYPES", "BPE_PRE_TOKENIZERS", "effective_vocab"]
+__all__ = ["VOCAB_TYPES", "BPE_PRE_TOKENIZERS", "EogSet", "UndeterminedEog", "effective_vocab", "eog_ids", "eog_set"]
 
 # enum llama_vocab_type (include/llama.h), in enum order: LLAMA_VOCAB_TYPE_NONE = 0 ... LLAMA_VOCAB_TYPE_TEST = 7.
 VOCAB_TYPES = ("none", "spm", "bpe", "wpm", "ugm", "rwkv", "plamo2", "test")
@@ -211,7 +218,10 @@ def effective_vocab(path_or_reader: str | os.PathLike | Any) -> dict[str, Any]:
 
     Raises ValueError where llama.cpp would fail to load the vocabulary.
     """
-    kvs = _metadata(path_or_reader)
+    return _effective(_metadata(path_or_reader))
+
+
+def _effective(kvs: dict[str, _KV]) -> dict[str, Any]:
     model = _get(kvs, "tokenizer.ggml.model", _STRING, required=True)
     pre_key = _get(kvs, "tokenizer.ggml.pre", _STRING)
     _get(kvs, "tokenizer.ggml.token_type_count", _UINT32)
@@ -269,6 +279,115 @@ def effective_vocab(path_or_reader: str | os.PathLike | Any) -> dict[str, Any]:
     facts.update(vocab_type=vocab_type, n_tokens=n_tokens, bos_id=bos_id, eos_id=eos_id,
                  add_bos=bool(flags["add_bos"]), add_eos=bool(flags["add_eos"]))
     return facts
+
+
+# --------------------------------------------------------------------------- end of generation
+# All of llama_vocab::impl::load in src/llama-vocab.cpp of b11312 (line numbers of that file).
+
+# Special ids found by token text when their key is absent (2686-2843): category -> texts. Only the categories that
+# reach the EOG set; FIM_PRE/SUF/MID do not.
+_AUTO_DETECT: dict[str, tuple[str, ...]] = {
+    "eot": ("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>", "<EOT>",
+            "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>", "<end_of_utterance>"),  # 2693-2715
+    "eom": ("<|eom_id|>",),  # 2717-2729
+    "fim_pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),  # 2794-2810
+    "fim_rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),  # 2812-2828
+    "fim_sep": ("<|file_sep|>",),  # 2830-2842
+}
+_SPECIAL_KEYS = {"eot": "tokenizer.ggml.eot_token_id", "eom": "tokenizer.ggml.eom_token_id",
+                 "fim_pad": "tokenizer.ggml.fim_pad_token_id", "fim_rep": "tokenizer.ggml.fim_rep_token_id",
+                 "fim_sep": "tokenizer.ggml.fim_sep_token_id"}
+# Tokens that are EOG by their text (2888-2917).
+_EOG_TEXTS = frozenset(t.encode() for t in (
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>", "<end_of_turn>",
+    "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>",
+    "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>", "<｜end▁of▁sentence｜>", "[e~["))
+
+
+class UndeterminedEog(ValueError):
+    """llama.cpp's EOG set for this vocab depends on the iteration order of a hash map (:attr:`EogSet.undetermined`)."""
+
+
+@dataclass(frozen=True)
+class EogSet:
+    """The end-of-generation set llama.cpp b11312 derives for a vocab (``special_eog_ids``).
+
+    - ``ids``: the set, ascending; None when it is undetermined;
+    - ``alternatives``: every set llama.cpp can end with (one when determined);
+    - ``specials``: for eos, eot, eom, fim_pad, fim_rep and fim_sep, the ids llama.cpp can end with: () for none,
+      one id, or several when the id comes from text detection and more than one token text matches;
+    - ``texts``: the token text of every id in the alternatives and specials;
+    - ``undetermined``: one line saying why the set depends on hash-map order, else None.
+    """
+
+    ids: tuple[int, ...] | None
+    alternatives: tuple[tuple[int, ...], ...]
+    specials: dict[str, tuple[int, ...]]
+    texts: dict[int, str]
+    undetermined: str | None = None
+
+
+def eog_ids(path_or_reader: str | os.PathLike | Any) -> list[int]:
+    """The ids for which ``llama_vocab_is_eog`` is true, ascending. Raises :class:`UndeterminedEog` where the set
+    depends on hash-map order, and ValueError where llama.cpp would not load the vocabulary."""
+    eog = eog_set(path_or_reader)
+    if eog.ids is None:
+        raise UndeterminedEog(eog.undetermined)
+    return list(eog.ids)
+
+
+def eog_set(path_or_reader: str | os.PathLike | Any) -> EogSet:
+    """The end-of-generation set of this GGUF as llama.cpp b11312 derives it (:class:`EogSet`)."""
+    kvs = _metadata(path_or_reader)
+    facts = _effective(kvs)
+    name = str(path_or_reader) if isinstance(path_or_reader, (str, os.PathLike)) else "the GGUF"
+    if facts["model"] in _NO_VOCAB_MODELS:  # load() returns before any special token (1949-1969)
+        return EogSet((), ((),), {k: () for k in ("eos", *_AUTO_DETECT)}, {})
+    n_tokens = facts["n_tokens"]
+    # token_to_id: an empty text is stored as "[EMPTY_<id>]" (2510-2514); texts are unique (checked above)
+    texts = [t or f"[EMPTY_{i}]".encode() for i, t in enumerate(_get_array(kvs, _TOKENS, (_STRING,)).strings)]
+    by_text = {t: i for i, t in enumerate(texts)}
+
+    # the ids from the keys (2592-2635: absent or out of the vocab -> the default, LLAMA_TOKEN_NULL for these),
+    # then, for each one still NULL, every token whose text matches (2686-2843: the first one met in
+    # token_to_id, an unordered_map, wins; several matches make the result depend on hash order)
+    specials: dict[str, tuple[int, ...]] = {"eos": () if facts["eos_id"] is None else (facts["eos_id"],)}
+    for what, key in _SPECIAL_KEYS.items():
+        got = _special_id(kvs, key, None, n_tokens)
+        if got is None:
+            specials[what] = tuple(sorted(by_text[t.encode()] for t in _AUTO_DETECT[what] if t.encode() in by_text))
+        else:
+            specials[what] = (got,)
+    by_eog_text = {i for t, i in by_text.items() if t in _EOG_TEXTS}
+
+    def derive(choice: dict[str, int | None]) -> tuple[int, ...]:
+        eog = {choice[k] for k in ("fim_pad", "fim_rep", "fim_sep")} - {None}  # 2874-2886
+        eog |= by_eog_text  # 2888-2917
+        eog |= {choice[k] for k in ("eos", "eot", "eom")} - {None}  # 2944-2958
+        present = {texts[i]: i for i in eog}
+        # 2960-3002: <|end|> is not EOG beside <|return|> and <|call|>, or <|call|>/<|calls|> and <|flush|>
+        has_call = b"<|call|>" in present or b"<|calls|>" in present
+        if b"<|end|>" in present and has_call and (b"<|return|>" in present or b"<|flush|>" in present):
+            eog.discard(present[b"<|end|>"])
+        # 3004-3032: </s> is a normal token beside <|tool_response> (gemma4) or <|plamo:eos|>
+        if b"</s>" in present and (b"<|tool_response>" in present or b"<|plamo:eos|>" in present):
+            eog.discard(present[b"</s>"])
+        return tuple(sorted(eog))
+
+    names = list(specials)
+    alternatives: set[tuple[int, ...]] = set()
+    for combo in itertools.product(*(specials[k] or (None,) for k in names)):
+        alternatives.add(derive(dict(zip(names, combo, strict=True))))
+    ordered = tuple(sorted(alternatives))
+    shown = {i for alt in ordered for i in alt} | {i for ids in specials.values() for i in ids}
+    id_texts = {i: texts[i].decode("utf-8", "replace") for i in sorted(shown)}
+    undetermined = None
+    if len(ordered) > 1:
+        why = "; ".join(f"{k} may be " + " or ".join(f"{id_texts[i]!r} ({i})" for i in ids)
+                        for k, ids in specials.items() if len(ids) > 1)
+        undetermined = (f"{name}: llama.cpp's EOG set depends on the order of its token hash map ({why}): "
+                        f"it is one of {' / '.join(str(list(alt)) for alt in ordered)}")
+    return EogSet(ordered[0] if len(ordered) == 1 else None, ordered, specials, id_texts, undetermined)
 
 
 # --------------------------------------------------------------------------- llama.cpp's load-time checks

@@ -125,7 +125,9 @@ class Workflow:
     def convert_params(self, name: str) -> str:
         r = self.recipes[name]
         mtp = () if r.mtp == "keep" else (r.mtp,)  # keep (the default) leaves existing builds' trigger as it was
-        return repr((r.outtype, r.license, *mtp, self.quantized_by, self.toolchain.build_number, self.toolchain.commit))
+        fix = (r.vocab_overrides,) if r.vocab_overrides else ()  # likewise: only recipes with fix-path keys
+        return repr((r.outtype, r.license, *mtp, self.quantized_by, self.toolchain.build_number, self.toolchain.commit,
+                     *fix))
 
     def quant_params(self, name: str, key: str) -> str:
         q = self.recipes[name].quant(key)
@@ -183,6 +185,26 @@ class Workflow:
             tokens = read_header(base_gguf).metadata.get("tokenizer.ggml.tokens")
             n_vocab = tokens.count if isinstance(tokens, ArrayValue) else n_vocab
         return mem_mb(logits_bytes(e.ctx, e.chunks, n_vocab) / 2**20, 1.0)
+
+    def conformance_inputs(self, name: str) -> dict[str, list[str]]:
+        return self.layout.conformance_inputs(self.recipes[name])
+
+    def conformance_params(self, name: str) -> str:
+        c = self.recipes[name].conformance
+        return repr((c.describe(), str(c.text) if c.text else None, self.toolchain.build_number, self.toolchain.commit))
+
+    def conformance_disk_mb(self, name: str, base_gguf: str) -> int:
+        """Reads eval-base's logits; a recipe without eval sets (a built draft) writes its own, ctx 512."""
+        r = self.recipes[name]
+        if r.eval_sets:
+            return 512
+        from .ggufheader import ArrayValue, read_header
+
+        n_vocab = LOGITS_VOCAB_BOUND
+        if Path(base_gguf).is_file():
+            tokens = read_header(base_gguf).metadata.get("tokenizer.ggml.tokens")
+            n_vocab = tokens.count if isinstance(tokens, ArrayValue) else n_vocab
+        return mem_mb(logits_bytes(512, r.conformance.chunks, n_vocab) / 2**20, 1.0)
 
     def publish_params(self, name: str) -> str:
         return self.recipes[name].sha256  # thresholds, eval sets, bench...: any recipe change re-publishes

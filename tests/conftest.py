@@ -99,6 +99,7 @@ def tiny_hub(tmp_path_factory):
 name: {TINY_NAME}
 source: {{repo: {TINY_REPO}, revision: "{TINY_COMMIT}"}}
 bench: false
+conformance: false  # a random model: the conformance tests check it apart
 quants: [Q8_0, Q4_0]
 gates:
   - {{name: botchan, text: {BOTCHAN}, ctx: 256, chunks: 17, max_ppl_ratio: 100,
@@ -143,7 +144,7 @@ def failing_build(tmp_path_factory, demo_hub):
     draft = tiny_llama(work / "tiny-spm.gguf",
                        tokenizer_from=find_toolchain().root / "vocab" / "ggml-vocab-llama-spm.gguf")
     data = yaml.safe_load(DEMO_RECIPE.read_text())
-    data.update(name="smollm2-gates", bench=False,
+    data.update(name="smollm2-gates", bench=False, conformance=False,
                 quants=["Q8_0", {"type": "Q2_K", "gates": {"max_kld_mean": 0.0001}}],
                 draft={"gguf": str(draft), "n_max": 4, "prompts": 1})
     data["gates"][0]["text"] = str(ROOT / "data" / "botchan.txt")

@@ -43,7 +43,7 @@ def ggufpipe(args: list[str], cwd: Path, env: dict | None = None) -> subprocess.
 
 
 def good_recipe(hf: Path, **changes) -> dict:
-    data = {"name": NAME, "source": {"path": str(hf)}, "quants": ["Q8_0"], "bench": False}
+    data = {"name": NAME, "source": {"path": str(hf)}, "quants": ["Q8_0"], "bench": False, "conformance": False}
     data.update(changes)
     return data
 

@@ -23,6 +23,7 @@ def test_imatrix_build(tmp_path, tiny_hub):
         imatrix: {{calibration: {CALIB}, ctx: 256, chunks: 4}}
         quants: [Q4_K_M, {{type: Q4_K_M, variant: plain, imatrix: false}}, IQ3_XXS]
         bench: false
+        conformance: false
         """))
     res = snakemake(tmp_path, recipe, hub=tiny_hub[0])
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]

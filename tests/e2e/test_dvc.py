@@ -30,6 +30,7 @@ def recipe(quants: str, license: str = "apache-2.0") -> str:
         gates: [{{name: botchan, text: ../data/botchan.txt, ctx: 256, chunks: 17, max_kld_mean: 100, max_kld_p99: 100,
                   max_ppl_ratio: 100, min_same_top_p: 0}}]
         bench: false
+        conformance: false
         """)
 
 

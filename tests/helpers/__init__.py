@@ -54,6 +54,7 @@ def awq_recipe(folder: Path, source: Path, awq: str, quants: str = "[Q8_0]") -> 
         awq: {awq}
         quants: {quants}
         bench: false
+        conformance: false
         """))
     return p
 
@@ -128,7 +129,8 @@ def commit_all(repo: Path, msg: str) -> None:
 def ci_recipe(name: str, text: str = "../data/botchan.txt", **changes) -> dict:
     """A small recipe on the demo model: one Q8_0, one eval set of 9 x 512 (2295 scored tokens)."""
     data = {"name": name, "source": dict(DEMO_SOURCE), "quants": ["Q8_0"],
-            "gates": [{"name": "botchan", "text": text, "ctx": 512, "chunks": 9}], "bench": False}
+            "gates": [{"name": "botchan", "text": text, "ctx": 512, "chunks": 9}], "bench": False,
+            "conformance": False}
     data.update(changes)
     return data
 
@@ -177,7 +179,8 @@ HUB_KEYS = ["Q8_0", "Q4_K_M"]
 def hub_recipe_data(**publish) -> dict:
     return {"name": HUB_NAME, "description": "tiny random model with the SmolLM2 tokenizer",
             "license": "apache-2.0", "source": {"repo": "org/tiny-chat", "revision": HUB_SOURCE_COMMIT},
-            "outtype": "f16", "quants": HUB_KEYS, "bench": False, "publish": {"hf_repo": HUB_REPO, **publish}}
+            "outtype": "f16", "quants": HUB_KEYS, "bench": False, "conformance": False,
+            "publish": {"hf_repo": HUB_REPO, **publish}}
 
 
 def write_hub_recipe(root: Path, data: dict) -> Path:
@@ -197,7 +200,7 @@ def write_split_recipe(folder: Path, hf: Path, body: str, name: str = SPLIT_NAME
     """A recipe of the model folder ``hf`` (tests of `split:`), no bench."""
     folder.mkdir(parents=True, exist_ok=True)
     p = folder / f"{name}.yaml"
-    p.write_text(f"name: {name}\nsource: {{path: {hf}}}\nbench: false\n" + textwrap.dedent(body))
+    p.write_text(f"name: {name}\nsource: {{path: {hf}}}\nbench: false\nconformance: false\n" + textwrap.dedent(body))
     return p
 
 
@@ -221,7 +224,8 @@ def read_pins(path: Path) -> dict[str, str]:
 
 def mtp_recipe(folder: Path, src: Path, mtp: str | None, name: str = "glm", **extra) -> Path:
     """A one-quant recipe (Q8_0, no bench) of the local model folder ``src`` with ``mtp:`` set unless None."""
-    data = {"name": name, "source": {"path": str(src)}, "quants": ["Q8_0"], "bench": False, **extra}
+    data = {"name": name, "source": {"path": str(src)}, "quants": ["Q8_0"], "bench": False, "conformance": False,
+            **extra}
     if mtp is not None:
         data["mtp"] = mtp
     folder.mkdir(parents=True, exist_ok=True)

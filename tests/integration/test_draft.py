@@ -50,7 +50,7 @@ def test_publish_rejects_quant_that_lost_mtp_heads(mtp_model, toolchain, tmp_pat
 
     recipe_file = tmp_path / "recipes" / "mtp.yaml"
     recipe_file.parent.mkdir()
-    recipe_file.write_text("name: mtp\nsource: {path: /nonexistent}\nbench: false\nquants: [Q8_0, {type: Q8_0, variant: pruned}]\n")
+    recipe_file.write_text("name: mtp\nsource: {path: /nonexistent}\nbench: false\nconformance: false\nquants: [Q8_0, {type: Q8_0, variant: pruned}]\n")
     r = load_recipe(recipe_file)
     L = Layout(tmp_path / "artifacts", tmp_path / "work")
     L.base_gguf(r).parent.mkdir(parents=True)

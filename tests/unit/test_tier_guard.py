@@ -1,5 +1,6 @@
 """The unit tier's guard (tests/unit/conftest.py) holds: torch, transformers, the llama.cpp tools and the network
-are out of reach here and in subprocesses, while loopback stays usable. Also the key of the tools cache."""
+are out of reach here and in subprocesses, while loopback stays usable. Also the key of the tools cache and the helpers
+install() writes into the llama.cpp tree."""
 
 from __future__ import annotations
 
@@ -56,16 +57,49 @@ def test_network_refused_loopback_allowed():
             pass
 
 
-def test_tools_cache_key_covers_what_shapes_the_build(monkeypatch):
-    """Adding a target, changing a cmake flag or an asset gives another cache folder: an old cache is rebuilt,
-    never trusted."""
+def test_tools_cache_key_covers_what_shapes_the_build(monkeypatch, tmp_path):
+    """Adding a target, changing a cmake flag or an asset, or editing a helper's source gives another cache folder:
+    an old cache is rebuilt, never trusted."""
     key = tools.cache_key()
     assert len(key) == 12 and tools.cache_key() == key
     for name, value in (("TOOLS", (*tools.TOOLS, "llama-server")),
                         ("CMAKE_FLAGS", (*tools.CMAKE_FLAGS, "-DGGML_CUDA=ON")),
                         ("ASSETS", (*tools.ASSETS, ("README.md", "."))),
                         ("SDIST_SHA256", "0" * 64),
-                        ("PINNED_COMMIT", "deadbee")):
+                        ("PINNED_COMMIT", "deadbee"),
+                        ("HELPERS", {**tools.HELPERS, "ggufpipe-other": "conformance.cpp"}),
+                        ("HELPER_CMAKE", tools.HELPER_CMAKE + "# another flag\n")):
         with monkeypatch.context() as m:
             m.setattr(tools, name, value)
             assert tools.cache_key() != key, name
+    # the helpers' sources: the same text keeps the key, one edited byte changes it, a missing file is one error line
+    native = tmp_path / "native"
+    native.mkdir()
+    for source in tools.HELPERS.values():
+        (native / source).write_bytes((tools.NATIVE_DIR / source).read_bytes())
+    with monkeypatch.context() as m:
+        m.setattr(tools, "NATIVE_DIR", native)
+        assert tools.cache_key() == key
+        source = native / tools.HELPERS["ggufpipe-conformance"]
+        source.write_bytes(source.read_bytes() + b"// edited\n")
+        assert tools.cache_key() != key
+        source.unlink()
+        with pytest.raises(tools.PipelineError, match=r"conformance\.cpp: the source of the helper ggufpipe-conformance"):
+            tools.cache_key()
+
+
+def test_helpers_written_into_the_tree(tmp_path):
+    """install() writes each helper into the unpacked tree's examples/ (source, CMakeLists.txt, add_subdirectory)
+    and keys the folder by what it wrote; a tree without examples/ is one error line."""
+    examples = tmp_path / "llama.cpp" / "examples"
+    examples.mkdir(parents=True)
+    (examples / "CMakeLists.txt").write_text("add_subdirectory(simple)\n")
+    written = tools._add_helpers(examples.parent)
+    assert written == tools.helper_sources() and tools.cache_key(written) == tools.cache_key()
+    for target, source in tools.HELPERS.items():
+        assert (examples / target / f"{target}.cpp").read_bytes() == (tools.NATIVE_DIR / source).read_bytes()
+        cmake = (examples / target / "CMakeLists.txt").read_text()
+        assert f"add_executable(${{TARGET}} {target}.cpp)" in cmake and "llama-common llama" in cmake
+        assert f"\nadd_subdirectory({target})" in (examples / "CMakeLists.txt").read_text()
+    with pytest.raises(tools.PipelineError, match="examples/CMakeLists.txt is missing"):
+        tools._add_helpers(tmp_path / "elsewhere")
