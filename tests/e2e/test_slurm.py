@@ -50,6 +50,7 @@ def test_slurm_build_equals_local_build(tmp_path, tiny_hub, tiny_build):
             res = snakemake(work, recipe, hub=hub, extra=[
                 "--profile", str(ROOT / "profiles" / "slurm"),
                 "--slurm-init-seconds-before-status-checks", "2",  # small jobs: check soon
+                "--seconds-between-status-checks", "1",  # and often (default 10 s: most of the test's time)
                 "--slurm-keep-successful-logs", "--slurm-no-account"])
             built = time.monotonic() - started - up
             log = cluster.ctld_log.read_text(errors="replace")

@@ -176,8 +176,8 @@ def test_convert_trigger_holds_the_mode(tmp_path, glm_hf):
     params = {mode: W.convert_params(f"m-{mode}") for mode in ("keep", "strip", "separate")}
     assert len(set(params.values())) == 3
     assert "keep" not in params["keep"]  # the default leaves the trigger of existing builds unchanged
-    assert W.publish_inputs("m-separate")["mtp"] == [str(W.layout.mtp_gguf(W.mtp_recipe("m-separate"))),
-                                                     str(W.layout.mtp_record(W.mtp_recipe("m-separate")))]
+    assert W.publish_inputs("m-separate")["mtp"] == [str(W.layout.mtp_gguf(W.recipe("m-separate"))),
+                                                     str(W.layout.mtp_record(W.recipe("m-separate")))]
     assert "mtp" not in W.publish_inputs("m-strip")
 
 

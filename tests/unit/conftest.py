@@ -98,7 +98,10 @@ def unit_tier_guard(basetemp: Path):
         mp.delenv("LLAMA_CPP_DIR", raising=False)
         mp.setenv("PIP_NO_INDEX", "1")  # no registry for a pip that a test starts
         mp.setenv("HF_HUB_OFFLINE", "1")
-        for name in ("pinned_dir", "_user_toolchain", "find_toolchain", "install", "read_build_version"):
+        # what find_toolchain() and install() call through the module's globals, never a name other modules bind
+        # at import (`from .tools import find_toolchain` in a module first imported during a unit test would
+        # keep the patched function for the rest of the process)
+        for name in ("pinned_dir", "_user_toolchain", "install", "read_build_version"):
             mp.setattr(tools, name, _no_tools)
         mp.setattr(tools.Toolchain, "tool", _no_tools)
         mp.setattr(socket.socket, "connect", _loopback_only(socket.socket.connect))
