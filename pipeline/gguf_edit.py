@@ -37,9 +37,11 @@ def override_changes(overrides: dict, n_tokens: int, where: str) -> dict[str, tu
     return changes
 
 
-def rewrite_metadata(path: str | os.PathLike, changes: dict[str, tuple[Any, str]]) -> None:
+def rewrite_metadata(path: str | os.PathLike, changes: dict[str, tuple[Any, str]],
+                     tensor_data: dict[str, Any] | None = None) -> None:
     """Rewrite the GGUF at ``path`` in place (a sibling file, then a rename) with the keys of ``changes`` set
-    to ``(value, GGUFValueType name)``, replacing or adding them; every other key and tensor is copied."""
+    to ``(value, GGUFValueType name)``, replacing or adding them; every other key and tensor is copied, except
+    the tensors named in ``tensor_data``, whose data (same shape and type) is written instead."""
     from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
     path = Path(path)
@@ -69,7 +71,7 @@ def rewrite_metadata(path: str | os.PathLike, changes: dict[str, tuple[Any, str]
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
         for t in reader.tensors:
-            writer.write_tensor_data(t.data, tensor_endianess=reader.endianess)
+            writer.write_tensor_data((tensor_data or {}).get(t.name, t.data), tensor_endianess=reader.endianess)
         writer.close()
         del reader  # its memory map, before the rename
         os.replace(out, path)

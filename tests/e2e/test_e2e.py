@@ -53,7 +53,8 @@ def test_manifest_provenance(demo_build):
     assert m["tools"]["llama_cpp_build"] == 11312 and m["tools"]["llama_cpp_commit"] == "0c1e570"
     assert {"torch", "transformers", "gguf", "safetensors"} <= set(m["tools"]["python"])
     assert m["build_id"].startswith(NAME + "-") and len(m["build_id"]) == len(NAME) + 13
-    assert set(m["build"]) == {"timestamp", "bench", "bench_label", "draft_decode_tokens_per_s", "eval_threads"}
+    assert set(m["build"]) == {"timestamp", "bench", "bench_label", "draft_decode_tokens_per_s", "eval_threads",
+                               "conformance_seconds"}
     assert m["build"]["eval_threads"] == {"botchan": 2}  # eval_threads capped by --cores 2: volatile, not in eval_sets
     assert all("threads" not in es for es in m["eval_sets"])
     q4 = next(e for e in m["artifacts"] if e["quant_type"] == "Q4_K_M")

@@ -374,3 +374,76 @@ def test_real_registry_tokenizers_agree(toolchain, tmp_path):
             assert rec["vocab"]["type"] == "spm" and rec["checks"]["tokenizer"]["hf_tokenizer"] == "LlamaTokenizer"
             assert rec["passed"], rec["failures"]
             assert rec["checks"]["tokenizer"]["mismatches"] == {"a": 0, "b": 0, "c": 0}
+
+
+# ------------------------------------------------------------------ broken conversions of the demo (the thresholds
+# are fixed: these measure where each broken file lands against them)
+
+
+def _broken_copy(built, toolchain, tmp_path, name: str, changes: dict, swap: tuple[str, str] | None = None,
+                 logits: bool = True):
+    """A copy of the demo F16 with metadata ``changes`` (and two same-shape tensors swapped), and its own base
+    logits (CHUNKS x 512 of Botchan) when the logit check is wanted: (path, logits file, record)."""
+    from gguf import GGUFReader
+
+    from pipeline.gguf_edit import rewrite_metadata
+
+    demo = built["demo"]
+    gguf = tmp_path / f"{name}-F16.gguf"
+    shutil.copyfile(demo.gguf, gguf)
+    data = None
+    if swap:
+        tensors = {t.name: t for t in GGUFReader(demo.gguf).tensors if t.name in swap}
+        a, b = (tensors[n] for n in swap)
+        assert a.data.shape == b.data.shape and a.tensor_type == b.tensor_type
+        data = {swap[0]: b.data.copy(), swap[1]: a.data.copy()}
+    rewrite_metadata(gguf, changes, data)
+    if not logits:
+        return gguf, None, None
+    es = EvalSet(name="botchan", text=BOTCHAN, ctx=512, chunks=CHUNKS)
+    out, rec = tmp_path / f"{name}.logits", tmp_path / f"{name}.json"
+    eval_base(name, es, gguf, out, rec, threads=2, log=tmp_path / f"{name}.log", tc=toolchain)
+    return gguf, out, rec
+
+
+def test_rewritten_pre_tokenizer_fails_parity(built, toolchain, tmp_path):
+    """tokenizer.ggml.pre rewritten from smollm to llama3 (another pre-tokenizer llama.cpp knows): the digits and
+    code probes split differently; tokenizer parity fails, the other checks do not mind."""
+    gguf, _, _ = _broken_copy(built, toolchain, tmp_path, "pre", {"tokenizer.ggml.pre": ("llama3", "STRING")},
+                              logits=False)
+    rec = conformance.run(built["demo"].recipe, gguf, built["demo"].hf, None, None, tmp_path / "r.json",
+                          tmp_path / "r.log", toolchain)
+    show("pre rewritten", rec)
+    assert not rec["passed"] and not rec["checks"]["tokenizer"]["passed"], rec["checks"]["tokenizer"]
+    assert rec["checks"]["tokenizer"]["mismatches"]["a"] > 0
+    assert any(f.startswith("conformance: recipe smollm2-135m: tokenizer parity (a:") for f in rec["failures"])
+
+
+def test_swapped_tensors_fail_logit_fidelity(built, toolchain, tmp_path):
+    """Two same-shape tensors swapped (the query projections of layers 0 and 1): every logit threshold fails by
+    far (the margins are printed)."""
+    gguf, logits, rec_file = _broken_copy(built, toolchain, tmp_path, "swap", {},
+                                          swap=("blk.0.attn_q.weight", "blk.1.attn_q.weight"))
+    rec = conformance.run(built["demo"].recipe, gguf, built["demo"].hf, logits, rec_file, tmp_path / "r.json",
+                          tmp_path / "r.log", toolchain)
+    show("swapped tensors", rec)
+    lg, t = rec["checks"]["logits"], conformance.THRESHOLDS
+    assert not lg["passed"] and rec["checks"]["tokenizer"]["passed"], lg
+    assert lg["kld_mean"] > 10 * t["max_kld_mean"] and lg["kld_p99"] > 10 * t["max_kld_p99"], lg
+    assert abs(lg["ln_ppl_ratio"]) > 10 * t["max_abs_ln_ppl_ratio"] and 1 - lg["top1"] > 10 * (1 - t["min_top1"]), lg
+
+
+def test_rope_freq_base_scaled_fails_logit_fidelity(built, toolchain, tmp_path):
+    """llama.rope.freq_base x 1.1 (subtle: the model still writes fluent text): the logit check still fails it, on
+    top-1 agreement; the measured margins are printed (KLD stays inside its fixed thresholds at ctx 512)."""
+    from pipeline.ggufheader import read_header
+
+    base = read_header(built["demo"].gguf).metadata["llama.rope.freq_base"]
+    gguf, logits, rec_file = _broken_copy(built, toolchain, tmp_path, "rope",
+                                          {"llama.rope.freq_base": (base * 1.1, "FLOAT32")})
+    rec = conformance.run(built["demo"].recipe, gguf, built["demo"].hf, logits, rec_file, tmp_path / "r.json",
+                          tmp_path / "r.log", toolchain)
+    show("rope freq_base x 1.1", rec)
+    lg = rec["checks"]["logits"]
+    assert not rec["passed"] and not lg["passed"] and lg["top1"] < conformance.THRESHOLDS["min_top1"], lg
+    assert any("logit fidelity: top-1 agreement" in f for f in rec["failures"]), rec["failures"]

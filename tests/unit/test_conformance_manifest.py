@@ -1,0 +1,50 @@
+"""How a conformance verdict reaches the user: the gate's one error line (every file rejected for one reason, said
+once; the failed checks after it), `ggufpipe ci`'s failures, and the report / card section."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.errors import PipelineError
+from pipeline.manifest import CONFORMANCE_REJECTED, check_gates, gate_messages
+from pipeline.report import conformance_text
+
+FAILED = ("conformance: recipe m: tokenizer parity (a: no specials added, special text parsed): probe french: "
+          "first difference at token 1 (HF 86 tokens, llama.cpp 58)")
+
+
+def manifest(passed: bool) -> dict:
+    checks = {"tokenizer": {"passed": passed, "summary": "42 probes x 3 modes"},
+              "logits": {"passed": True, "summary": "top-1 0.9971"}}
+    rejected = [] if passed else [
+        {"file": f"m-{k}.gguf", "size_bytes": 1, "failures": [{"check": "conformance", "message": CONFORMANCE_REJECTED}]}
+        for k in ("F16", "Q8_0")]
+    m = {"name": "m", "base_quant_type": "F16", "build_id": "m-0", "artifacts": [], "rejected": rejected,
+         "conformance": {"passed": passed, "checks": checks, "warnings": []}}
+    if not passed:
+        m["failures"] = [{"check": "conformance", "message": FAILED}]
+    return m
+
+
+def test_failed_conformance_is_one_line_naming_the_check(tmp_path):
+    import json
+
+    m = manifest(False)
+    assert gate_messages(m) == [CONFORMANCE_REJECTED, FAILED]  # once each, though two files were rejected
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps(m))
+    with pytest.raises(PipelineError) as exc:
+        check_gates(path, tmp_path / "gate.ok")
+    msg = str(exc.value)
+    assert "\n" not in msg and msg.endswith("(0 quant(s) published)") and "tokenizer parity (a:" in msg
+    assert not (tmp_path / "gate.ok").exists()
+
+
+def test_report_section():
+    ok = conformance_text(manifest(True))
+    assert "against the Hugging Face model" in ok and ": passed." in ok and "| logits | pass | top-1 0.9971 |" in ok
+    bad = conformance_text(manifest(False))
+    assert "failed: no file is published" in bad and "| tokenizer | FAIL | 42 probes x 3 modes |" in bad
+    skipped = conformance_text({"conformance": {"skipped": "the recipe opts out (conformance: false)"}})
+    assert skipped == "Not checked against the Hugging Face model: the recipe opts out (conformance: false)."
+    assert conformance_text({}) == ""
