@@ -273,10 +273,11 @@ rule conformance:
     params:
         recipe=RECIPE,
         roots=ROOTS,
+        threads=W.eval_threads,  # fixed, not scaled by --cores: torch's float32 sums, so the numbers, stay identical
         trigger=lambda wc: W.conformance_params(wc.name),
     shell:
         '"$GGUFPIPE_PYTHON" -m pipeline.cli stage conformance --recipe {params.recipe:q} --name {wildcards.name}'
-        " {params.roots} --threads {threads}"
+        " {params.roots} --threads {params.threads}"
 
 
 rule eval:

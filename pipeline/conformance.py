@@ -995,6 +995,8 @@ def run(recipe, base_gguf, hf_dir, logits_file, base_record, out_record, log=Non
         "checks": {k: compact(k, c) for k, c in details.items()},
         "thresholds": dict(THRESHOLDS),
         "chunks": settings["chunks"],
+        # torch's threads: the float32 sums of the HF side depend on them (the stage fixes them: eval_threads)
+        "threads": sys.modules["torch"].get_num_threads() if "torch" in sys.modules else None,
         "gguf": base_gguf.name,
         "vocab": {k: vocab.get(k) for k in ("type", "n_tokens", "bos", "eos", "eot", "eom", "add_bos", "add_eos",
                                             "eog")},

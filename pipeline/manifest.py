@@ -334,7 +334,7 @@ def _conformance_section(recipe: Recipe, layout: Layout) -> tuple[dict, list[dic
         return {"skipped": "the recipe opts out (conformance: false)"}, [], {}
     rec = _load(layout.conformance_record(recipe.name))
     # the verdict, each check's numbers and the thresholds; the diffs and renders stay in the record
-    section = {k: rec[k] for k in ("passed", "checks", "thresholds", "chunks", "warnings") if k in rec}
+    section = {k: rec[k] for k in ("passed", "checks", "thresholds", "chunks", "threads", "warnings") if k in rec}
     failures = [{"check": "conformance", "message": m} for m in rec.get("failures", [])]
     if not rec.get("passed") and not failures:
         failures = [{"check": "conformance", "message": f"conformance: recipe {recipe.name}: failed "
