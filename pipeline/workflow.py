@@ -177,14 +177,8 @@ class Workflow:
 
     def logits_disk_mb(self, name: str, es: str, base_gguf: str) -> int:
         """The base logits file of an eval set, from its ctx and chunks and the base GGUF's vocabulary."""
-        from .ggufheader import ArrayValue, read_header
-
         e = self.recipes[name].eval_set(es)
-        n_vocab = LOGITS_VOCAB_BOUND
-        if Path(base_gguf).is_file():
-            tokens = read_header(base_gguf).metadata.get("tokenizer.ggml.tokens")
-            n_vocab = tokens.count if isinstance(tokens, ArrayValue) else n_vocab
-        return mem_mb(logits_bytes(e.ctx, e.chunks, n_vocab) / 2**20, 1.0)
+        return mem_mb(logits_bytes(e.ctx, e.chunks, _n_vocab(base_gguf)) / 2**20, 1.0)
 
     def conformance_inputs(self, name: str) -> dict[str, list[str]]:
         return self.layout.conformance_inputs(self.recipes[name])
@@ -198,13 +192,7 @@ class Workflow:
         r = self.recipes[name]
         if r.eval_sets:
             return 512
-        from .ggufheader import ArrayValue, read_header
-
-        n_vocab = LOGITS_VOCAB_BOUND
-        if Path(base_gguf).is_file():
-            tokens = read_header(base_gguf).metadata.get("tokenizer.ggml.tokens")
-            n_vocab = tokens.count if isinstance(tokens, ArrayValue) else n_vocab
-        return mem_mb(logits_bytes(512, r.conformance.chunks, n_vocab) / 2**20, 1.0)
+        return mem_mb(logits_bytes(512, r.conformance.chunks, _n_vocab(base_gguf)) / 2**20, 1.0)
 
     def publish_params(self, name: str) -> str:
         return self.recipes[name].sha256  # thresholds, eval sets, bench...: any recipe change re-publishes
@@ -251,6 +239,17 @@ def release_scheduler_timers() -> None:
     for t in threading.enumerate():
         if isinstance(t, threading.Timer):
             t.cancel()
+
+
+def _n_vocab(base_gguf: str) -> int:
+    """The base GGUF's vocabulary size once it exists; before that, the bound for logits estimates."""
+    from .ggufheader import ArrayValue, read_header
+
+    if Path(base_gguf).is_file():
+        tokens = read_header(base_gguf).metadata.get("tokenizer.ggml.tokens")
+        if isinstance(tokens, ArrayValue):
+            return tokens.count
+    return LOGITS_VOCAB_BOUND
 
 
 def mem_mb(input_mb: float, factor: float, floor: int = 512) -> int:

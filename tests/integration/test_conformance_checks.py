@@ -447,3 +447,16 @@ def test_rope_freq_base_scaled_fails_logit_fidelity(built, toolchain, tmp_path):
     lg = rec["checks"]["logits"]
     assert not rec["passed"] and not lg["passed"] and lg["top1"] < conformance.THRESHOLDS["min_top1"], lg
     assert any("logit fidelity: top-1 agreement" in f for f in rec["failures"]), rec["failures"]
+
+
+def test_missing_generation_config_falls_back_and_passes(built, toolchain, tmp_path):
+    """No generation_config.json in the HF folder: HF's end-of-generation ids come from config.json, and the
+    demo passes on them."""
+    b = built["demo"]
+    hf = tmp_path / "hf"
+    shutil.copytree(b.hf, hf)
+    (hf / "generation_config.json").unlink()
+    rec = conformance.run(b.recipe, b.gguf, hf, None, None, tmp_path / "c.json", None, toolchain)
+    eog = rec["checks"]["eog"]
+    assert rec["passed"] and eog["passed"] and eog["hf_eos_source"] == "config.json", eog
+    assert set(eog["hf_eos_ids"]) <= set(eog["eog"]) and eog["hf_eos_ids"], eog
