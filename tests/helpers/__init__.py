@@ -232,3 +232,30 @@ def mtp_recipe(folder: Path, src: Path, mtp: str | None, name: str = "glm", **ex
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
+
+
+# ------------------------------------------------------------------ recipe schema tests (unit and integration)
+
+# A valid recipe with every kind of quant entry (a plain type, a mapping with options, an alias)
+RECIPE_SHA = "6b5982a638c6ed4e3da15711b6a5a1328c34a53e"
+GOOD_RECIPE = f"""
+name: demo-a
+source:
+  repo: org/model
+  revision: "{RECIPE_SHA}"
+outtype: f16
+quants:
+  - Q8_0
+  - type: Q4_K_M
+    variant: embq8
+    output_tensor_type: q8_0
+    token_embedding_type: Q8_0
+    tensor_types: ["attn_v=q8_0"]
+  - Q4_K
+"""
+
+
+def write_recipe_text(tmp_path: Path, text: str, name: str = "r.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(textwrap.dedent(text))
+    return p

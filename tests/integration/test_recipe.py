@@ -3,41 +3,17 @@
 
 from __future__ import annotations
 
-import textwrap
-
 import pytest
+from helpers import GOOD_RECIPE, RECIPE_SHA, write_recipe_text
 
 from pipeline.errors import PipelineError
 from pipeline.recipe import load_recipe
 
-SHA = "6b5982a638c6ed4e3da15711b6a5a1328c34a53e"
-GOOD = f"""
-name: demo-a
-source:
-  repo: org/model
-  revision: "{SHA}"
-outtype: f16
-quants:
-  - Q8_0
-  - type: Q4_K_M
-    variant: embq8
-    output_tensor_type: q8_0
-    token_embedding_type: Q8_0
-    tensor_types: ["attn_v=q8_0"]
-  - Q4_K
-"""
-
-
-def write(tmp_path, text, name="r.yaml"):
-    p = tmp_path / name
-    p.write_text(textwrap.dedent(text))
-    return p
-
 
 def test_good_recipe_loads(tmp_path, quantize_exe):
-    r = load_recipe(write(tmp_path, GOOD), quantize_exe)
+    r = load_recipe(write_recipe_text(tmp_path, GOOD_RECIPE), quantize_exe)
     assert r.name == "demo-a"
-    assert r.source.repo == "org/model" and r.source.revision == SHA
+    assert r.source.repo == "org/model" and r.source.revision == RECIPE_SHA
     assert [q.key for q in r.quants] == ["Q8_0", "Q4_K_M-embq8", "Q4_K_M"]  # alias Q4_K resolved
     assert r.file_for("Q4_K_M-embq8") == "demo-a-Q4_K_M-embq8.gguf"
     assert r.base_file == "demo-a-F16.gguf"
@@ -55,7 +31,7 @@ def test_demo_recipe_is_valid(quantize_exe):
 
 
 def test_unknown_quant_type_names_what_llama_quantize_accepts(tmp_path, quantize_exe):
-    path = write(tmp_path, GOOD.replace("- Q8_0", "- Q4_Z"))
+    path = write_recipe_text(tmp_path, GOOD_RECIPE.replace("- Q8_0", "- Q4_Z"))
     with pytest.raises(PipelineError) as exc:
         load_recipe(path, quantize_exe)
     msg = str(exc.value)
@@ -66,10 +42,10 @@ def test_unknown_quant_type_names_what_llama_quantize_accepts(tmp_path, quantize
 def test_cli_validate_exit_code(tmp_path, capsys):
     from pipeline.cli import main
 
-    good = write(tmp_path, GOOD, "good.yaml")
+    good = write_recipe_text(tmp_path, GOOD_RECIPE, "good.yaml")
     assert main(["validate", str(good)]) == 0
     assert "ok" in capsys.readouterr().out
-    bad = write(tmp_path, GOOD.replace("- Q8_0", "- Q4_Z"), "bad.yaml")
+    bad = write_recipe_text(tmp_path, GOOD_RECIPE.replace("- Q8_0", "- Q4_Z"), "bad.yaml")
     assert main(["validate", str(bad)]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "bad.yaml: quants[0]" in err and "\n" not in err

@@ -3,41 +3,17 @@
 
 from __future__ import annotations
 
-import textwrap
-
 import pytest
+from helpers import GOOD_RECIPE, RECIPE_SHA, write_recipe_text
 
 from pipeline.errors import PipelineError
 from pipeline.recipe import load_recipe
 
-SHA = "6b5982a638c6ed4e3da15711b6a5a1328c34a53e"
-GOOD = f"""
-name: demo-a
-source:
-  repo: org/model
-  revision: "{SHA}"
-outtype: f16
-quants:
-  - Q8_0
-  - type: Q4_K_M
-    variant: embq8
-    output_tensor_type: q8_0
-    token_embedding_type: Q8_0
-    tensor_types: ["attn_v=q8_0"]
-  - Q4_K
-"""
-
-
-def write(tmp_path, text, name="r.yaml"):
-    p = tmp_path / name
-    p.write_text(textwrap.dedent(text))
-    return p
-
 
 def test_good_recipe_loads(tmp_path):
-    r = load_recipe(write(tmp_path, GOOD))
+    r = load_recipe(write_recipe_text(tmp_path, GOOD_RECIPE))
     assert r.name == "demo-a"
-    assert r.source.repo == "org/model" and r.source.revision == SHA
+    assert r.source.repo == "org/model" and r.source.revision == RECIPE_SHA
     assert [q.key for q in r.quants] == ["Q8_0", "Q4_K_M-embq8", "Q4_K_M"]  # alias Q4_K resolved
     assert r.file_for("Q4_K_M-embq8") == "demo-a-Q4_K_M-embq8.gguf"
     assert r.base_file == "demo-a-F16.gguf"
@@ -47,37 +23,37 @@ def test_good_recipe_loads(tmp_path):
 
 
 BAD = [
-    ("unknown top key", GOOD + "colour: red\n", "colour: unknown key"),
-    ("uppercase name", GOOD.replace("name: demo-a", "name: Demo"), "name: 'Demo' is not a valid name"),
-    ("name with space", GOOD.replace("name: demo-a", "name: 'demo a'"), "name: 'demo a' is not a valid name"),
-    ("path traversal name", GOOD.replace("name: demo-a", "name: ../etc"), "name: '../etc' is not a valid name"),
-    ("dots name", GOOD.replace("name: demo-a", "name: a..b"), "name: 'a..b' must not contain '..'"),
-    ("missing revision", GOOD.replace(f'  revision: "{SHA}"\n', ""), "source.revision: missing"),
-    ("numeric revision", GOOD.replace(f'"{SHA}"', "1234567"), "source.revision: must be a string"),
-    ("repo and path", GOOD.replace("  repo: org/model", "  repo: org/model\n  path: /x"), "source: give exactly one"),
-    ("bad repo id", GOOD.replace("org/model", "not a repo"), "source.repo: 'not a repo' is not"),
-    ("bad outtype", GOOD.replace("outtype: f16", "outtype: q8"), "outtype: 'q8' is not one of"),
-    ("bad mtp mode", GOOD + "mtp: both\n", "mtp: 'both' is not one of keep, strip, separate"),
-    ("empty quants", GOOD.split("quants:")[0] + "quants: []\n", "quants: must be a non-empty list"),
-    ("duplicate quant", GOOD + "  - Q8_0\n", "quants[3]: Q8_0 repeats quants[0]"),
-    ("F16 as quant", GOOD.replace("- Q8_0", "- F16"), "quants[0]: F16 is not a quantization"),
-    ("bad variant", GOOD.replace("variant: embq8", "variant: Emb-Q8"), "quants[1].variant: 'Emb-Q8' is not"),
-    ("unknown quant key", GOOD.replace("variant: embq8", "variant: embq8\n    colour: red"),
+    ("unknown top key", GOOD_RECIPE + "colour: red\n", "colour: unknown key"),
+    ("uppercase name", GOOD_RECIPE.replace("name: demo-a", "name: Demo"), "name: 'Demo' is not a valid name"),
+    ("name with space", GOOD_RECIPE.replace("name: demo-a", "name: 'demo a'"), "name: 'demo a' is not a valid name"),
+    ("path traversal name", GOOD_RECIPE.replace("name: demo-a", "name: ../etc"), "name: '../etc' is not a valid name"),
+    ("dots name", GOOD_RECIPE.replace("name: demo-a", "name: a..b"), "name: 'a..b' must not contain '..'"),
+    ("missing revision", GOOD_RECIPE.replace(f'  revision: "{RECIPE_SHA}"\n', ""), "source.revision: missing"),
+    ("numeric revision", GOOD_RECIPE.replace(f'"{RECIPE_SHA}"', "1234567"), "source.revision: must be a string"),
+    ("repo and path", GOOD_RECIPE.replace("  repo: org/model", "  repo: org/model\n  path: /x"), "source: give exactly one"),
+    ("bad repo id", GOOD_RECIPE.replace("org/model", "not a repo"), "source.repo: 'not a repo' is not"),
+    ("bad outtype", GOOD_RECIPE.replace("outtype: f16", "outtype: q8"), "outtype: 'q8' is not one of"),
+    ("bad mtp mode", GOOD_RECIPE + "mtp: both\n", "mtp: 'both' is not one of keep, strip, separate"),
+    ("empty quants", GOOD_RECIPE.split("quants:")[0] + "quants: []\n", "quants: must be a non-empty list"),
+    ("duplicate quant", GOOD_RECIPE + "  - Q8_0\n", "quants[3]: Q8_0 repeats quants[0]"),
+    ("F16 as quant", GOOD_RECIPE.replace("- Q8_0", "- F16"), "quants[0]: F16 is not a quantization"),
+    ("bad variant", GOOD_RECIPE.replace("variant: embq8", "variant: Emb-Q8"), "quants[1].variant: 'Emb-Q8' is not"),
+    ("unknown quant key", GOOD_RECIPE.replace("variant: embq8", "variant: embq8\n    colour: red"),
      "quants[1].colour: unknown key"),
-    ("bool as string", GOOD.replace("variant: embq8", "variant: embq8\n    pure: 'yes'"), "quants[1].pure: must be true"),
-    ("needs imatrix", GOOD.replace("- Q8_0", "- IQ2_XXS"), "quants[0].type: IQ2_XXS needs an importance matrix"),
+    ("bool as string", GOOD_RECIPE.replace("variant: embq8", "variant: embq8\n    pure: 'yes'"), "quants[1].pure: must be true"),
+    ("needs imatrix", GOOD_RECIPE.replace("- Q8_0", "- IQ2_XXS"), "quants[0].type: IQ2_XXS needs an importance matrix"),
     ("malformed yaml", "name: [unclosed\n", "malformed YAML"),
     ("not a mapping", "- just\n- a list\n", "must be a mapping"),
     ("empty file", "", "file is empty"),
     ("missing source", "name: x\nquants: [Q8_0]\n", "source: missing"),
-    ("pickle flag type", GOOD.replace("  repo: org/model", "  repo: org/model\n  allow_pickle: 1"),
+    ("pickle flag type", GOOD_RECIPE.replace("  repo: org/model", "  repo: org/model\n  allow_pickle: 1"),
      "source.allow_pickle: must be true or false"),
 ]
 
 
 @pytest.mark.parametrize("label,text,expected", BAD, ids=[b[0] for b in BAD])
 def test_bad_recipe_one_clear_line(tmp_path, label, text, expected):
-    path = write(tmp_path, text)
+    path = write_recipe_text(tmp_path, text)
     with pytest.raises(PipelineError) as exc:
         load_recipe(path)
     msg = str(exc.value)
