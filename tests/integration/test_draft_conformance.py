@@ -1,0 +1,183 @@
+"""Conformance of a built draft (issue #15): the demo's draft ``smollm2-135m-draft`` (derived from the demo recipe's
+``draft:``; no eval sets, so the conformance stage makes its own base logits in its scratch folder) built by the
+stage entry functions (fetch from the demo hub cache, convert, quantize), then conformance, publish and gate.
+
+- unbroken: every check passes, the scratch folder is gone, both files are published and the gate passes (the
+  control: draft conformance does not always fail);
+- broken: the draft's fetched HF folder gets an NFD normalizer in tokenizer.json (the converter keeps none of it:
+  the base GGUF's tokenizer keys are those of the unbroken conversion), so HF splits "café" unlike the GGUF: the
+  record fails in one line per difference, each naming the draft recipe and the check (tokenizer parity; the
+  chat template's input ids), publish links no file of the draft (every file rejected for conformance, no GGUF
+  and no temporary file in its artifact folder) and the gate refuses in one line.
+
+The main recipe is the demo's with ``conformance: {chunks: 2}`` (the draft inherits it): half the logit check's
+cost of the default 4, which the unbroken draft still passes by far."""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import yaml
+from helpers import BOTCHAN, DEMO_RECIPE
+
+from pipeline import conformance
+from pipeline.errors import PipelineError
+from pipeline.layout import Layout
+from pipeline.manifest import CONFORMANCE_REJECTED, check_gates, publish
+from pipeline.recipe import load_recipe
+
+DRAFT = "smollm2-135m-draft"
+CHUNKS = 2
+PUBLISHED_PAGES = {"manifest.json", "metrics.json", "report.md", "report.svg", "README.md"}
+FIRST_FAILURE = (
+    f"conformance: recipe {DRAFT}: tokenizer parity (a: no specials added, special text parsed): "
+    "probe french: first difference at token 1"
+)
+
+
+def _fetch(recipe, layout: Layout, hub, break_hf: bool) -> None:
+    """The draft's fetch stage (hard links of the hub cache's files); ``break_hf``: then an NFD normalizer in the
+    fetched tokenizer.json."""
+    from pipeline.fetch import fetch
+
+    name = recipe.name
+    layout.log(name, "x").parent.mkdir(parents=True, exist_ok=True)
+    fetch(recipe, layout.hf(name), layout.fetch_record(name), hub_cache=str(hub))
+    if break_hf:
+        tj = layout.hf(name) / "tokenizer.json"
+        data = json.loads(tj.read_text())
+        data["normalizer"] = {"type": "NFD"}
+        tj.unlink()  # a hard link of the hub cache's file: never write through it
+        tj.write_text(json.dumps(data))
+
+
+def _convert_and_quantize(recipe, layout: Layout, toolchain) -> None:
+    from pipeline.convert import convert
+    from pipeline.quantize import quantize
+
+    name = recipe.name
+    convert(
+        recipe,
+        layout.hf(name),
+        layout.base_gguf(recipe),
+        layout.convert_record(recipe),
+        layout.log(name, "convert-F16"),
+        tc=toolchain,
+    )
+    for q in recipe.quants:
+        quantize(
+            recipe,
+            q.key,
+            layout.base_gguf(recipe),
+            layout.quant(recipe, q.key),
+            layout.quant_record(name, q.key),
+            layout.log(name, f"quantize-{q.key}"),
+            threads=1,
+            tc=toolchain,
+        )
+
+
+@pytest.fixture(scope="module")
+def drafts(tmp_path_factory, demo_hub, toolchain):
+    """(draft recipe, {"good": Layout, "broken": Layout}): the draft built twice, side by side, under tmp roots."""
+    root = tmp_path_factory.mktemp("draft-conformance")
+    data = yaml.safe_load(DEMO_RECIPE.read_text())
+    data["gates"][0]["text"] = str(BOTCHAN)  # relative to the recipe file in recipes/
+    data["conformance"] = {"chunks": CHUNKS}
+    main_file = root / "recipes" / "smollm2-135m.yaml"
+    main_file.parent.mkdir()
+    main_file.write_text(yaml.safe_dump(data, sort_keys=False))
+    recipe = load_recipe(main_file, str(toolchain.tool("llama-quantize"))).draft_recipe()
+    assert recipe.name == DRAFT and recipe.eval_sets == () and recipe.conformance.text == BOTCHAN
+    assert recipe.conformance.chunks == CHUNKS and [q.key for q in recipe.quants] == ["Q4_0"]
+    layouts = {k: Layout(root / k / "artifacts", root / k / "work") for k in ("good", "broken")}
+    t0 = time.monotonic()
+    for k, layout in layouts.items():  # one after the other: fsutil.hashing_ahead is per process, not per thread
+        _fetch(recipe, layout, demo_hub, k == "broken")
+    with ThreadPoolExecutor(2) as pool:  # the stages' tools, one per core
+        list(pool.map(lambda layout: _convert_and_quantize(recipe, layout, toolchain), layouts.values()))
+    print(f"\n[draft conformance] two draft builds (fetch, convert, quantize): {time.monotonic() - t0:.1f}s")
+    return recipe, layouts
+
+
+def _show(label: str, rec: dict) -> None:
+    print(f"\n[draft conformance {label}] passed={rec['passed']} seconds={rec['seconds']['total']}")
+    for k, c in rec["checks"].items():
+        print(f"  {k}: {'pass' if c['passed'] else 'FAIL'}: {c.get('summary') or c.get('not_run')}")
+    for line in rec["failures"]:
+        print(f"  {line}")
+
+
+def _conformance(recipe, layout: Layout, toolchain, label: str) -> dict:
+    rec = conformance.run_stage(recipe, layout, threads=2, tc=toolchain)
+    _show(label, rec)
+    assert json.loads(layout.conformance_record(DRAFT).read_text()) == rec
+    assert rec["recipe"] == DRAFT and rec["gguf"] == f"{DRAFT}-F16.gguf"
+    assert not layout.conformance_dir(DRAFT).exists()  # the draft's own base logits: scratch, removed
+    lg = rec["checks"]["logits"]  # measured on those logits (the weights are the same in both builds)
+    assert lg["passed"] and lg["chunks"] == CHUNKS and lg["positions"] == CHUNKS * 255, lg
+    return rec
+
+
+def _art_files(layout: Layout) -> set[str]:
+    return {p.name for p in layout.art_dir(DRAFT).iterdir()}
+
+
+def test_unbroken_draft_passes_and_publishes(drafts, toolchain):
+    recipe, layouts = drafts
+    L = layouts["good"]
+    rec = _conformance(recipe, L, toolchain, "unbroken")
+    assert rec["passed"] and rec["failures"] == [], rec["failures"]
+    assert all(c["passed"] for c in rec["checks"].values()) and set(rec["checks"]) == {
+        "tokenizer",
+        "chat_template",
+        "eog",
+        "logits",
+    }
+    assert rec["checks"]["tokenizer"]["mismatches"] == {"a": 0, "b": 0, "c": 0}
+    m = publish(recipe, L)
+    files = [f"{DRAFT}-F16.gguf", f"{DRAFT}-Q4_0.gguf"]
+    assert [e["file"] for e in m["artifacts"]] == files and m["rejected"] == [] and "failures" not in m
+    assert m["conformance"]["passed"] is True
+    assert _art_files(L) == PUBLISHED_PAGES | set(files)
+    check_gates(L.manifest(DRAFT), L.gate_ok(DRAFT))
+    assert L.gate_ok(DRAFT).read_text() == m["build_id"] + "\n"
+
+
+def test_broken_draft_fails_conformance_and_publishes_nothing(drafts, toolchain):
+    from pipeline.ggufheader import tokenizer_sha256
+
+    recipe, layouts = drafts
+    L = layouts["broken"]
+    # the converter cannot see the normalizer: the same tokenizer keys as the unbroken conversion
+    assert tokenizer_sha256(L.base_gguf(recipe)) == tokenizer_sha256(layouts["good"].base_gguf(recipe))
+    rec = _conformance(recipe, L, toolchain, "NFD normalizer in the HF folder")
+    # the rendered conversations are tokenized by the same tokenizer: their input ids differ on the accents too
+    c = rec["checks"]
+    assert rec["passed"] is False and not c["tokenizer"]["passed"] and not c["chat_template"]["passed"]
+    assert c["eog"]["passed"] and c["tokenizer"]["mismatches"]["a"] > 0
+    failures = rec["failures"]
+    prefixes = tuple(f"conformance: recipe {DRAFT}: {check}" for check in ("tokenizer parity (", "chat template: "))
+    assert failures and all("\n" not in f and f.startswith(prefixes) for f in failures), failures
+    assert failures[0].startswith(FIRST_FAILURE) and "37366 ' café'" in failures[0], failures[0]
+    assert failures[0] in L.log(DRAFT, "conformance").read_text()
+
+    m = publish(recipe, L)  # the publish stage (Snakefile rule publish: `ggufpipe stage publish`) does not raise:
+    # it records the rejection, links no file, and the gate (the build's last job) fails the build
+    assert m["artifacts"] == [] and m["conformance"]["passed"] is False
+    assert sorted(e["file"] for e in m["rejected"]) == [f"{DRAFT}-F16.gguf", f"{DRAFT}-Q4_0.gguf"]
+    for e in m["rejected"]:
+        assert [f["message"] for f in e["failures"]] == [CONFORMANCE_REJECTED], e["failures"]
+    assert [f["message"] for f in m["failures"]] == failures
+    assert _art_files(L) == PUBLISHED_PAGES  # no GGUF, no half-written (hidden temporary) file
+    assert json.loads(L.manifest(DRAFT).read_text()) == m
+    with pytest.raises(PipelineError) as exc:
+        check_gates(L.manifest(DRAFT), L.gate_ok(DRAFT))
+    line = str(exc.value)
+    print(f"\n[draft conformance gate] {line}")
+    assert "\n" not in line and line.startswith(CONFORMANCE_REJECTED + "; " + FIRST_FAILURE), line
+    assert line.endswith(" (0 quant(s) published)"), line
+    assert not L.gate_ok(DRAFT).exists()
