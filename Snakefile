@@ -185,7 +185,7 @@ rule convert_mtp:
     input:
         hf=rules.fetch.output.hf,
     output:
-        gguf=L.wrk("{name}", "quants", "{name}-mtp-{outtype}.gguf"),
+        gguf=L.wrk("{name}", "quants", "{name}-mtp-{outtype}_MTP.gguf"),
         record=L.wrk("{name}", "records", "convert-mtp-{outtype}.json"),
     log:
         L.log("{name}", "convert-mtp-{outtype}"),

@@ -328,8 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--name", help="recipe name (default: the file's; `<name>-draft` selects its draft)")
     p.add_argument("--artifacts", default="artifacts", help="artifact root (default: artifacts)")
     p.add_argument("--work", default="work", help="work root (default: work)")
-    p.add_argument("--quant", help="quant key (TYPE[-variant]); for bench also the outtype; for split any model "
-                                   "file's key (also the outtype or mtp-<OUTTYPE>)")
+    p.add_argument("--quant", help="quant key (TYPE[_VARIANT]); for bench also the outtype; for split any model "
+                                   "file's key (also the outtype or mtp-<OUTTYPE>_MTP)")
     p.add_argument("--draft-quant", help="draft quant key (or `gguf` for a given draft file)")
     p.add_argument("--eval-set")
     p.add_argument("--base", choices=["plain", "awq"], help="imatrix: the base GGUF (plain F16 or AWQ-scaled)")

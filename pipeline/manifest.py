@@ -29,12 +29,15 @@ from .fsutil import atomic_output, hashing_ahead, sha256_file, write_json_atomic
 from .ggufinfo import general_metadata, read_facts
 from .layout import Layout, plain_name
 from .mtp import MTP_KEYS, lost_heads, mtp_facts
+from .naming import label_of_key
 from .recipe import Recipe
 from .split import model_path
 
 # 2: the conformance section (the base against the HF model), a failed conformance rejects every file, each
 #    artifact's tokenizer_sha256, vocab_overrides; build_id covers the schema version.
-SCHEMA_VERSION = 2
+# 3: file names by the Hub-native rule (`<name>-<TYPE>_<VARIANT>.gguf`, `<name>-mtp-F16_MTP.gguf`) and each
+#    artifact's `label` (pipeline/naming.py).
+SCHEMA_VERSION = 3
 
 
 def _load(path: Path) -> dict:
@@ -126,6 +129,8 @@ def _split_entry(recipe: Recipe, layout: Layout, key: str, entry: dict) -> dict:
     from .ggufheader import file_type_name
     from .split import read_shards
 
+    # the label both the Hub and llama.cpp's `-hf <repo>:<LABEL>` read from the file name (pipeline/naming.py)
+    entry = {**entry, "label": label_of_key(key)}
     cfg = recipe.split_for(key)
     if cfg is None:
         return entry
@@ -227,7 +232,7 @@ def build_manifest(recipe: Recipe, layout: Layout) -> tuple[dict, dict]:
         raise PipelineError(f"{layout.convert_record(recipe)}: converted with mtp: {converted_mode}, the recipe asks for "
                             f"mtp: {recipe.mtp}: re-run the convert stage")
     if recipe.mtp == "separate":
-        artifacts.append(_split_entry(recipe, layout, f"mtp-{recipe.outtype.upper()}", _mtp_draft_entry(recipe, layout)))
+        artifacts.append(_split_entry(recipe, layout, recipe.mtp_key, _mtp_draft_entry(recipe, layout)))
     rejected = []
     calib_seconds: dict = {}
     for q in recipe.quants:

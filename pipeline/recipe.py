@@ -22,11 +22,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from . import naming
 from . import recipe_schema as _schema
 from .errors import PipelineError
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
-VARIANT_RE = re.compile(r"^[a-z0-9]{1,24}$")
+VARIANT_RE = naming.VARIANT_RE  # letters only: the Hub label `_[A-Z]+` stops at a digit
 REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 REVISION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
@@ -224,8 +225,8 @@ class Quant:
 
     @property
     def key(self) -> str:
-        """The Snakemake wildcard value and file-name suffix: TYPE[-variant]."""
-        return f"{self.type}-{self.variant}" if self.variant else self.type
+        """The Snakemake wildcard value, file-name suffix and label: TYPE[_VARIANT] (pipeline/naming.py)."""
+        return naming.quant_label(self.type, self.variant)
 
     def quantize_args(self) -> list[str]:
         args: list[str] = []
@@ -375,15 +376,15 @@ class Recipe:
     @property
     def model_keys(self) -> list[str]:
         """Keys of every model file a recipe can publish: the base (``F16``/``BF16``), each quant, and
-        the MTP draft (``mtp-F16``) of ``mtp: separate``."""
+        the MTP draft (``mtp-F16_MTP``) of ``mtp: separate``."""
         keys = [self.outtype.upper(), *(q.key for q in self.quants)]
         if self.mtp == "separate":
-            keys.append(f"mtp-{self.outtype.upper()}")
+            keys.append(self.mtp_key)
         return keys
 
     def split_for(self, key: str) -> Split | None:
         """How file ``key`` is split (None: published whole)."""
-        if key in (self.outtype.upper(), f"mtp-{self.outtype.upper()}"):
+        if key in (self.outtype.upper(), self.mtp_key):
             return self.split
         return self.quant(key).split
 
@@ -392,6 +393,24 @@ class Recipe:
         file the folder ``<name>-<KEY>`` of its shards ``<name>-<KEY>-0000i-of-0000N.gguf``."""
         return f"{self.name}-{key}" if self.split_for(key) else self.file_for(key)
 
+    def published_names(self, where: str = "quants") -> list[naming.Published]:
+        """Every model file this recipe publishes, as the resolvers see it (pipeline/naming.py); a split file by
+        the name of its first shard of a representative two."""
+        out = []
+        for key in self.model_keys:
+            if key == self.outtype.upper():
+                entry = f"the base file ({key})"
+            elif key == self.mtp_key:
+                entry = f"the MTP draft ({key})"
+            else:
+                i = next(i for i, q in enumerate(self.quants) if q.key == key)
+                entry = f"{where}[{i}] ({key})"
+            art = self.artifact_for(key)
+            paths = (f"{art}/{art}-00001-of-00002.gguf", f"{art}/{art}-00002-of-00002.gguf") \
+                if self.split_for(key) else (art,)
+            out.append(naming.Published(naming.label_of_key(key), entry, paths, sidecar=key == self.mtp_key))
+        return out
+
     @property
     def base_file(self) -> str:
         return f"{self.name}-{self.outtype.upper()}.gguf"
@@ -399,7 +418,12 @@ class Recipe:
     @property
     def mtp_file(self) -> str:
         """The MTP-head draft exported by ``mtp: separate``."""
-        return f"{self.name}-mtp-{self.outtype.upper()}.gguf"
+        return f"{self.name}-{self.mtp_key}.gguf"
+
+    @property
+    def mtp_key(self) -> str:
+        """``mtp-F16_MTP``: llama.cpp's sidecar marker and a Hub label of its own (pipeline/naming.py)."""
+        return naming.mtp_key(self.outtype)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -565,6 +589,20 @@ def _check_quant_type(ctx: _Ctx, value: str, where: str, known: set[str] | None,
     return t
 
 
+def key_ref(text: str) -> str:
+    """A file key as a recipe or a command line writes it: ``Q4_K_M``, ``q4_k``(alias), ``Q4_K_M_IMAT``, or the
+    pre-#16 ``Q4_K_M-imat`` (renamed: CHANGELOG.md); ``gguf`` (a given draft GGUF) as is."""
+    if text == "gguf":
+        return text
+    if "-" in text and not text.startswith(naming.MTP_MARK):
+        t, v = text.split("-", 1)
+        return naming.quant_label(QUANT_ALIASES.get(t.upper(), t.upper()), v)
+    if text.lower().startswith(naming.MTP_MARK):
+        rest = text[len(naming.MTP_MARK):].upper()
+        return naming.mtp_key(rest[: -len(naming.MTP_SUFFIX)] if rest.endswith(naming.MTP_SUFFIX) else rest)
+    return QUANT_ALIASES.get(text.upper(), text.upper())
+
+
 def _parse_quant(ctx: _Ctx, item, where: str, known, build, set_names: set[str]) -> Quant:
     if isinstance(item, str):
         return Quant(type=_check_quant_type(ctx, item, where, known, build))
@@ -574,7 +612,13 @@ def _parse_quant(ctx: _Ctx, item, where: str, known, build, set_names: set[str])
     qtype = _check_quant_type(ctx, ctx.string(d["type"], f"{where}.type"), f"{where}.type", known, build)
     variant = d.get("variant")
     if variant is not None:
-        variant = ctx.string(variant, f"{where}.variant", VARIANT_RE, "a variant (1-24 lowercase letters/digits)")
+        variant = ctx.string(variant, f"{where}.variant", VARIANT_RE,
+                             "a variant: 1-24 letters A-Z (the Hub's label `<TYPE>_<VARIANT>` stops at a digit)")
+        variant = variant.upper()
+        label = naming.quant_label(qtype, variant)
+        if label in naming.HUB_FILE_TYPES or (known is not None and label in known):
+            ctx.fail(f"{where}.variant", f"{qtype} with variant {variant} would be labelled {label}, the name of "
+                     "another quant type: choose another variant")
     kw: dict[str, Any] = {}
     for key in ("output_tensor_type", "token_embedding_type"):
         if key in d:
@@ -816,7 +860,7 @@ def _parse_draft(ctx: _Ctx, value, main_quants: tuple[Quant, ...], eval_sets, kn
         for i, pr in enumerate(raw):
             if not (isinstance(pr, list) and len(pr) == 2 and all(isinstance(x, str) for x in pr)):
                 ctx.fail(f"draft.pairs[{i}]", f"must be [main quant, draft quant], got {pr!r}")
-            m, dk = (QUANT_ALIASES.get(x.upper(), x) if "-" not in x else x for x in pr)
+            m, dk = (key_ref(x) for x in pr)
             if m not in main_keys and m != outtype.upper():
                 ctx.fail(f"draft.pairs[{i}]", f"{m!r} is not a main quant ({', '.join(main_keys)})")
             if dk not in draft_keys:
@@ -910,7 +954,7 @@ def load_recipe(path: str | Path, quantize_exe: str | None = None) -> Recipe:
     for key in ("description", "license"):
         if key in d and d[key] is not None:
             ctx.string(d[key], key)
-    return Recipe(
+    recipe = Recipe(
         path=path,
         sha256=hashlib.sha256(raw_bytes).hexdigest(),
         name=name,
@@ -933,6 +977,13 @@ def load_recipe(path: str | Path, quantize_exe: str | None = None) -> Recipe:
         add_bos=add_bos,
         raw=d,
     )
+    # names both resolvers read right, in the recipe's repository and in its draft's (pipeline/naming.py)
+    for r, where in ((recipe, "quants"), (recipe.draft_recipe(), "draft.quants")):
+        if r is not None:
+            problems = naming.check_repo(r.published_names(where))
+            if problems:
+                ctx.fail(where, f"file names collide: {problems[0]}")
+    return recipe
 
 
 def _parse_conformance(ctx: _Ctx, value) -> Conformance:

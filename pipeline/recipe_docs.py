@@ -132,11 +132,12 @@ def render_quant_rules() -> list[str]:
         "the recipe's `imatrix:` (`imatrix: false` on such a quant is refused too).",
         f"- With an `imatrix:` section, quants of the families {families} use it by default; with an `awq:` "
         "section, every quant is made from the AWQ-scaled base by default.",
-        "- Files: the base is `<name>-<OUTTYPE>.gguf` (`<name>-F16.gguf`), each quant `<name>-<TYPE>[-<variant>].gguf`, "
-        "and with `mtp: separate` the MTP draft `<name>-mtp-<OUTTYPE>.gguf`, all in `artifacts/<name>/`; a split "
-        "file is a folder `<name>-<KEY>/` of shards `<name>-<KEY>-0000i-of-0000N.gguf` (KEY: `TYPE[-variant]`). "
-        "Two quants with the same key are refused: give one a `variant`. A `draft.source` draft is the recipe "
-        "`<name>-draft`, in `artifacts/<name>-draft/`.",
+        "- Files: the base is `<name>-<OUTTYPE>.gguf` (`<name>-F16.gguf`), each quant `<name>-<TYPE>[_<VARIANT>].gguf`, "
+        "and with `mtp: separate` the MTP draft `<name>-mtp-<OUTTYPE>_MTP.gguf`, all in `artifacts/<name>/`; a split "
+        "file is a folder `<name>-<KEY>/` of shards `<name>-<KEY>-0000i-of-0000N.gguf` (KEY: `TYPE[_VARIANT]`, the "
+        "file's label). Two quants with the same key are refused: give one a `variant`; so is a recipe whose names "
+        "the Hub or llama.cpp's `-hf` would read to the wrong file ([publishing](publishing.md#file-names)). A "
+        "`draft.source` draft is the recipe `<name>-draft`, in `artifacts/<name>-draft/`.",
         "",
     ]
 

@@ -94,7 +94,7 @@ TOP = Section("", "Top level", (
     Field("mtp", "`keep` | `strip` | `separate`", "keep",
           "Multi-token-prediction (NextN) heads of models that have them: `keep` them in every file as the converter "
           "does; `strip` converts with `--no-mtp`; `separate` leaves them out of the model files too and exports "
-          "them alone (`--mtp`) as the draft `<name>-mtp-<OUTTYPE>.gguf`. `strip` and `separate` need an "
+          "them alone (`--mtp`) as the draft `<name>-mtp-<OUTTYPE>_MTP.gguf`. `strip` and `separate` need an "
           "architecture whose converter supports it (the convert stage says so otherwise).", "strip"),
     Field("quants", "non-empty list of quant (see `quants[]`)", REQUIRED,
           "The llama-quantize types to build, each a type name or a mapping.", ["Q8_0", {"type": "Q4_K_M"}]),
@@ -177,13 +177,14 @@ _THRESHOLD_TYPES = (
 QUANT = Section("quants[]", "`quants[]`: each quant", (
     "A quant is a llama-quantize type name (`- Q8_0`) or a mapping with `type` and the keys below. The type is "
     "upper-cased and checked against the installed gguf package and, when llama.cpp's tools are given, "
-    "against llama-quantize. Its file is `<name>-<TYPE>[-<variant>].gguf`."
+    "against llama-quantize. Its file is `<name>-<TYPE>[_<VARIANT>].gguf` (docs/publishing.md#file-names)."
 ), (
     Field("type", "quant type, e.g. `Q4_K_M`", REQUIRED, "The llama-quantize type (see Quant types below).",
           "Q4_K_M"),
-    Field("variant", "string `[a-z0-9]{1,24}`", None,
-          "Suffix of the file name, `<name>-<TYPE>-<variant>.gguf`: lets two flavours of one type coexist.",
-          "embq8"),
+    Field("variant", "string `[A-Za-z]{1,24}`", None,
+          "Upper-cased suffix of the label and file name, `<name>-<TYPE>_<VARIANT>.gguf`: lets two flavours of "
+          "one type coexist. Letters only (the Hub's label stops at a digit); a label that is another quant "
+          "type's name (`Q2_K` + `s`) is refused.", "embq"),
     Field("output_tensor_type", "ggml type name", None,
           "llama-quantize `--output-tensor-type` (lower-cased).", "q8_0"),
     Field("token_embedding_type", "ggml type name", None,
@@ -291,7 +292,7 @@ DRAFT = Section("draft", "`draft:`", (
           "The draft's quants, as `quants[]` but without `split`, per-quant `gates`, AWQ or importance matrix; "
           "only with `source`.", ["Q4_0"]),
     Field("pairs", "list of `[main quant, draft quant]`", Note("every main quant x every draft quant"),
-          "The pairs checked and measured, by file key (`TYPE[-variant]`; aliases resolved). The main side may "
+          "The pairs checked and measured, by file key (`TYPE[_VARIANT]`; aliases and the old `TYPE-variant` resolved). The main side may "
           "also be the base (`F16`); with `gguf`, the draft side is `gguf`.", [["Q8_0", "Q4_0"]]),
     Field("n_max", "int 1..64, or list of them", [4, 8],
           "Draft lengths measured (`llama-speculative-simple --spec-draft-n-max`); the best one goes into the "

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from pathlib import Path
 
 from .fsutil import write_text_atomic
+from .naming import hub_label
 from .split import model_path
 
 MIB = 1024 * 1024
@@ -39,8 +42,15 @@ def _rows(manifest: dict, eval_set: str | None):
         yield e, m, b, verdict
 
 
-def markdown_table(manifest: dict, eval_set: str | None, speed: bool = True) -> str:
-    head = ["quant", "file", "size MiB", "bpw", "PPL", "PPL ratio", "mean KLD", "99% KLD", "same top p"]
+def label(entry: dict) -> str | None:
+    """The Hub's label of a model file (pipeline/naming.py ``hub_label``; a split file: its first shard's)."""
+    return hub_label(model_path(entry) if entry.get("split", {}).get("shards") else entry["file"])
+
+
+def markdown_table(manifest: dict, eval_set: str | None, speed: bool = True, labels: bool = False) -> str:
+    """The quality table; ``labels``: the Hub label first (the card), in place of the quant type (the report)."""
+    head = ["label" if labels else "quant", "file", "size MiB", "bpw", "PPL", "PPL ratio", "mean KLD", "99% KLD",
+            "same top p"]
     if speed:
         head += ["pp t/s", "tg t/s"]
     head.append("gate")
@@ -48,7 +58,8 @@ def markdown_table(manifest: dict, eval_set: str | None, speed: bool = True) -> 
     for e, m, b, verdict in _rows(manifest, eval_set):
         is_base = e.get("role") == "base"
         ppl = m.get("ppl_q") if not is_base else (manifest.get("eval_base", {}).get(eval_set, {}) or {}).get("ppl")
-        cells = [e["quant_type"] + (f" ({e['requested']['variant']})" if e.get("requested", {}).get("variant") else ""),
+        quant = e["quant_type"] + (f" ({e['requested']['variant']})" if e.get("requested", {}).get("variant") else "")
+        cells = [(f"`{lab}`" if (lab := label(e)) else quant) if labels else quant,
                  _file_cell(e), f"{e['size_bytes'] / MIB:.1f}", f"{e['bits_per_weight']:.2f}",
                  _fmt(ppl, ".3f"), "1" if is_base else _fmt(m.get("ppl_ratio"), ".4f"),
                  "0" if is_base else _fmt(m.get("kld_mean"), ".5f"), "0" if is_base else _fmt(m.get("kld_p99"), ".4f"),
@@ -264,17 +275,170 @@ def write_report(manifest: dict, out_md: str | Path, out_svg: str | Path) -> Non
     write_text_atomic(out_md, "\n".join(parts))
 
 
-def write_card(manifest: dict, out: str | Path) -> None:
-    """HF-style model card README.md: front matter, quality table, how to run each file."""
+# --------------------------------------------------------------------------- the model card
+
+_PLAIN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/+-]*$")
+
+
+def _yaml(value) -> str:
+    """A YAML scalar: plain when YAML reads it back as the same string, else JSON's double-quoted form (valid YAML)."""
+    import yaml
+
+    text = str(value)
+    return text if _PLAIN.match(text) and yaml.safe_load(text) == text else json.dumps(text, ensure_ascii=False)
+
+
+def _code(text: str) -> str:
+    """``text`` as inline code, fenced with more backticks than it holds."""
+    n = max((len(r) for r in re.findall(r"`+", text)), default=0) + 1
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{'`' * n}{pad}{text}{pad}{'`' * n}"
+
+
+def used_imatrix(manifest: dict) -> bool:
+    """Whether any published quant was made with an importance matrix."""
+    return any(e.get("requested", {}).get("imatrix") or "imatrix" in (e.get("calibration") or {})
+               for e in manifest["artifacts"] if e.get("role") == "quant")
+
+
+def front_matter(manifest: dict) -> str:
+    """The card's YAML front matter, as quantized GGUF repos on the Hub have it: ``base_model`` (the source repo)
+    with ``base_model_relation: quantized``, ``license`` (and ``license_name``/``license_link`` for ``other``),
+    ``tags`` (``gguf``, ``llama-cpp``, ``imatrix`` when a published quant used one), ``language`` and
+    ``pipeline_tag`` (the manifest's ``hub.card``: from the source's model card), ``quantized_by``,
+    ``library_name: gguf``. No ``datasets``: no recipe key names a Hub dataset."""
     src = manifest.get("source", {})
     meta = manifest.get("gguf_metadata", {})
-    front = ["---"]
+    card = (manifest.get("hub") or {}).get("card") or {}
+    lic = card.get("license") or meta.get("general.license")
+    lines = ["---"]
     if src.get("repo"):
-        front.append(f"base_model: {src['repo']}")
-    if meta.get("general.license"):
-        front.append(f"license: {meta['general.license']}")
-    front += ["tags:", "  - gguf", "  - llama.cpp", f"quantized_by: {meta.get('general.quantized_by', 'ggufpipe')}",
-              "library_name: gguf", "---", ""]
+        lines.append(f"base_model: {_yaml(src['repo'])}")
+    if lic:
+        lines.append(f"license: {_yaml(lic)}")
+    lines += ["tags:", "  - gguf", "  - llama-cpp", *(["  - imatrix"] if used_imatrix(manifest) else [])]
+    if src.get("repo"):
+        lines.append("base_model_relation: quantized")
+    lines += [f"{k}: {_yaml(card[k])}" for k in ("license_name", "license_link") if card.get(k)]
+    if card.get("language"):
+        lines += ["language:", *(f"  - {_yaml(x)}" for x in card["language"])]
+    if card.get("pipeline_tag"):
+        lines.append(f"pipeline_tag: {_yaml(card['pipeline_tag'])}")
+    lines += [f"quantized_by: {_yaml(meta.get('general.quantized_by', 'ggufpipe'))}", "library_name: gguf", "---", ""]
+    return "\n".join(lines)
+
+
+def hub_repo(manifest: dict) -> tuple[str, bool]:
+    """(the repo the usage lines name, whether it is a placeholder): ``publish.hf_repo``, else ``<user>/<name>-GGUF``."""
+    repo = (manifest.get("hub") or {}).get("repo")
+    return (repo, False) if repo else (f"<user>/{manifest['name']}-GGUF", True)
+
+
+def usage_table(manifest: dict) -> str:
+    """One row per published model file: its label, ``llama-cli -hf <repo>:<LABEL>``, ``ollama run
+    hf.co/<repo>:<LABEL>`` and the ``huggingface-cli download`` line (a split file: its folder)."""
+    models = [e for e in manifest["artifacts"] if e.get("role") != "mtp-draft"]
+    if not models:
+        return ""
+    repo, placeholder = hub_repo(manifest)
+    prefix = (manifest.get("hub") or {}).get("path_in_repo") or ""
+    prefix = prefix.strip("/") + "/" if prefix.strip("/") else ""
+    labels = [label(e) for e in models]
+    lines = []
+    if placeholder:
+        lines += [f"`{repo}` is a placeholder: the recipe names no repo (`publish.hf_repo`); put the one these files "
+                  "are uploaded to in its place.", ""]
+    lines += ["| label | llama.cpp | Ollama | download |", "|---|---|---|---|"]
+    for e, lab in zip(models, labels, strict=True):
+        path = prefix + e["file"]
+        unique = lab is not None and labels.count(lab) == 1
+        llama = _code(f"llama-cli -hf {repo}:{lab}") if unique else "– (label not unique: download the file)"
+        if e.get("split"):
+            ollama = "– (split file: Ollama imports single files)"
+        else:
+            ollama = _code(f"ollama run hf.co/{repo}:{lab if unique else path}")
+        include = f'"{path}/*"' if e.get("split") else path
+        lines.append(f"| {_code(lab) if lab else '–'} | {llama} | {ollama} | "
+                     f"{_code(f'huggingface-cli download {repo} --include {include}')} |")
+    if prefix:
+        lines += ["", f"The files are in the repo's folder `{prefix}`: a label also matches the files of any other "
+                  "folder of the repo that carry it."]
+    return "\n".join(lines)
+
+
+def prompt_format(manifest: dict) -> str:
+    """The prompt format the conformance stage verified (manifest ``hub.chat``): a conversation both engines
+    rendered identically, the chat template's family and the end-of-generation texts; or why it is not verified."""
+    chat = (manifest.get("hub") or {}).get("chat")
+    if chat is None:
+        return ""
+    c = manifest.get("conformance") or {}
+    ct = c.get("checks", {}).get("chat_template", {})
+    stops = ", ".join(_code(t) for t in chat.get("stop", []))
+    lines = []
+    if not chat.get("template"):
+        lines.append("The GGUF has no chat template (`tokenizer.chat_template`): a completion model, prompted with "
+                     "plain text.")
+    else:
+        family = ("ChatML (`<|im_start|>` role, newline, content, `<|im_end|>`)" if chat["template"] == "chatml"
+                  else "the model's own (not ChatML)")
+        lines.append(f"Chat template: {family}, `tokenizer.chat_template` of every file (SHA256 "
+                     f"{chat.get('template_sha256', '')[:16]}…).")
+        lines.append("")
+        if c.get("skipped"):
+            lines.append(f"It was not checked against the Hugging Face model: {c['skipped']}.")
+        elif ct.get("not_run") or not ct:
+            lines.append(f"It was not checked against the Hugging Face model: {ct.get('not_run') or 'no conformance record'}.")
+        elif chat.get("sample"):
+            s = chat["sample"]
+            fence = "`" * max(3, max((len(r) for r in re.findall(r"`+", s["text"])), default=0) + 1)
+            lines += [f"Verified: transformers' `apply_chat_template` and llama.cpp's chat engine (`llama-server`, "
+                      f"`llama-cli -cnv`) render the conformance conversations identically, text and token ids "
+                      f"({ct.get('summary', '')}). The conversation `{s['conversation']}` as both render it (the "
+                      "model's reply follows):", "", fence + "text", s["text"].rstrip("\n"), fence]
+        elif ct.get("passed"):
+            lines.append(f"Verified against the Hugging Face model: {ct.get('summary', 'passed')}.")
+    if chat.get("stop_from") == "eog":
+        lines += ["", f"Generation ends at llama.cpp's end-of-generation tokens, checked against the Hugging Face "
+                  f"`eos_token_id` and the template's turn end: {stops}."]
+    elif stops:
+        lines += ["", f"Stop texts (the GGUF's EOS/EOT tokens; not checked against the Hugging Face model): {stops}."]
+    return "\n".join(lines)
+
+
+def hub_ollama_text(manifest: dict) -> str:
+    """What the Hub's Ollama files (manifest ``hub.files``) are, for the card's Ollama section."""
+    hub = manifest.get("hub") or {}
+    files = [f["file"] for f in hub.get("files", [])]
+    if not files:
+        return ""
+    chat = hub.get("chat") or {}
+    repo, _ = hub_repo(manifest)
+    parts = ["`params` (the stop texts above)"] if "params" in files else []
+    tf = next((f for f in hub["files"] if f["file"] == "template"), None)
+    if tf is not None:
+        check = chat.get("ollama_template") or {}
+        if tf.get("from") == "recipe":
+            why = "the recipe's `publish.ollama_template`"
+        elif check.get("checked"):
+            why = (f"Ollama's ChatML Go template, which renders the {check['checked']} verified conversation(s) "
+                   "without tools exactly as the model's template does")
+        else:
+            why = "Ollama's ChatML Go template; not checked: the conformance stage verified no conversation"
+        parts.append(f"`template` ({why})")
+    if "system" in files:
+        parts.append("`system` (the chat template's default system prompt)")
+    out = [f"`ollama run hf.co/{repo}:<label>` reads the repo's {', '.join(parts)}."]
+    if "template" not in files and chat.get("template"):
+        out.append("No `template`: Ollama picks one matching the GGUF's chat template (no Go translation of it is "
+                   "claimed here).")
+    return " ".join(out)
+
+
+def card_text(manifest: dict) -> str:
+    """The model card README.md: front matter, quality table (the Hub label first), conformance, prompt format,
+    the Hub usage lines per label, how to run each file locally, MTP, Ollama and draft sections."""
+    src = manifest.get("source", {})
     base = src.get("repo") or manifest["name"]
     origin = (f"GGUF quantizations of [{base}](https://huggingface.co/{base}) at commit `{src.get('commit', '')}`"
               if src.get("repo") else f"GGUF files of {base}")
@@ -288,12 +452,18 @@ def write_card(manifest: dict, out: str | Path) -> None:
     for es in sets:
         if es and len(sets) > 1:
             body += [f"### {es}", ""]
-        body += [markdown_table(manifest, es, speed=False), ""]
+        body += [markdown_table(manifest, es, speed=False, labels=True), ""]
     if manifest.get("conformance"):
         body += ["## Conformance", "", conformance_text(manifest), ""]
+    prompt = prompt_format(manifest)
+    if prompt:
+        body += ["## Prompt format", "", prompt, ""]
+    usage = usage_table(manifest)
+    if usage:
+        body += ["## Use from the Hugging Face Hub", "", usage, ""]
     models = [e for e in manifest["artifacts"] if e.get("role") != "mtp-draft"]
     if models:
-        body += ["## Run with llama.cpp", "", "```sh"]
+        body += ["## Run with llama.cpp", "", "Downloaded files, from the folder that holds them:", "", "```sh"]
         for e in models:
             body.append(f"llama-cli -m {model_path(e)} -cnv            # {e['quant_type']}")
         first = model_path(models[-1])
@@ -308,7 +478,9 @@ def write_card(manifest: dict, out: str | Path) -> None:
         body += ["## MTP heads", "", mtp_text(manifest), ""]
     if manifest.get("ollama"):
         name = manifest["name"]
-        body += ["## Run with Ollama", "", "Each file has an Ollama Modelfile beside it (`FROM ./<file>`, stop tokens, the "
+        hub_files = hub_ollama_text(manifest)
+        body += ["## Run with Ollama", "", *([hub_files, ""] if hub_files else []),
+                 "Each file has an Ollama Modelfile beside it (`FROM ./<file>`, stop tokens, the "
                  "chat template for ChatML models). Download the GGUF and its Modelfile into one folder, then:", "", "```sh"]
         for m in manifest["ollama"]:
             key = m["file"].removeprefix("Modelfile.")
@@ -319,4 +491,9 @@ def write_card(manifest: dict, out: str | Path) -> None:
                  "(`llama-gguf-split --merge`).", ""]
     if manifest.get("draft"):
         body += ["## Speculative decoding with the draft model", "", draft_table(manifest), ""]
-    write_text_atomic(out, "\n".join(front + body))
+    return front_matter(manifest) + "\n".join(body)
+
+
+def write_card(manifest: dict, out: str | Path) -> None:
+    """Write :func:`card_text` to ``out`` (atomically)."""
+    write_text_atomic(out, card_text(manifest))

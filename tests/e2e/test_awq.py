@@ -28,8 +28,8 @@ def test_awq_build_with_clipping(tmp_path, tiny_hf):
     assert awq["apply_clip"] is True and awq["q_group_size"] == 64 and awq["calibration"] == CALIB.name
     assert awq["calibration_sha256"] == "20400aa480e8368d54e02e63d441531782ea327651c4f056120ebab70ac41c95"
     assert awq["device"] == "cpu" and awq["threads"] == 2  # calib_threads, whatever --cores
-    assert "calibration" not in by_file["tiny-awq-Q8_0-plain.gguf"]
-    assert by_file["tiny-awq-Q8_0.gguf"]["sha256"] != by_file["tiny-awq-Q8_0-plain.gguf"]["sha256"]
+    assert "calibration" not in by_file["tiny-awq-Q8_0_PLAIN.gguf"]
+    assert by_file["tiny-awq-Q8_0.gguf"]["sha256"] != by_file["tiny-awq-Q8_0_PLAIN.gguf"]["sha256"]
     assert (tmp_path / "work" / "tiny-awq" / "awq" / "tiny-awq-F16-awq.gguf").is_file()
     assert manifest["build"]["calibration_seconds"]["awq"] > 0
     log = (tmp_path / "work" / "tiny-awq" / "logs" / "awq.log").read_text()

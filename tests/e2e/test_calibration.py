@@ -41,7 +41,7 @@ def test_imatrix_build(tmp_path, tiny_hub):
         assert field(r, "quantize.imatrix.chunks_count") == 4
         assert field(r, "quantize.imatrix.entries_count") == cal["entries"] > 0
         assert field(r, "quantize.imatrix.file") == "imatrix-plain.gguf"  # no build-folder path in the file
-    plain = by_file["imx-Q4_K_M-plain.gguf"]
+    plain = by_file["imx-Q4_K_M_PLAIN.gguf"]
     assert "calibration" not in plain
     assert not any(k in open_reader(folder / plain["file"]).fields for k in IMATRIX_KEYS)
     # the imatrix changed the quant: same type, different bytes

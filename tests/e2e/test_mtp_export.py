@@ -27,20 +27,20 @@ def test_workflow_separate(tmp_path, glm_hf, demo_hub):
     folder = tmp_path / "artifacts" / "glm"
     m = json.loads((folder / "manifest.json").read_text())
     assert [(e["file"], e["role"]) for e in m["artifacts"]] == [
-        ("glm-F16.gguf", "base"), ("glm-mtp-F16.gguf", "mtp-draft"), ("glm-Q8_0.gguf", "quant")]
+        ("glm-F16.gguf", "base"), ("glm-mtp-F16_MTP.gguf", "mtp-draft"), ("glm-Q8_0.gguf", "quant")]
     base, draft, q8 = m["artifacts"]
     assert "mtp" not in base and "mtp" not in q8
     assert draft["mtp"] == {"tensors": 4, "layers": [2], "nextn_predict_layers": 1}
     assert draft["quant_type"] == "F16" and draft["converter_args"] == ["--mtp"] and len(draft["sha256"]) == 64
     assert m["mtp"]["mode"] == "separate" and m["mtp"]["converter_args"] == ["--no-mtp"]
-    assert m["mtp"]["draft_file"] == "glm-mtp-F16.gguf"
-    assert m["mtp"]["deploy"] == [f"llama-server -m {f} -md glm-mtp-F16.gguf --spec-type draft-mtp"
+    assert m["mtp"]["draft_file"] == "glm-mtp-F16_MTP.gguf"
+    assert m["mtp"]["deploy"] == [f"llama-server -m {f} -md glm-mtp-F16_MTP.gguf --spec-type draft-mtp"
                                   for f in ("glm-F16.gguf", "glm-Q8_0.gguf")]
-    assert verify(folder / "glm-mtp-F16.gguf").startswith("OK")
+    assert verify(folder / "glm-mtp-F16_MTP.gguf").startswith("OK")
     assert (tmp_path / "work" / "glm" / "gate.ok").is_file()
     assert "## MTP heads" in (folder / "report.md").read_text()
     card = (folder / "README.md").read_text()
-    assert "-md glm-mtp-F16.gguf --spec-type draft-mtp" in card and "llama-cli -m glm-mtp-F16.gguf" not in card
+    assert "-md glm-mtp-F16_MTP.gguf --spec-type draft-mtp" in card and "llama-cli -m glm-mtp-F16_MTP.gguf" not in card
 
     for mode in ("strip", "keep"):
         mtp_recipe(tmp_path / "recipes", glm_hf, mode)

@@ -247,7 +247,7 @@ outtype: f16
 quants:
   - Q8_0
   - type: Q4_K_M
-    variant: embq8
+    variant: embq
     output_tensor_type: q8_0
     token_embedding_type: Q8_0
     tensor_types: ["attn_v=q8_0"]

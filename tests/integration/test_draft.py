@@ -48,9 +48,10 @@ def test_publish_rejects_quant_that_lost_mtp_heads(mtp_model, toolchain, tmp_pat
     from pipeline.manifest import check_gates, publish
     from pipeline.recipe import load_recipe
 
-    recipe_file = tmp_path / "recipes" / "mtp.yaml"
+    # (not "mtp": llama.cpp's -hf takes every file named mtp-... for an MTP sidecar, and the recipe is refused)
+    recipe_file = tmp_path / "recipes" / "nextn.yaml"
     recipe_file.parent.mkdir()
-    recipe_file.write_text("name: mtp\nsource: {path: /nonexistent}\nbench: false\nconformance: false\nquants: [Q8_0, {type: Q8_0, variant: pruned}]\n")
+    recipe_file.write_text("name: nextn\nsource: {path: /nonexistent}\nbench: false\nconformance: false\nquants: [Q8_0, {type: Q8_0, variant: pruned}]\n")
     r = load_recipe(recipe_file)
     L = Layout(tmp_path / "artifacts", tmp_path / "work")
     L.base_gguf(r).parent.mkdir(parents=True)
@@ -58,7 +59,7 @@ def test_publish_rejects_quant_that_lost_mtp_heads(mtp_model, toolchain, tmp_pat
     run_tool(toolchain, "llama-quantize", [mtp_model, L.base_gguf(r), "F16", "1"], None)
     L.quant(r, "Q8_0").parent.mkdir(parents=True, exist_ok=True)
     run_tool(toolchain, "llama-quantize", [L.base_gguf(r), L.quant(r, "Q8_0"), "Q8_0", "1"], None)
-    run_tool(toolchain, "llama-quantize", ["--prune-layers", "2", L.base_gguf(r), L.quant(r, "Q8_0-pruned"), "Q8_0", "1"],
+    run_tool(toolchain, "llama-quantize", ["--prune-layers", "2", L.base_gguf(r), L.quant(r, "Q8_0_PRUNED"), "Q8_0", "1"],
              None)
     L.fetch_record(r.name).parent.mkdir(parents=True)
     L.fetch_record(r.name).write_text(json.dumps({"source": {"path": "/nonexistent"}, "files": {}}))
@@ -67,10 +68,10 @@ def test_publish_rejects_quant_that_lost_mtp_heads(mtp_model, toolchain, tmp_pat
         L.quant_record(r.name, q.key).write_text(json.dumps({"quant": q.describe()}))
     manifest = publish(r, L)
     assert manifest["artifacts"][0]["mtp"]["tensors"] == mtp_facts(mtp_model)["tensors"]
-    assert [e["file"] for e in manifest["artifacts"]] == ["mtp-F16.gguf", "mtp-Q8_0.gguf"]
-    assert [e["file"] for e in manifest["rejected"]] == ["mtp-Q8_0-pruned.gguf"]
+    assert [e["file"] for e in manifest["artifacts"]] == ["nextn-F16.gguf", "nextn-Q8_0.gguf"]
+    assert [e["file"] for e in manifest["rejected"]] == ["nextn-Q8_0_PRUNED.gguf"]
     msg = manifest["rejected"][0]["failures"][0]["message"]
-    assert msg.startswith("MTP heads lost: recipe mtp, quant Q8_0-pruned lacks") and "blk.2.nextn." in msg
+    assert msg.startswith("MTP heads lost: recipe nextn, quant Q8_0_PRUNED lacks") and "blk.2.nextn." in msg
     from pipeline.fsutil import write_json_atomic
 
     write_json_atomic(L.manifest(r.name), manifest)

@@ -63,7 +63,7 @@ def converted(tmp_path_factory, glm_hf, toolchain):
 def test_recipe_mtp_field(tmp_path, glm_hf):
     assert load_recipe(mtp_recipe(tmp_path, glm_hf, None)).mtp == "keep"
     r = load_recipe(mtp_recipe(tmp_path, glm_hf, "separate"))
-    assert r.mtp == "separate" and r.mtp_file == "glm-mtp-F16.gguf"
+    assert r.mtp == "separate" and r.mtp_file == "glm-mtp-F16_MTP.gguf"
     for bad, shown in (("both", "'both'"), (True, "True")):
         path = mtp_recipe(tmp_path, glm_hf, bad)
         with pytest.raises(PipelineError) as exc:
@@ -113,7 +113,7 @@ def test_llama_cpp_runs_the_mtp_draft(converted, toolchain, tmp_path):
         "-m", converted["separate"]["gguf"], "-md", converted["draft"]["gguf"], "--spec-type", "draft-mtp",
         "-f", prompt, "-n", "8", "--spec-draft-n-max", "2", "--temp", "0", "--seed", "1", "-t", "2", "-c", "256"],
         tmp_path / "spec.log")
-    assert "loading draft model" in res.output and "glm-mtp-F16.gguf" in res.output
+    assert "loading draft model" in res.output and "glm-mtp-F16_MTP.gguf" in res.output
     assert int(re.search(r"n_drafted\s*=\s*(\d+)", res.output).group(1)) > 0
 
 
@@ -138,7 +138,7 @@ def test_model_without_heads_gives_no_draft(tmp_path, demo_snapshot, toolchain):
     """A supported architecture whose checkpoint has no MTP layer: the converter would write an empty draft."""
     src = tiny_glm4_moe(tmp_path / "hf", demo_snapshot, nextn_layers=0)
     path = mtp_recipe(tmp_path, src, "separate")
-    out = tmp_path / "art" / "glm-mtp-F16.gguf"
+    out = tmp_path / "art" / "glm-mtp-F16_MTP.gguf"
     with pytest.raises(PipelineError) as exc:
         convert_mtp(load_recipe(path), src, out, tmp_path / "rec.json", tc=toolchain)
     assert str(exc.value) == (f"{path}: convert: mtp: separate: the model has no multi-token-prediction heads (the "

@@ -237,22 +237,18 @@ def test_no_tag_default(toolchain, listing, want):
     assert real[""] == (shards(listing, want) if want else [])
 
 
-# llama.cpp builds `std::regex(tag + "[.-]", icase)` from the tag unescaped (download.cpp:667), and
-# std::stoi of an out-of-range digit run throws (find_best_sibling / extract_quant_bits): naming.py escapes the tag
-# and has no overflow. Labels of the rule (A-Z, 0-9, _) are untouched; tags a user types with . ( | are not.
+# llama.cpp builds `std::regex(tag + "[.-]", icase)` from the tag unescaped (download.cpp:667), and std::stoi of an
+# out-of-range digit run throws (find_best_sibling / extract_quant_bits): naming.py does the same. Labels of the rule
+# (A-Z, 0-9, _) never meet this; tags a user types with . ( | do. (Where std::regex's ECMAScript and Python's re
+# part, e.g. "Q4_K_M[": llama.cpp throws and fetches nothing, Python reads "[[.-]" as one class, naming.py differs.)
 @pytest.mark.parametrize(
     "tag, draft_mtp",
     [
-        ("Q4.K.M", False),  # '.' matches any character: llama.cpp fetches m-Q4_K_M.gguf; naming: nothing
-        ("Q(4)_K_M", False),  # a group: llama.cpp fetches m-Q4_K_M.gguf; naming: nothing
-        ("Q4_K_M_IMAT|F16", False),  # an alternation: llama.cpp fetches m-F16.gguf; naming: nothing
-        ("Q99999999999_K", True),  # stoi throws: llama.cpp fetches nothing; naming: the sidecar
+        ("Q4.K.M", False),  # '.' matches any character: m-Q4_K_M.gguf
+        ("Q(4)_K_M", False),  # a group: m-Q4_K_M.gguf
+        ("Q4_K_M_IMAT|F16", False),  # an alternation: m-F16.gguf
+        ("Q99999999999_K", True),  # stoi throws: nothing fetched
     ],
-)
-@pytest.mark.xfail(
-    strict=True,
-    reason="naming.llama_candidates escapes the tag and _leading_bits never overflows; "
-    "llama.cpp uses the tag as a regex and std::stoi",
 )
 def test_tags_with_regex_characters(toolchain, tag, draft_mtp):
     assert_agree(

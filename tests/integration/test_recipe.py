@@ -14,7 +14,7 @@ def test_good_recipe_loads(tmp_path, quantize_exe):
     """The valid recipe of tests/unit/test_recipe.py loads as well against llama-quantize's own type list."""
     path = write_recipe_text(tmp_path, GOOD_RECIPE)
     r = load_recipe(path, quantize_exe)
-    assert r == load_recipe(path) and [q.key for q in r.quants] == ["Q8_0", "Q4_K_M-embq8", "Q4_K_M"]
+    assert r == load_recipe(path) and [q.key for q in r.quants] == ["Q8_0", "Q4_K_M_EMBQ", "Q4_K_M"]
 
 
 def test_demo_recipe_is_valid(quantize_exe):

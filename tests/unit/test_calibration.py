@@ -54,14 +54,14 @@ def test_flavours_and_defaults(folder):
     flags = {q.key: (q.awq, q.imatrix, q.base) for q in r.quants}
     # awq: every quant unless it opts out; imatrix: 4 bits and fewer by default
     assert flags == {"Q8_0": (True, False, "awq"), "Q4_K_M": (True, True, "awq"),
-                     "Q4_K_M-plain": (True, False, "awq"), "IQ2_XXS": (True, True, "awq"),
-                     "Q3_K_M-awq": (True, True, "awq")}
+                     "Q4_K_M_PLAIN": (True, False, "awq"), "IQ2_XXS": (True, True, "awq"),
+                     "Q3_K_M_AWQ": (True, True, "awq")}
     assert r.bases == ["plain", "awq"] and r.imatrix_bases == ["awq"]
     assert r.imatrix.chunks == 8 and r.imatrix.ctx == 512 and r.awq.n_samples == 64
     r2 = load(folder, recipe_text("[Q4_K_M, {type: Q4_K_M, variant: imat, imatrix: true}]",
                                   imatrix="{calibration: calib.txt}"))
     assert [(q.key, q.imatrix, q.base) for q in r2.quants] == [("Q4_K_M", True, "plain"),
-                                                                ("Q4_K_M-imat", True, "plain")]
+                                                                ("Q4_K_M_IMAT", True, "plain")]
     assert r2.bases == ["plain"]
 
 

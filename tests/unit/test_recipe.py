@@ -14,8 +14,8 @@ def test_good_recipe_loads(tmp_path):
     r = load_recipe(write_recipe_text(tmp_path, GOOD_RECIPE))
     assert r.name == "demo-a"
     assert r.source.repo == "org/model" and r.source.revision == RECIPE_SHA
-    assert [q.key for q in r.quants] == ["Q8_0", "Q4_K_M-embq8", "Q4_K_M"]  # alias Q4_K resolved
-    assert r.file_for("Q4_K_M-embq8") == "demo-a-Q4_K_M-embq8.gguf"
+    assert [q.key for q in r.quants] == ["Q8_0", "Q4_K_M_EMBQ", "Q4_K_M"]  # alias Q4_K resolved
+    assert r.file_for("Q4_K_M_EMBQ") == "demo-a-Q4_K_M_EMBQ.gguf"
     assert r.base_file == "demo-a-F16.gguf"
     assert r.quants[1].quantize_args() == [
         "--output-tensor-type", "q8_0", "--token-embedding-type", "q8_0", "--tensor-type", "attn_v=q8_0"]
@@ -37,10 +37,10 @@ BAD = [
     ("empty quants", GOOD_RECIPE.split("quants:")[0] + "quants: []\n", "quants: must be a non-empty list"),
     ("duplicate quant", GOOD_RECIPE + "  - Q8_0\n", "quants[3]: Q8_0 repeats quants[0]"),
     ("F16 as quant", GOOD_RECIPE.replace("- Q8_0", "- F16"), "quants[0]: F16 is not a quantization"),
-    ("bad variant", GOOD_RECIPE.replace("variant: embq8", "variant: Emb-Q8"), "quants[1].variant: 'Emb-Q8' is not"),
-    ("unknown quant key", GOOD_RECIPE.replace("variant: embq8", "variant: embq8\n    colour: red"),
+    ("bad variant", GOOD_RECIPE.replace("variant: embq", "variant: Emb-Q8"), "quants[1].variant: 'Emb-Q8' is not"),
+    ("unknown quant key", GOOD_RECIPE.replace("variant: embq", "variant: embq\n    colour: red"),
      "quants[1].colour: unknown key"),
-    ("bool as string", GOOD_RECIPE.replace("variant: embq8", "variant: embq8\n    pure: 'yes'"), "quants[1].pure: must be true"),
+    ("bool as string", GOOD_RECIPE.replace("variant: embq", "variant: embq\n    pure: 'yes'"), "quants[1].pure: must be true"),
     ("needs imatrix", GOOD_RECIPE.replace("- Q8_0", "- IQ2_XXS"), "quants[0].type: IQ2_XXS needs an importance matrix"),
     ("malformed yaml", "name: [unclosed\n", "malformed YAML"),
     ("not a mapping", "- just\n- a list\n", "must be a mapping"),
