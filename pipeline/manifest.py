@@ -428,6 +428,8 @@ def _draft_section(recipe: Recipe, layout: Layout, paths: dict[str, str] | None 
                     source=dm["source"], files=[{k: a[k] for k in ("file", "quant_type", "sha256", "size_bytes")}
                                                 for a in dm["artifacts"]])
         draft_file = {q.key: recipe.draft_recipe().file_for(q.key) for q in d.quants}
+        published = {a["file"] for a in dm["artifacts"]}
+        why = {r["file"]: (r.get("failures") or [{}])[0].get("message", "rejected") for r in dm.get("rejected", [])}
     else:
         info["gguf"] = {"file": d.gguf.name, "sha256": sha256_file(d.gguf), "size_bytes": d.gguf.stat().st_size}
         draft_file = {"gguf": d.gguf.name}
@@ -439,6 +441,14 @@ def _draft_section(recipe: Recipe, layout: Layout, paths: dict[str, str] | None 
         pair = {"main": main_file, "draft": draft_file[dkey], "compatible": v["compatible"], "rule": v["rule"],
                 "reason": v["reason"], "diff": v["diff"], "warnings": v["warnings"]}
         label = f"{main_file} + {draft_file[dkey]}"
+        if d.source is not None and draft_file[dkey] not in published:
+            # a deployment line never names a file that was not published (e.g. the draft failed conformance)
+            failures.append({"check": "draft_published", "message": (
+                f"draft not published: recipe {name}, {label}: {draft_file[dkey]} was not published by recipe "
+                f"{recipe.draft_name} ({why.get(draft_file[dkey], 'not in its manifest')})")})
+            pair["published"] = False
+            pairs.append(pair)
+            continue
         if not v["compatible"]:
             failures.append({"check": "draft_vocab", "message": v["message"]})
         else:

@@ -235,6 +235,11 @@ def check_repo(files: Sequence[Published]) -> list[str]:
         if f.sidecar:
             if any(is_model_file(p) for p in f.paths):
                 problems.append(f"{f.entry}: llama.cpp would take {f.paths[0]} for a model (no `mtp-` in the name)")
+            for m in files:
+                if not m.sidecar and llama_pick_mtp(listing, m.paths[0], m.label) != f.paths[0]:
+                    problems.append(f"{f.entry}: llama.cpp's `-hf <repo>:{m.label} --spec-type draft-mtp` does not "
+                                    f"fetch {f.paths[0]} beside {m.paths[0]}")
+                    break
             continue
         cands = [p for p in llama_candidates(listing, f.label) if p not in f.paths]
         if cands:

@@ -384,7 +384,9 @@ class Recipe:
 
     def split_for(self, key: str) -> Split | None:
         """How file ``key`` is split (None: published whole)."""
-        if key in (self.outtype.upper(), self.mtp_key):
+        if key == self.mtp_key:  # whole at the repo root: llama.cpp looks for the sidecar only in the model's
+            return None  # folder or above (find_best_sibling, download.cpp:574-582), never in a shard folder
+        if key == self.outtype.upper():
             return self.split
         return self.quant(key).split
 
@@ -408,6 +410,8 @@ class Recipe:
             art = self.artifact_for(key)
             paths = (f"{art}/{art}-00001-of-00002.gguf", f"{art}/{art}-00002-of-00002.gguf") \
                 if self.split_for(key) else (art,)
+            folder = self.publish.path_in_repo.strip("/") if self.publish else ""
+            paths = tuple(f"{folder}/{p}" for p in paths) if folder else paths
             out.append(naming.Published(naming.label_of_key(key), entry, paths, sidecar=key == self.mtp_key))
         return out
 
