@@ -181,3 +181,38 @@ def test_broken_draft_fails_conformance_and_publishes_nothing(drafts, toolchain)
     assert "\n" not in line and line.startswith(CONFORMANCE_REJECTED + "; " + FIRST_FAILURE), line
     assert line.endswith(" (0 quant(s) published)"), line
     assert not L.gate_ok(DRAFT).exists()
+
+
+def test_main_manifest_names_no_unpublished_draft(drafts, toolchain):
+    """The main recipe's draft section: with the draft published, each pair gets its deployment line; with the
+    draft rejected by its conformance, each pair is a `draft_published` failure and names no deploy command (it
+    used to print `llama-server ... -md smollm2-135m-draft-Q4_0.gguf` for a file that does not exist)."""
+    from pipeline.manifest import _draft_section
+
+    recipe, layouts = drafts
+    main = load_recipe(recipe.path, str(toolchain.tool("llama-quantize")))
+    for k, layout in layouts.items():
+        if not layout.manifest(DRAFT).exists():  # this module's other tests publish it; alone, publish here
+            conformance.run_stage(recipe, layout, threads=2, tc=toolchain)
+            publish(recipe, layout)
+        # the pair records the main recipe's draft stages would have written (vocab check, acceptance, agreement)
+        for mkey, dkey in main.draft.pairs:
+            for path, rec in ((layout.vocab_record(main.name, mkey, dkey), {
+                    "compatible": True, "rule": "llama.cpp common/speculative.cpp", "reason": "", "diff": {},
+                    "warnings": []}), (layout.spec_record(main.name, mkey, dkey), {
+                    "acceptance_rate": 0.5, "accepted": 5, "drafted": 10, "best_n_max": 4})):
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(json.dumps(rec))
+        for dkey in {dk for _, dk in main.draft.pairs}:
+            layout.agreement_record(main.name, dkey).write_text(json.dumps({"top1_agreement": 0.7}))
+        info, failures, _ = _draft_section(main, layout)
+        if k == "good":
+            assert failures == [] and all(p["deploy"].endswith(f"-md {DRAFT}-Q4_0.gguf --spec-type draft-simple "
+                                                               "--spec-draft-n-max 4") for p in info["pairs"]), info
+        else:
+            assert info["files"] == [] and all("deploy" not in p and p["published"] is False for p in info["pairs"])
+            assert [f["check"] for f in failures] == ["draft_published"] * len(main.draft.pairs), failures
+            msg = failures[0]["message"]
+            print(f"\n[draft conformance, main manifest] {msg}")
+            assert "\n" not in msg and msg.startswith(f"draft not published: recipe smollm2-135m, ") and \
+                f"{DRAFT}-Q4_0.gguf was not published by recipe {DRAFT} ({CONFORMANCE_REJECTED})" in msg, msg
