@@ -7,38 +7,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
-from helpers import TINY_COMMIT, TINY_REPO, Repo, project_repo
+from helpers import DVC_NAME, LOOSE, Repo, dvc_jobs_run, dvc_recipe, project_repo
 
 from pipeline.fsutil import sha256_file
 
-NAME = "tiny"
-# The tiny random model (tests/conftest.py: tiny_hub): the eval set's thresholds are ones any quant of it passes
-# (and a per-quant override says the same); the impossible gate below is what must fail
-LOOSE = "{max_kld_mean: 100, max_kld_p99: 100, max_ppl_ratio: 100, min_same_top_p: 0}"
-
-
-def recipe(quants: str, license: str = "apache-2.0") -> str:
-    return textwrap.dedent(f"""\
-        name: {NAME}
-        license: {license}
-        source: {{repo: {TINY_REPO}, revision: "{TINY_COMMIT}"}}
-        quants: {quants}
-        gates: [{{name: botchan, text: ../data/botchan.txt, ctx: 256, chunks: 17, max_kld_mean: 100, max_kld_p99: 100,
-                  max_ppl_ratio: 100, min_same_top_p: 0}}]
-        bench: false
-        conformance: false
-        """)
-
-
-def jobs_run(res: subprocess.CompletedProcess) -> list[str]:
-    """The Snakemake jobs a `dvc repro` ran (rule names from Snakemake's own log lines)."""
-    out = res.stdout + res.stderr
-    return sorted(line.split("rule ", 1)[1].rstrip(":") for line in out.splitlines()
-                  if line.startswith(("rule ", "localrule ")) and line.rstrip().endswith(":"))
+NAME = DVC_NAME
+recipe, jobs_run = dvc_recipe, dvc_jobs_run
 
 
 @pytest.fixture(scope="module")

@@ -13,11 +13,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import DVC_NAME as NAME
 from helpers import GIT_ENV, PROJECT_FILES, ROOT, Repo, project_repo
+from helpers import dvc_jobs_run as jobs_run
+from helpers import dvc_recipe as recipe
 
 from pipeline.fsutil import sha256_file
-
-from .test_dvc import NAME, jobs_run, recipe
 
 OLD_RULE = "93f1b23"  # the last commit that names a quant variant `<TYPE>-<variant>` (pipeline/naming.py)
 QUANTS = "[Q8_0, {type: Q8_0, variant: pure, pure: true}]"

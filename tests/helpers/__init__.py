@@ -259,3 +259,31 @@ def write_recipe_text(tmp_path: Path, text: str, name: str = "r.yaml") -> Path:
     p = tmp_path / name
     p.write_text(textwrap.dedent(text))
     return p
+
+
+# ------------------------------------------------------------------ DVC builds of the tiny model
+
+DVC_NAME = "tiny"
+# DVC tests (tests/e2e/test_dvc.py, test_rename.py): the tiny random model (tests/conftest.py: tiny_hub): the eval set's thresholds are ones any quant of it passes
+# (and a per-quant override says the same); the impossible gate below is what must fail
+LOOSE = "{max_kld_mean: 100, max_kld_p99: 100, max_ppl_ratio: 100, min_same_top_p: 0}"
+
+
+def dvc_recipe(quants: str, license: str = "apache-2.0") -> str:
+    return textwrap.dedent(f"""\
+        name: {DVC_NAME}
+        license: {license}
+        source: {{repo: {TINY_REPO}, revision: "{TINY_COMMIT}"}}
+        quants: {quants}
+        gates: [{{name: botchan, text: ../data/botchan.txt, ctx: 256, chunks: 17, max_kld_mean: 100, max_kld_p99: 100,
+                  max_ppl_ratio: 100, min_same_top_p: 0}}]
+        bench: false
+        conformance: false
+        """)
+
+
+def dvc_jobs_run(res: subprocess.CompletedProcess) -> list[str]:
+    """The Snakemake jobs a `dvc repro` ran (rule names from Snakemake's own log lines)."""
+    out = res.stdout + res.stderr
+    return sorted(line.split("rule ", 1)[1].rstrip(":") for line in out.splitlines()
+                  if line.startswith(("rule ", "localrule ")) and line.rstrip().endswith(":"))

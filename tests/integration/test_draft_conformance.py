@@ -214,5 +214,5 @@ def test_main_manifest_names_no_unpublished_draft(drafts, toolchain):
             assert [f["check"] for f in failures] == ["draft_published"] * len(main.draft.pairs), failures
             msg = failures[0]["message"]
             print(f"\n[draft conformance, main manifest] {msg}")
-            assert "\n" not in msg and msg.startswith(f"draft not published: recipe smollm2-135m, ") and \
+            assert "\n" not in msg and msg.startswith("draft not published: recipe smollm2-135m, ") and \
                 f"{DRAFT}-Q4_0.gguf was not published by recipe {DRAFT} ({CONFORMANCE_REJECTED})" in msg, msg
