@@ -8,15 +8,16 @@ It needs a ``publish:`` section in the recipe (pipeline/recipe.py) and a finishe
   and listed with its SHA256 in the manifest's ``ollama`` section. They are deterministic derived
   artifacts, like the model card: git-tracked, usable with ``ollama create`` without the Hub, and
   vouched for by the manifest like the GGUFs.
-- :func:`publish_modelfiles` also writes the Hub's own Ollama files at the repo root (huggingface.co/docs/hub/ollama:
-  ``ollama run hf.co/<repo>:<LABEL>`` reads them): ``params`` (JSON, ``{"stop": [...]}``: the end-of-generation
-  texts llama.cpp stops on, as the conformance stage verified them) for every chat model, ``template`` (a Go
-  template) only for ChatML, where Ollama's ChatML template is checked to render the verified conversations
-  exactly, and ``system`` (the ChatML template's built-in default system prompt) beside it; and the manifest's
-  ``hub`` section: what the model card's front matter and prompt-format section say (:func:`hub_section`).
+- :func:`publish_modelfiles` also writes the Hub's own Ollama files at the repo root, which ``ollama run
+  hf.co/<repo>:<LABEL>`` reads (huggingface.co/docs/hub/ollama): ``params`` (JSON, ``{"stop": [...]}``: the
+  end-of-generation texts llama.cpp stops on, as the conformance stage verified them) for every chat model;
+  ``template`` (a Go template) only for ChatML, and only where Ollama's ChatML template renders every conversation
+  the conformance stage verified exactly as the model's template does; ``system`` (the ChatML template's built-in
+  default system prompt) beside it. It also adds the manifest's ``hub`` section: what the model card's front
+  matter, usage lines and prompt format say (:func:`hub_section`).
 - :func:`upload_plan`: the exact files one Hub commit gets (local path, path in repo, SHA256, size), in a
   fixed order. Every GGUF is checked against the manifest first (size, SHA256, header, quant type: the
-  same check as ``ggufpipe verify``) and so is every Modelfile; the manifest must come from the recipe as
+  same check as ``ggufpipe verify``) and so is every Modelfile and Hub file; the manifest must come from the recipe as
   it is now and record no failed gate. Anything else refuses the plan with one line: nothing the
   manifest does not vouch for is ever uploaded.
 - :func:`upload`: ``create_repo(exist_ok=True)`` then ONE ``create_commit`` with every file of the plan, so
@@ -358,8 +359,10 @@ def chat_facts(manifest: dict, base: Path | None, layout) -> dict | None:
     ``stop``: the texts of llama.cpp's end-of-generation set as the conformance stage verified it (``stop_from``
     ``eog``), else the GGUF's EOS/EOT texts and, for ChatML, its turn tokens, as in the Modelfiles (``gguf``);
     ``sample``: a conversation both engines rendered identically; ``system``: a ChatML template's built-in
-    default system prompt; ``ollama_template``: Ollama's ChatML template against every verified plain conversation
-    (with ``system`` first where the conversation has none, as Ollama does)."""
+    default system prompt; ``ollama_template``: Ollama's ChatML template against every verified conversation of
+    plain messages with a generation prompt (``system`` first where it has none, as Ollama does): how many were
+    ``checked`` and which ``differ``. The ChatML markers alone prove nothing: of the 16 templates with them vendored
+    in the pinned llama.cpp tree, 4 render those conversations as Ollama's ChatML template does."""
     if base is None:
         return None
     from .conformance import load_conversations
@@ -378,9 +381,11 @@ def chat_facts(manifest: dict, base: Path | None, layout) -> dict | None:
         texts = gguf_strings(base, "tokenizer.ggml.tokens", [int(i) for i in eog["eog"]]) or {}
         out["stop"] = list(dict.fromkeys(t for i in eog["eog"] if (t := texts.get(int(i)))))
         out["stop_from"] = "eog"
-    else:
-        fmt = chat_format(base)
-        out["stop"] = list(dict.fromkeys([*fmt["stops"], *(CHATML_STOPS if chatml else ())]))
+    else:  # chat_format's stops, read without gguf's reader (seconds on a large vocabulary)
+        ids = [i for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")
+               if isinstance(i := meta.get(k), int) and not isinstance(i, bool)]
+        texts = gguf_strings(base, "tokenizer.ggml.tokens", ids) or {}
+        out["stop"] = list(dict.fromkeys([*(t for i in ids if (t := texts.get(i))), *(CHATML_STOPS if chatml else ())]))
         out["stop_from"] = "gguf"
     renders = _verified_renders(manifest, layout) if jinja else None
     if renders:
@@ -389,11 +394,8 @@ def chat_facts(manifest: dict, base: Path | None, layout) -> dict | None:
     if not chatml:
         return out
     out["system"] = _chatml_system(jinja)
-    if renders is None:
-        out["ollama_template"] = {"checked": 0, "note": "not checked: no conversations verified by the conformance stage"}
-        return out
     convs = {c["name"]: c for c in load_conversations()["conversations"]}
-    compared = [r for r in renders if r["name"] in convs and _plain_conversation(convs[r["name"]])]
+    compared = [r for r in renders or [] if r["name"] in convs and _plain_conversation(convs[r["name"]])]
     differ = [r["name"] for r in compared
               if ollama_chatml_render(convs[r["name"]]["messages"], out["system"]) != r["text"]]
     out["ollama_template"] = {"checked": len(compared), "differ": differ}
@@ -417,15 +419,17 @@ def hub_section(recipe, manifest: dict, folder: str | Path, layout=None) -> dict
 
 def hub_files(hub: dict, override: str | None = None) -> dict[str, str]:
     """``{file: text}`` of the Hub's Ollama files for a ``hub`` section: ``params`` for a chat model, ``template``
-    (the recipe's ``publish.ollama_template``, else Ollama's ChatML template where it rendered every verified
-    conversation exactly or none was verified) and ``system`` (a ChatML default system prompt, beside a template).
+    (the recipe's ``publish.ollama_template``, else Ollama's ChatML template only where it rendered at least one
+    verified conversation, and every one, exactly as the model's template) and ``system`` (a ChatML default system
+    prompt, beside a template). Without ``template`` Ollama picks one matching the GGUF's chat template itself.
     Exact texts: Ollama takes ``template`` and ``system`` as they are (no trailing newline added)."""
     chat = hub.get("chat") or {}
     if not chat.get("template"):
         return {}
     out = {}
     tmpl = override
-    if tmpl is None and chat["template"] == "chatml" and not chat.get("ollama_template", {}).get("differ"):
+    check = chat.get("ollama_template") or {}
+    if tmpl is None and chat["template"] == "chatml" and check.get("checked") and not check.get("differ"):
         tmpl = CHATML_TEMPLATE
     if tmpl is not None:
         out["template"] = tmpl

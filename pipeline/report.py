@@ -44,7 +44,7 @@ def _rows(manifest: dict, eval_set: str | None):
 
 def label(entry: dict) -> str | None:
     """The Hub's label of a model file (pipeline/naming.py ``hub_label``; a split file: its first shard's)."""
-    return hub_label(model_path(entry) if entry.get("split", {}).get("shards") else entry["file"])
+    return hub_label(model_path(entry) if (entry.get("split") or {}).get("shards") else entry["file"])
 
 
 def markdown_table(manifest: dict, eval_set: str | None, speed: bool = True, labels: bool = False) -> str:
@@ -418,20 +418,22 @@ def hub_ollama_text(manifest: dict) -> str:
     tf = next((f for f in hub["files"] if f["file"] == "template"), None)
     if tf is not None:
         check = chat.get("ollama_template") or {}
-        if tf.get("from") == "recipe":
-            why = "the recipe's `publish.ollama_template`"
-        elif check.get("checked"):
-            why = (f"Ollama's ChatML Go template, which renders the {check['checked']} verified conversation(s) "
-                   "without tools exactly as the model's template does")
-        else:
-            why = "Ollama's ChatML Go template; not checked: the conformance stage verified no conversation"
+        why = ("the recipe's `publish.ollama_template`" if tf.get("from") == "recipe" else
+               f"Ollama's ChatML Go template, which renders the {check.get('checked')} conversation(s) verified by "
+               "the conformance stage (plain messages, no tools) exactly as the model's template does")
         parts.append(f"`template` ({why})")
     if "system" in files:
         parts.append("`system` (the chat template's default system prompt)")
     out = [f"`ollama run hf.co/{repo}:<label>` reads the repo's {', '.join(parts)}."]
     if "template" not in files and chat.get("template"):
-        out.append("No `template`: Ollama picks one matching the GGUF's chat template (no Go translation of it is "
-                   "claimed here).")
+        check = chat.get("ollama_template") or {}
+        if check.get("differ"):
+            why = f"Ollama's ChatML template renders {', '.join(check['differ'])} unlike the model's template"
+        elif chat["template"] == "chatml":
+            why = "no conversation verified by the conformance stage to check Ollama's ChatML template against"
+        else:
+            why = "the chat template is not ChatML, and no Go translation of it is claimed"
+        out.append(f"No `template` ({why}): Ollama picks one matching the GGUF's chat template itself.")
     return " ".join(out)
 
 

@@ -33,6 +33,7 @@ from pipeline.layout import Layout
 from pipeline.recipe import load_recipe
 
 SMOLLM_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+PARAMS = {"stop": ["<|im_end|>", "<|im_start|>"]}  # the Modelfiles' stops, in the Hub's `params` file
 
 
 def publish_folder(root: Path, data: dict):
@@ -147,6 +148,13 @@ def test_publish_stage_writes_modelfiles_the_manifest_vouches_for(built):
     assert f"ollama create {HUB_NAME}:q4_k_m -f Modelfile.Q4_K_M && ollama run {HUB_NAME}:q4_k_m" in card
     # modelfiles() is what the stage wrote
     assert modelfiles(manifest, folder) == {m["file"]: (folder / m["file"]).read_text() for m in manifest["ollama"]}
+    # the Hub's Ollama files: params (the GGUF's EOS and ChatML's turn tokens: conformance is off in this recipe), no
+    # template (nothing verified to check Ollama's ChatML template against)
+    assert json.loads((folder / "params").read_text()) == PARAMS
+    assert not (folder / "template").exists() and not (folder / "system").exists()
+    assert manifest["hub"]["files"] == [{"file": "params", "sha256": sha256_file(folder / "params")}]
+    assert manifest["hub"]["chat"]["stop_from"] == "gguf"
+    assert "No `template` (no conversation verified by the conformance stage" in card
 
 
 def test_publish_stage_removes_modelfiles_when_ollama_is_off(built, tmp_path):
@@ -155,6 +163,7 @@ def test_publish_stage_removes_modelfiles_when_ollama_is_off(built, tmp_path):
     manifest = load_manifest(art(root))
     assert "ollama" not in manifest
     assert not list(art(root).glob("Modelfile.*"))
+    assert manifest["hub"]["files"] == [] and not (art(root) / "params").exists()  # the Hub's Ollama files too
     assert "Run with Ollama" not in (art(root) / "README.md").read_text()
 
 
@@ -209,6 +218,8 @@ def expected_plan(folder: Path, manifest: dict, prefix: str = "") -> list[dict]:
              "size": e["size_bytes"], "kind": "gguf"} for e in manifest["artifacts"]]
     plan += [{"path_in_repo": prefix + m["file"], "local": str(folder / m["file"]), "sha256": m["sha256"],
               "size": (folder / m["file"]).stat().st_size, "kind": "modelfile"} for m in manifest["ollama"]]
+    plan += [{"path_in_repo": prefix + h["file"], "local": str(folder / h["file"]), "sha256": h["sha256"],
+              "size": (folder / h["file"]).stat().st_size, "kind": h["file"]} for h in manifest["hub"]["files"]]
     for f, kind in [("README.md", "card"), ("report.md", "report"), ("report.svg", "plot"),
                     ("metrics.json", "metrics"), ("manifest.json", "manifest")]:
         plan.append({"path_in_repo": prefix + f, "local": str(folder / f), "sha256": sha256_file(folder / f),
@@ -224,7 +235,7 @@ def test_upload_plan_is_exact(built):
     assert plan == expected_plan(folder, manifest)
     assert [p["path_in_repo"] for p in plan] == [
         f"{HUB_NAME}-F16.gguf", f"{HUB_NAME}-Q8_0.gguf", f"{HUB_NAME}-Q4_K_M.gguf", "Modelfile.F16", "Modelfile.Q8_0",
-        "Modelfile.Q4_K_M", "README.md", "report.md", "report.svg", "metrics.json", "manifest.json"]
+        "Modelfile.Q4_K_M", "params", "README.md", "report.md", "report.svg", "metrics.json", "manifest.json"]
     for p in plan:  # every SHA256 is the file's
         assert sha256_file(p["local"]) == p["sha256"]
     assert upload_plan(recipe, manifest, folder) == plan  # deterministic
@@ -284,7 +295,7 @@ def test_dry_run_needs_no_huggingface_hub(built, tmp_path):
     res = subprocess.run([sys.executable, "-c", code], cwd=root, env={**os.environ, "PYTHONPATH": str(ROOT)},
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr[-2000:]
-    assert len(json.loads(res.stdout)["files"]) == 11
+    assert len(json.loads(res.stdout)["files"]) == 12
 
 
 def refusal(root: Path, case: str) -> None:
@@ -303,6 +314,11 @@ def refusal(root: Path, case: str) -> None:
         text = p.read_text()
         p.unlink()
         p.write_text(text.replace("<|im_end|>", "</s>"))
+    elif case == "altered-params":
+        p = folder / "params"
+        text = p.read_text()
+        p.unlink()
+        p.write_text(text.replace("<|im_start|>", "</s>"))
     elif case == "stale-card":
         p = folder / "README.md"
         text = p.read_text()
@@ -323,6 +339,7 @@ REFUSALS = {
     "truncated-gguf": "truncated or wrong file",
     "missing-gguf": "missing (not pulled?)",
     "altered-modelfile": "re-publish (`snakemake --forcerun publish`)",
+    "altered-params": "params: SHA256 ",
     "stale-card": "does not name build",
     "failed-gate": "1 failed check(s) (first: gate failed: recipe tiny-chat, quant Q2_K",
     "recipe-edited": "was built from another version of",
@@ -495,6 +512,17 @@ def test_upload_commits_the_plan_in_one_commit(built, tmp_path, online):
     for f, p in zip(files, plan, strict=True):
         assert f["key"] == "file" and f["value"]["encoding"] == "base64"
         assert hashlib.sha256(base64.b64decode(f["value"]["content"])).hexdigest() == p["sha256"]
+    sent = {f["value"]["path"]: base64.b64decode(f["value"]["content"]) for f in files}
+    assert json.loads(sent["params"]) == PARAMS and "template" not in sent  # the Hub's Ollama files at the root
+    from huggingface_hub import ModelCard
+
+    validated = json.loads(hub.requests[1]["body"])["content"]  # the card's metadata, as the Hub checks it
+    assert validated == sent["README.md"].decode()
+    data = ModelCard(validated).data
+    assert (data.base_model, data.base_model_relation, data.license, data.library_name) == (
+        "org/tiny-chat", "quantized", "apache-2.0", "gguf")
+    assert data.tags == ["gguf", "llama-cpp"] and data.datasets is None
+    assert f"`llama-cli -hf {HUB_REPO}:Q4_K_M`" in validated and f"`ollama run hf.co/{HUB_REPO}:Q8_0`" in validated
     assert rec == json.loads(layout.hub_record(HUB_NAME).read_text())
     assert {k: rec[k] for k in ("repo", "revision", "build_id", "commit_oid", "commit_url")} == {
         "repo": HUB_REPO, "revision": "main", "build_id": manifest["build_id"], "commit_oid": FakeHub.OID,
