@@ -500,7 +500,7 @@ def publish(recipe: Recipe, layout: Layout) -> dict:
     write_json_atomic(layout.metrics(name), metrics)
     (layout.art_dir(name) / "report.png").unlink(missing_ok=True)  # the plot of earlier versions (now report.svg)
     write_report(manifest, layout.report(name), layout.plot(name))
-    manifest = publish_modelfiles(recipe, manifest, layout.art_dir(name))  # `publish.ollama`: Modelfile.<KEY>
+    manifest = publish_modelfiles(recipe, manifest, layout.art_dir(name), layout)  # `publish.ollama`: Modelfile.<KEY>
     write_card(manifest, layout.card(name))
     write_json_atomic(layout.manifest(name), manifest)  # last: the manifest marks the folder complete
     return manifest

@@ -322,7 +322,10 @@ PUBLISH = Section("publish", "`publish:`", (
     Field("path_in_repo", "string: folder path", "",
           "Folder in the repository the files go to (`\"\"` or null: the root); leading and trailing `/` are "
           "dropped; no `..` or hidden segments.", "gguf/v1"),
-    Field("ollama", "bool", True, "Write `Modelfile.<QUANT>` for every (unsplit) model file.", False),
+    Field("ollama", "bool", True, "Write `Modelfile.<QUANT>` for every (unsplit) model file, and the Hub's repo-root "
+          "Ollama files: `params` (stop = the verified end-of-generation texts) for a chat model, `template` and "
+          "`system` only where Ollama's ChatML template reproduces the verified renders "
+          "([publishing](publishing.md)).", False),
     Field("ollama_template", "string (Go template)", None,
           "TEMPLATE of every Modelfile instead of the one derived from the GGUF's chat template; only with "
           "`ollama: true`, and without `\"\"\"`.", "{{ .Prompt }}"),
