@@ -314,7 +314,7 @@ def collect_results(results: list[RecipeResult], layout: Layout, errors: list[di
                     snakemake_rc: int) -> None:
     """Fill in each result from this build: gate stamps, fresh manifests, stage errors."""
     failed_jobs = snakemake_failed_jobs(snakemake_output)
-    from .manifest import gate_messages
+    from .evaluate import gate_messages
 
     for res in results:
         ok, unexplained = True, []

@@ -354,3 +354,10 @@ def clean_logits(work: str | Path, names: list[str] | None = None, dry_run: bool
             os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
         out.append((p, st.st_size))
     return out
+
+
+def gate_messages(manifest: dict) -> list[str]:
+    """One line per failed check of a manifest: quant gates, lost MTP heads, draft vocab / acceptance."""
+    msgs = ([f["message"] for e in manifest.get("rejected", []) for f in e.get("failures", [])]
+            + [f["message"] for f in manifest.get("failures", [])])
+    return list(dict.fromkeys(msgs))  # once each: a failed conformance rejects every file with one reason

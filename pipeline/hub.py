@@ -262,7 +262,7 @@ def _load_json(path: Path):
 def source_files(manifest: dict, layout) -> dict[str, Path]:
     """The fetched source's README.md and config.json (those present) when the fetch record in the work folder is
     the one the manifest was built from and each file still has the SHA256 it records; {} otherwise."""
-    from .manifest import source_files_digest
+    from .provenance import source_files_digest
 
     name = manifest["name"]
     fetched = _load_json(Path(layout.fetch_record(name)))
@@ -481,7 +481,7 @@ def upload_plan(recipe, manifest: dict, folder: str | Path) -> list[dict]:
     report.md, report.svg, metrics.json and manifest.json. Refuses (one line) unless ``manifest`` is the manifest
     in ``folder``, was built from ``recipe`` as it is now, records no failed check, and vouches for every GGUF,
     Modelfile and Hub file (size and SHA256 as in ``ggufpipe verify``)."""
-    from .manifest import gate_messages
+    from .evaluate import gate_messages
     from .verify import verify
 
     folder = Path(folder)

@@ -24,12 +24,13 @@ from pathlib import Path
 
 from .draft import deployment_line
 from .errors import PipelineError
-from .evaluate import failure_message, verdict
+from .evaluate import failure_message, gate_messages, verdict
 from .fsutil import atomic_output, hashing_ahead, sha256_file, write_json_atomic
 from .ggufinfo import general_metadata, read_facts
 from .layout import Layout, plain_name
 from .mtp import MTP_KEYS, lost_heads, mtp_facts
 from .naming import label_of_key
+from .provenance import source_files_digest
 from .recipe import Recipe
 from .split import model_path
 
@@ -49,11 +50,6 @@ def _load(path: Path) -> dict:
 
 def _canonical(obj) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
-
-
-def source_files_digest(files: dict) -> str:
-    """One SHA256 over the fetched files' names and SHA256s."""
-    return hashlib.sha256(_canonical({k: v["sha256"] for k, v in sorted(files.items())})).hexdigest()
 
 
 def build_id(recipe: Recipe, source: dict, tools: dict, calibration: dict | None = None) -> str:
@@ -504,13 +500,6 @@ def publish(recipe: Recipe, layout: Layout) -> dict:
     write_card(manifest, layout.card(name))
     write_json_atomic(layout.manifest(name), manifest)  # last: the manifest marks the folder complete
     return manifest
-
-
-def gate_messages(manifest: dict) -> list[str]:
-    """One line per failed check: quant gates, lost MTP heads, draft vocab / acceptance."""
-    msgs = ([f["message"] for e in manifest.get("rejected", []) for f in e.get("failures", [])]
-            + [f["message"] for f in manifest.get("failures", [])])
-    return list(dict.fromkeys(msgs))  # once each: a failed conformance rejects every file with one reason
 
 
 def check_gates(manifest_path: str | Path, ok_path: str | Path) -> None:

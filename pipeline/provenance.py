@@ -1,7 +1,10 @@
-"""Versions of the Python packages that touch the weights (recorded in stage records)."""
+"""Versions of the Python packages that touch the weights (recorded in stage records), and the digest of the
+fetched source files (manifest, hub, rebuild-check)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from importlib import metadata
 
 WEIGHT_PACKAGES = ("torch", "transformers", "safetensors", "tokenizers", "huggingface_hub", "numpy", "gguf",
@@ -16,3 +19,9 @@ def python_versions(packages=WEIGHT_PACKAGES) -> dict:
         except metadata.PackageNotFoundError:
             continue
     return out
+
+
+def source_files_digest(files: dict) -> str:
+    """One SHA256 over the fetched files' names and SHA256s."""
+    canonical = json.dumps({k: v["sha256"] for k, v in sorted(files.items())}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()

@@ -264,7 +264,8 @@ def rebuild_check(manifest_path: str | Path, recipe: str | None = None, cores: s
                   only: list[str] | None = None, hub_cache: str | None = None, out=print) -> int:
     """Entry function of ``ggufpipe rebuild-check``; returns the exit status (0: everything matches)."""
     from .layout import Layout
-    from .manifest import artifact_key, source_files_digest, strip_volatile
+    from .manifest import artifact_key, strip_volatile
+    from .provenance import source_files_digest
 
     manifest_path = Path(manifest_path)
     m = _load_manifest(manifest_path)

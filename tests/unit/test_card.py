@@ -460,7 +460,7 @@ def test_chat_facts_without_conformance(tmp_path):
 def fetched(tmp_path: Path, readme: str, config: dict | None = None) -> tuple[dict, Layout]:
     """A work folder with a fetched source and its fetch record; the manifest's source digest of it."""
     from pipeline.fsutil import sha256_file
-    from pipeline.manifest import source_files_digest
+    from pipeline.provenance import source_files_digest
 
     layout = Layout(tmp_path / "artifacts", tmp_path / "work")
     hf = Path(layout.hf("tiny"))

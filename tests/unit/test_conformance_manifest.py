@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from pipeline.errors import PipelineError
-from pipeline.manifest import CONFORMANCE_REJECTED, check_gates, gate_messages
+from pipeline.evaluate import gate_messages
+from pipeline.manifest import CONFORMANCE_REJECTED, check_gates
 from pipeline.report import conformance_text
 
 FAILED = ("conformance: recipe m: tokenizer parity (a: no specials added, special text parsed): probe french: "
