@@ -467,8 +467,9 @@ def publish(recipe: Recipe, layout: Layout) -> dict:
     """Entry function: publish passing quants; write metrics, report, plot, card, Modelfiles and manifest."""
     import shutil
 
+    from .card import write_card
     from .hub import publish_modelfiles
-    from .report import write_card, write_report
+    from .report import write_report
     from .split import SHARD_RE
 
     name = recipe.name

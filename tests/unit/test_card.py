@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
+from pipeline.card import card_text, front_matter, prompt_format, usage_table, write_card
 from pipeline.hub import (
     CHATML_TEMPLATE,
     card_facts,
@@ -25,7 +26,7 @@ from pipeline.hub import (
     write_hub_files,
 )
 from pipeline.layout import Layout
-from pipeline.report import card_text, front_matter, label, markdown_table, prompt_format, usage_table, write_card
+from pipeline.report import label, markdown_table
 
 REPO = "my-org/tiny-GGUF"
 SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
