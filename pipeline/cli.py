@@ -368,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
 def _note_failure(args, message: str) -> None:
     """A failing stage tells `ggufpipe ci` what failed (only when it runs under it)."""
     if args.cmd == "stage" and os.environ.get("GGUFPIPE_CI_ERRORS"):
-        from .ci import note_stage_failure
+        from .ci_summary import note_stage_failure
 
         note_stage_failure(args, message)
 

@@ -207,7 +207,7 @@ def show_stage_errors(snakemake_log) -> None:
     (the other stages print theirs to Snakemake's output themselves), so that every failed stage says
     what is wrong in one line, not only "check log file(s) for error details". ``snakemake_log``: the
     path(s) of Snakemake's own log (Snakemake 9 passes a list)."""
-    from .ci import snakemake_failed_jobs
+    from .ci_summary import snakemake_failed_jobs
 
     text = ""
     for path in [snakemake_log] if isinstance(snakemake_log, (str, os.PathLike)) else list(snakemake_log or []):
