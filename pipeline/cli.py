@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p = sub.add_parser("install-tools", help="build the pinned llama.cpp tools into the cache (no-op when done)")
     p.add_argument("-j", "--jobs", type=int)
-    p.set_defaults(func=lambda a: __import__("pipeline.tools", fromlist=["install"]).install(a.jobs))
+    p.set_defaults(func=lambda a: __import__("pipeline.tools_install", fromlist=["install"]).install(a.jobs))
 
     p = sub.add_parser("setup-demo", help="put the embedded demo model into the local hub cache")
     p.add_argument("--hub-cache", help="hub cache folder (default: the demo cache)")

@@ -10,7 +10,7 @@ Where the tools come from, in order:
    build (CUDA, Metal...). It may be a llama.cpp checkout with ``build/bin`` or a folder of
    binaries with ``convert_hf_to_gguf.py`` and ``gguf-py`` beside them. Its build number is read
    from ``llama-perplexity --version`` and must be at least :data:`MIN_BUILD`.
-2. The pinned build installed by :func:`install` into the cache folder
+2. The pinned build installed by :func:`pipeline.tools_install.install` into the cache folder
    (``$GGUFPIPE_CACHE`` or ``~/.cache/ggufpipe``), in a folder keyed by everything that shapes it
    (:func:`cache_key`: build, commit, sdist, targets, cmake flags, copied assets, the helpers' sources), so
    that adding a target or a flag, or editing a helper, builds a new folder instead of trusting an old one.
@@ -32,10 +32,8 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from dataclasses import dataclass
@@ -405,7 +403,7 @@ def tail(text: str, lines: int = 3) -> str:
     return " | ".join(got[-lines:]) if got else "(no output)"
 
 
-# --------------------------------------------------------------------------- installing
+# --------------------------------------------------------------------------- fetching pinned packages
 
 
 @contextlib.contextmanager
@@ -441,111 +439,6 @@ def pip_fetch(name: str, version: str, filename: str, sha256: str, downloads: Pa
     return dest
 
 
-def install(jobs: int | None = None, force: bool = False) -> Path:
-    """Build the pinned llama.cpp tools into the cache; a no-op when already installed."""
-    final = pinned_dir()
-    if (final / "toolchain.json").is_file() and not force:
-        print(f"[tools] llama.cpp b{PINNED_BUILD} already installed in {final}", flush=True)
-        return final
-    if shutil.which("cmake") is None:
-        raise PipelineError("cmake is not installed: install it (e.g. `apt-get install cmake`) to build llama.cpp")
-    root = cache_root()
-    with _lock(root / "llama.cpp" / ".install.lock"):
-        if (final / "toolchain.json").is_file() and not force:
-            return final
-        t0 = time.monotonic()
-        sdist = pip_fetch(SDIST_NAME, SDIST_VERSION, SDIST_FILE, SDIST_SHA256, root / "downloads", sdist=True)
-        # A fixed build folder per version: a failed or interrupted install resumes incrementally.
-        work = final.parent / f".build-{final.name}"
-        if (work / "src").exists():
-            shutil.rmtree(work / "src")
-        shutil.rmtree(work / "out", ignore_errors=True)
-        work.mkdir(parents=True, exist_ok=True)
-        ok = False
-        try:
-            print(f"[tools] unpacking {sdist.name}", flush=True)
-            with tarfile.open(sdist) as tar:
-                members = [m for m in tar.getmembers() if "/vendor/llama.cpp/" in m.name]
-                tar.extractall(work / "src", members=members, filter="data")
-            src = next((work / "src").glob("*/vendor/llama.cpp"))
-            helpers = _add_helpers(src)
-            if final.name != f"b{PINNED_BUILD}-{PINNED_COMMIT}-{cache_key(helpers)}":  # as pinned_dir() named it
-                raise PipelineError(f"a helper's source in {NATIVE_DIR} changed while installing: run the install again")
-            build = work / "build"
-            jobs = jobs or os.cpu_count() or 2
-            print(f"[tools] configuring llama.cpp b{PINNED_BUILD} with cmake", flush=True)
-            _check_call(["cmake", "-S", str(src), "-B", str(build), *CMAKE_FLAGS], work / "cmake.log")
-            print(f"[tools] building {' '.join((*TOOLS, *HELPERS))} with {jobs} jobs (several minutes)", flush=True)
-            _check_call(["cmake", "--build", str(build), "--config", "Release", "-j", str(jobs),
-                         "--target", *TOOLS, *HELPERS], work / "build.log", progress=True)
-            stage = work / "out"
-            (stage / "bin").mkdir(parents=True)
-            for name in (*TOOLS, *HELPERS):
-                shutil.copy2(build / "bin" / name, stage / "bin" / name)
-            for pattern, dest in ASSETS:
-                for path in sorted(src.glob(pattern)):
-                    target = stage / dest / path.name
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    (shutil.copytree if path.is_dir() else shutil.copy2)(path, target)
-            build_no, commit = read_build_version(stage / "bin" / "llama-perplexity")
-            if build_no != PINNED_BUILD:
-                raise PipelineError(f"built llama.cpp reports b{build_no}, expected b{PINNED_BUILD}")
-            info = {
-                "build_number": build_no,
-                "commit": commit,
-                "sdist": f"{SDIST_NAME}=={SDIST_VERSION}",
-                "sdist_sha256": SDIST_SHA256,
-                "cmake_flags": list(CMAKE_FLAGS),
-                "tools": list(TOOLS),
-                "helpers": helpers,
-                "assets": list(ASSETS),
-                "cache_key": cache_key(),
-            }
-            (stage / "toolchain.json").write_text(json.dumps(info, indent=2) + "\n")
-            if final.exists():
-                shutil.rmtree(final)
-            os.replace(stage, final)
-            ok = True
-        finally:
-            if ok:
-                shutil.rmtree(work, ignore_errors=True)
-        print(f"[tools] installed llama.cpp b{PINNED_BUILD} in {final} ({time.monotonic() - t0:.0f}s)", flush=True)
-    return final
-
-
-def _add_helpers(src: Path) -> dict[str, str]:
-    """Write each helper into the unpacked tree as examples/<target>/ and add it to examples/CMakeLists.txt
-    (built because LLAMA_BUILD_EXAMPLES=ON; the tree is unpacked afresh by every install). Returns the SHA256
-    of the sources written, by target."""
-    examples = src / "examples" / "CMakeLists.txt"
-    if not examples.is_file():
-        raise PipelineError(f"{examples} is missing: the pinned llama.cpp tree has no examples/ to build the helpers in")
-    lines, written = [], {}
-    for target, source in HELPERS.items():
-        folder = examples.parent / target
-        folder.mkdir(exist_ok=True)
-        (folder / "CMakeLists.txt").write_text(HELPER_CMAKE.format(target=target))
-        shutil.copyfile(NATIVE_DIR / source, folder / f"{target}.cpp")
-        written[target] = sha256_file(folder / f"{target}.cpp")
-        lines.append(f"add_subdirectory({target})  # added by ggufpipe (pipeline/tools.py)\n")
-    with open(examples, "a") as fh:
-        fh.write("\n" + "".join(lines))
-    return written
-
-
-def _check_call(cmd: list[str], log: Path, progress: bool = False) -> None:
-    with open(log, "w") as fh:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            fh.write(line)
-            if progress and re.match(r"^\[\s*\d+%\]", line) and ("Linking" in line or "Built target" in line):
-                print(f"[tools] {line.strip()}", flush=True)
-        rc = proc.wait()
-    if rc != 0:
-        raise PipelineError(f"`{' '.join(cmd[:3])} ...` failed (exit {rc}): {tail(log.read_text(), 5)}")
-
-
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
@@ -559,7 +452,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         if args.cmd == "install":
-            install(args.jobs, args.force)
+            from . import tools_install
+
+            tools_install.install(args.jobs, args.force)
         elif args.cmd == "where":
             print(find_toolchain().bin_dir)
         elif args.cmd == "gguf-py":

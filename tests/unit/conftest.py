@@ -87,7 +87,7 @@ def unit_tier_guard(basetemp: Path):
     empty_cache = basetemp / "unit-tier-empty-cache"
     empty_cache.mkdir(exist_ok=True)
 
-    from pipeline import tools
+    from pipeline import tools, tools_install
 
     blocker = _HeavyImportBlocker()
     sys.meta_path.insert(0, blocker)
@@ -101,8 +101,9 @@ def unit_tier_guard(basetemp: Path):
         # what find_toolchain() and install() call through the module's globals, never a name other modules bind
         # at import (`from .tools import find_toolchain` in a module first imported during a unit test would
         # keep the patched function for the rest of the process)
-        for name in ("pinned_dir", "_user_toolchain", "install", "read_build_version"):
+        for name in ("pinned_dir", "_user_toolchain", "read_build_version"):
             mp.setattr(tools, name, _no_tools)
+        mp.setattr(tools_install, "install", _no_tools)
         mp.setattr(tools.Toolchain, "tool", _no_tools)
         mp.setattr(socket.socket, "connect", _loopback_only(socket.socket.connect))
         mp.setattr(socket.socket, "connect_ex", _loopback_only(socket.socket.connect_ex))

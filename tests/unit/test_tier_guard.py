@@ -97,7 +97,9 @@ def test_helpers_written_into_the_tree(tmp_path):
     examples = tmp_path / "llama.cpp" / "examples"
     examples.mkdir(parents=True)
     (examples / "CMakeLists.txt").write_text("add_subdirectory(simple)\n")
-    written = tools._add_helpers(examples.parent)
+    from pipeline import tools_install
+
+    written = tools_install._add_helpers(examples.parent)
     assert written == tools.helper_sources() and tools.cache_key(written) == tools.cache_key()
     for target, source in tools.HELPERS.items():
         assert (examples / target / f"{target}.cpp").read_bytes() == (tools.NATIVE_DIR / source).read_bytes()
@@ -105,4 +107,4 @@ def test_helpers_written_into_the_tree(tmp_path):
         assert f"add_executable(${{TARGET}} {target}.cpp)" in cmake and "llama-common llama" in cmake
         assert f"\nadd_subdirectory({target})" in (examples / "CMakeLists.txt").read_text()
     with pytest.raises(tools.PipelineError, match="examples/CMakeLists.txt is missing"):
-        tools._add_helpers(tmp_path / "elsewhere")
+        tools_install._add_helpers(tmp_path / "elsewhere")
