@@ -439,31 +439,7 @@ def pip_fetch(name: str, version: str, filename: str, sha256: str, downloads: Pa
     return dest
 
 
-def main(argv: list[str] | None = None) -> int:
-    import argparse
+if __name__ == "__main__":  # `python -m pipeline.tools install|where|gguf-py` (the command is pipeline/tools_install.py)
+    from pipeline.tools_install import main
 
-    ap = argparse.ArgumentParser(prog="python -m pipeline.tools", description=__doc__.splitlines()[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    p_inst = sub.add_parser("install", help="build the pinned llama.cpp tools into the cache")
-    p_inst.add_argument("-j", "--jobs", type=int)
-    p_inst.add_argument("--force", action="store_true")
-    sub.add_parser("where", help="print the folder of the tools in use")
-    sub.add_parser("gguf-py", help="print the folder of the gguf-py that matches the tools")
-    args = ap.parse_args(argv)
-    try:
-        if args.cmd == "install":
-            from . import tools_install
-
-            tools_install.install(args.jobs, args.force)
-        elif args.cmd == "where":
-            print(find_toolchain().bin_dir)
-        elif args.cmd == "gguf-py":
-            print(find_toolchain().gguf_py)
-    except PipelineError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
     sys.exit(main())

@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tarfile
 import time
 from pathlib import Path
@@ -143,3 +144,29 @@ def _check_call(cmd: list[str], log: Path, progress: bool = False) -> None:
         raise PipelineError(f"`{' '.join(cmd[:3])} ...` failed (exit {rc}): {tail(log.read_text(), 5)}")
 
 
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m pipeline.tools", description=tools.__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p_inst = sub.add_parser("install", help="build the pinned llama.cpp tools into the cache")
+    p_inst.add_argument("-j", "--jobs", type=int)
+    p_inst.add_argument("--force", action="store_true")
+    sub.add_parser("where", help="print the folder of the tools in use")
+    sub.add_parser("gguf-py", help="print the folder of the gguf-py that matches the tools")
+    args = ap.parse_args(argv)
+    try:
+        if args.cmd == "install":
+            install(args.jobs, args.force)
+        elif args.cmd == "where":
+            print(tools.find_toolchain().bin_dir)
+        elif args.cmd == "gguf-py":
+            print(tools.find_toolchain().gguf_py)
+    except PipelineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
