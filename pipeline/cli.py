@@ -148,7 +148,7 @@ def cmd_validate(args) -> None:
 
 def cmd_info(args) -> None:
     from .fsutil import sha256_file
-    from .ggufheader import read_header
+    from .gguf import read_header
 
     facts = read_header(args.gguf).facts(sha256_file(args.gguf))  # standard library only (also on devices)
     print(json.dumps(facts.as_dict(), indent=2))

@@ -949,7 +949,7 @@ def run(recipe, base_gguf, hf_dir, logits_file, base_record, out_record, log=Non
     eval_text = eval_sets[0].text if eval_sets else settings.get("text")
     probes = load_probes() + added_token_probes(tok) + eval_slice_probe(eval_text)
     conversations = load_conversations()
-    from .ggufheader import read_header
+    from .gguf import read_header
 
     gguf_template = read_header(base_gguf).metadata.get("tokenizer.chat_template")
     plan = plan_chat_template(tok, gguf_template if isinstance(gguf_template, str) else None, conversations)

@@ -142,8 +142,8 @@ def convert(recipe: Recipe, hf_dir: str | Path, out_gguf: str | Path, record: st
             raise PipelineError(f"{recipe.path}: convert: mtp: {recipe.mtp}: the converter left {left} nextn tensors "
                                 f"in {out_gguf.name} despite --no-mtp")
         if overrides:  # the fix path: written into the base, so that every quant made from it carries it
-            from .gguf_edit import override_changes, rewrite_metadata
-            from .ggufheader import read_header
+            from .gguf import read_header
+            from .gguf.edit import override_changes, rewrite_metadata
 
             tokens = read_header(tmp).metadata.get("tokenizer.ggml.tokens")
             rewrite_metadata(tmp, override_changes(overrides, getattr(tokens, "count", 0), str(recipe.path)))

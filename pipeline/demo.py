@@ -82,14 +82,9 @@ def eval_text(dest: str | os.PathLike | None = None) -> Path:
 
 
 def _gguf_tokenizer_meta(gguf_path: Path) -> dict:
-    from gguf import GGUFReader
+    from .gguf import read_header
 
-    r = GGUFReader(gguf_path)
-
-    def get(key, default=None):
-        f = r.fields.get(key)
-        return f.contents() if f is not None else default
-
+    get = read_header(gguf_path).get  # arrays decoded (tokens, types, merges)
     if get("tokenizer.ggml.model") != "gpt2":
         raise PipelineError(f"{gguf_path}: expected a gpt2 BPE tokenizer, found {get('tokenizer.ggml.model')!r}")
     return {
@@ -183,11 +178,11 @@ def gguf_to_hf(gguf_path: Path, out_dir: Path) -> None:
 
 def _write_model_card(gguf_path: Path, out_dir: Path) -> None:
     """A model card like the Hub's, with the license and languages the source GGUF declares."""
-    from gguf import GGUFReader
+    from .gguf import read_header
 
-    r = GGUFReader(gguf_path)
-    lic = r.fields["general.license"].contents() if "general.license" in r.fields else "apache-2.0"
-    langs = r.fields["general.languages"].contents() if "general.languages" in r.fields else ["en"]
+    r = read_header(gguf_path)
+    lic = r.get("general.license", "apache-2.0")
+    langs = r.get("general.languages", ["en"])
     card = (
         "---\n"
         f"license: {lic}\n"

@@ -70,18 +70,21 @@ FOLDER_FILES = (("README.md", "card"), ("report.md", "report"), ("report.svg", "
 
 def chat_format(gguf: str | Path) -> dict:
     """The chat template (Jinja, ``tokenizer.chat_template``) and the EOS / EOT token texts of a GGUF."""
-    from .ggufinfo import field, open_reader
+    from .gguf import ArrayValue, read_header
+    from .gguf.types import STRING
 
-    r = open_reader(gguf)
-    tokens = r.fields.get("tokenizer.ggml.tokens")
+    r = read_header(gguf)
+    ids = [r.metadata.get(k) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")]
+    arr = r.metadata.get("tokenizer.ggml.tokens")
+    texts = isinstance(arr, ArrayValue) and arr.elem_type == STRING and any(isinstance(i, int) for i in ids)
+    tokens = r.array("tokenizer.ggml.tokens", raw_strings=True) if texts else None
     stops = []
-    for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"):
-        tid = field(r, key)
-        if tokens is not None and isinstance(tid, int) and 0 <= tid < len(tokens.data):
-            text = bytes(tokens.parts[tokens.data[tid]]).decode("utf-8", "replace")
+    for tid in ids:
+        if tokens is not None and isinstance(tid, int) and 0 <= tid < len(tokens):
+            text = tokens[tid].decode("utf-8", "replace")
             if text and text not in stops:
                 stops.append(text)
-    template = field(r, "tokenizer.chat_template")
+    template = r.metadata.get("tokenizer.chat_template")
     return {"template": template if isinstance(template, str) and template.strip() else None, "stops": stops}
 
 
@@ -208,7 +211,7 @@ def gguf_strings(path: str | Path, key: str, ids: list[int] | None = None) -> di
     """Entries of the string array ``key`` of a GGUF (all, or those at ``ids``), decoded with the standard library
     from the bytes the header reader located (gguf's reader decodes every vocabulary entry: seconds); None when the
     key is missing or not an array of strings."""
-    from .ggufheader import read_header
+    from .gguf import read_header
 
     span = read_header(path).kv_spans.get(key)
     if span is None:
@@ -366,7 +369,7 @@ def chat_facts(manifest: dict, base: Path | None, layout) -> dict | None:
     if base is None:
         return None
     from .conformance import load_conversations
-    from .ggufheader import read_header
+    from .gguf import read_header
 
     meta = read_header(base).metadata
     jinja = meta.get("tokenizer.chat_template")

@@ -15,19 +15,19 @@ from pathlib import Path
 from .errors import PipelineError
 from .evaluate import count_tokens
 from .fsutil import atomic_output, sha256_file, write_json_atomic
-from .ggufinfo import field, open_reader
+from .gguf import read_header
 from .recipe import Recipe
 from .tools import Toolchain, find_toolchain, run_tool, tail
 
 
 def imatrix_facts(path: str | Path) -> dict:
     """What an imatrix GGUF says about itself: datasets, chunks, chunk size, entries (tensors)."""
-    r = open_reader(path)
-    datasets = field(r, "imatrix.datasets")
+    r = read_header(path)
+    datasets = r.get("imatrix.datasets")
     return {
         "datasets": list(datasets) if isinstance(datasets, (list, tuple)) else [datasets] if datasets else [],
-        "chunk_count": field(r, "imatrix.chunk_count"),
-        "chunk_size": field(r, "imatrix.chunk_size"),
+        "chunk_count": r.get("imatrix.chunk_count"),
+        "chunk_size": r.get("imatrix.chunk_size"),
         "entries": sum(1 for t in r.tensors if t.name.endswith(".in_sum2")),
     }
 

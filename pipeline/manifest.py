@@ -26,7 +26,7 @@ from .draft import deployment_line
 from .errors import PipelineError
 from .evaluate import failure_message, gate_messages, verdict
 from .fsutil import atomic_output, hashing_ahead, sha256_file, write_json_atomic
-from .ggufinfo import general_metadata, read_facts
+from .gguf import general_metadata, read_facts
 from .layout import Layout, plain_name
 from .mtp import MTP_KEYS, lost_heads, mtp_facts
 from .naming import label_of_key
@@ -122,7 +122,7 @@ def _split_entry(recipe: Recipe, layout: Layout, key: str, entry: dict) -> dict:
     ``<name>-<KEY>`` with its shards (name, SHA256, size, tensors), the facts of the whole model (quant
     type, bpw, tensor and parameter counts, read from the whole file) and that file's SHA256 (``unsplit``:
     what eval and bench measured; kept in work/, not published)."""
-    from .ggufheader import file_type_name
+    from .gguf import file_type_name
     from .split import read_shards
 
     # the label both the Hub and llama.cpp's `-hf <repo>:<LABEL>` read from the file name (pipeline/naming.py)
@@ -156,7 +156,7 @@ IMATRIX_KEYS = ("quantize.imatrix.file", "quantize.imatrix.dataset", "quantize.i
 def _calibration(recipe: Recipe, layout: Layout, q, gguf_path: Path, seconds: dict) -> tuple[dict, list[dict]]:
     """A quant's ``calibration`` entry (AWQ params, imatrix settings and SHA256s) and the failures
     of its cross-check against the GGUF's own ``quantize.imatrix.*`` keys."""
-    from .ggufheader import read_header
+    from .gguf import read_header
 
     out: dict = {}
     failures: list[dict] = []
@@ -346,7 +346,7 @@ def _conformance_section(recipe: Recipe, layout: Layout) -> tuple[dict, list[dic
 def _tokenizer_keys(recipe: Recipe, layout: Layout, artifacts: list[dict], rejected: list[dict]) -> None:
     """Each model file's ``tokenizer_sha256`` (its tokenizer.* keys, chat templates included, byte for byte); a
     file whose keys differ from the base's is rejected."""
-    from .ggufheader import tokenizer_sha256
+    from .gguf import tokenizer_sha256
 
     base = tokenizer_sha256(layout.base_gguf(recipe))
     for entry in list(artifacts) + rejected:

@@ -8,29 +8,18 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from .ggufheader import GGUFHeader, read_header
-from .ggufinfo import field
-
-if TYPE_CHECKING:
-    from gguf import GGUFReader
+from .gguf import GGUFHeader, read_header
 
 _NEXTN = re.compile(r"^blk\.(\d+)\.nextn\.")
 # The facts the manifest records per file.
 MTP_KEYS = ("tensors", "layers", "nextn_predict_layers")
 
 
-def mtp_facts(source: str | Path | GGUFHeader | GGUFReader) -> dict:
-    """MTP facts of a GGUF: ``source`` is its path (parsed by the stdlib header reader), a parsed header or
-    an open GGUFReader."""
-    r = read_header(source) if isinstance(source, (str, Path)) else source
-    if isinstance(r, GGUFHeader):
-        def get(key, default=None):
-            return r.metadata.get(key, default)
-    else:
-        def get(key, default=None):
-            return field(r, key, default)
+def mtp_facts(source: str | Path | GGUFHeader) -> dict:
+    """MTP facts of a GGUF: ``source`` is its path or its parsed header (:func:`pipeline.gguf.read_header`)."""
+    r = source if isinstance(source, GGUFHeader) else read_header(source)
+    get = r.metadata.get
     arch = get("general.architecture", "")
     names = sorted(t.name for t in r.tensors if _NEXTN.match(t.name))
     layers = sorted({int(_NEXTN.match(n).group(1)) for n in names})

@@ -844,7 +844,7 @@ def _parse_draft(ctx: _Ctx, value, main_quants: tuple[Quant, ...], eval_sets, kn
             gguf = (ctx.path.parent / gguf).resolve()
         if not gguf.is_file():
             ctx.fail("draft.gguf", f"{gguf} does not exist")
-        from .ggufheader import read_header
+        from .gguf import read_header
 
         try:  # magic, header and tensor data inside the file (standard library; reads the header only)
             read_header(gguf)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from . import recipe as R
-from .ggufheader import FILE_TYPES
+from .gguf import FILE_TYPES
 from .recipe_schema import REQUIRED, SECTIONS, Note, Section
 from .tools import PINNED_BUILD
 
@@ -90,7 +90,7 @@ def render_section(s: Section) -> list[str]:
 
 
 def family_types() -> dict[str, list[str]]:
-    """The quant types of the pinned llama.cpp (ggufheader.FILE_TYPES, in its order) grouped by
+    """The quant types of the pinned llama.cpp (pipeline.gguf.types.FILE_TYPES, in its order) grouped by
     recipe.quant_family: the rule the parser applies, not a retyped list."""
     out: dict[str, list[str]] = {fam: [] for fam in R.FAMILY_DEFAULTS}
     for t in FILE_TYPES.values():

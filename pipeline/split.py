@@ -22,7 +22,7 @@ from pathlib import Path
 
 from .errors import PipelineError
 from .fsutil import atomic_output
-from .ggufheader import GGUFHeader, read_header
+from .gguf import GGUFHeader, read_header
 
 SHARD_RE = re.compile(r"^(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 
@@ -34,7 +34,7 @@ def shard_name(stem: str, no: int, count: int) -> str:
 
 def shard_header(path: str | Path) -> dict:
     """The split keys and tensor count of one shard; raises (one line) on an unreadable or truncated file
-    (:func:`pipeline.ggufheader.read_header`: the checks llama.cpp makes before loading)."""
+    (:func:`pipeline.gguf.read_header`: the checks llama.cpp makes before loading)."""
     h = read_header(path)
     m = h.metadata
     return {"no": m.get("split.no"), "count": m.get("split.count"), "tensors_total": m.get("split.tensors.count"),

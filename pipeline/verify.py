@@ -1,7 +1,7 @@
 """Device-side check of a pulled GGUF against its manifest, with the standard library only.
 
 A device install (``pip install '.[device]'``: DVC, no numpy, no gguf, no torch) runs this through
-``ggufpipe verify``; the GGUF header is read by :mod:`pipeline.ggufheader`, whose type tables are those of the
+``ggufpipe verify``; the GGUF header is read by :mod:`pipeline.gguf.reader`, whose type table is that of the
 pinned llama.cpp.
 
 A split file (recipe ``split:``) is published as a folder ``<name>-<KEY>/`` of llama-gguf-split shards;
@@ -18,10 +18,10 @@ from pathlib import Path
 
 from .errors import PipelineError
 from .fsutil import sha256_file
-from .ggufheader import file_type_name, read_header
+from .gguf import file_type_name, read_header
 from .split import SHARD_RE, check_header, shard_header
 
-# Facts of the manifest entry that the header must match besides the quant type (pipeline.ggufinfo.GGUFFacts).
+# Facts of the manifest entry that the header must match besides the quant type (pipeline.gguf.GGUFFacts).
 _HEADER_FACTS = ("gguf_version", "tensor_count", "parameter_count", "architecture", "bits_per_weight")
 
 

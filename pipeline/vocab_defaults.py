@@ -27,21 +27,22 @@ insertion and the two removals (``<|end|>`` for gpt-oss-like vocabs, ``</s>`` be
 ``<|plamo:eos|>``). Where the result depends on the iteration order of llama.cpp's ``std::unordered_map`` (two
 token texts that could fill the same FIM id), it says so instead of guessing.
 
-GGUF metadata is read either from a ``gguf.GGUFReader`` or, given a path, by a small header parser here
-(GGUFReader decodes every array element and takes seconds on a 256k-token vocabulary; llama.cpp's checks
-only need the array types and lengths, and the token texts).
+GGUF metadata is read by the project's one GGUF reader (:func:`pipeline.gguf.read_header`, given a path or
+a parsed header): llama.cpp's checks only need the array types and lengths, and the token texts, which it
+decodes on demand (gguf-py's GGUFReader decodes every array element and takes seconds on a 256k-token vocabulary).
 """
 
 from __future__ import annotations
 
 import itertools
-import mmap
 import os
 import struct
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
+
+from .gguf import ArrayValue, GGUFHeader, read_header
+from .gguf.types import ARRAY, BOOL, FLOAT32, INT8, INT32, STRING, UINT8, UINT32, VALUE_TYPE_NAMES
 
 __all__ = ["VOCAB_TYPES", "BPE_PRE_TOKENIZERS", "EogSet", "UndeterminedEog", "effective_vocab", "eog_ids", "eog_set"]
 
@@ -164,11 +165,9 @@ _PRE_BY_NAME: dict[str, tuple[str, Mapping[str, Any]]] = {
 # After tokenizer.ggml.add_bos_token is read: "workaround for Gemma 4" (llama.cpp PR 21500).
 _FORCE_ADD_BOS_PRE_TYPES = ("gemma4",)
 
-# GGUF value types (enum gguf_type, ggml/include/gguf.h).
-_UINT8, _INT8, _UINT16, _INT16, _UINT32, _INT32, _FLOAT32, _BOOL, _STRING, _ARRAY, _UINT64, _INT64, _FLOAT64 = range(13)
-_TYPE_NAMES = ("u8", "i8", "u16", "i16", "u32", "i32", "f32", "bool", "str", "arr", "u64", "i64", "f64")
-_SCALAR_FORMATS = {_UINT8: "<B", _INT8: "<b", _UINT16: "<H", _INT16: "<h", _UINT32: "<I", _INT32: "<i",
-                   _FLOAT32: "<f", _BOOL: "<?", _UINT64: "<Q", _INT64: "<q", _FLOAT64: "<d"}
+# GGUF value types: the one table (pipeline/gguf/types.py).
+_UINT8, _INT8, _UINT32, _INT32, _FLOAT32, _BOOL, _STRING, _ARRAY = UINT8, INT8, UINT32, INT32, FLOAT32, BOOL, STRING, ARRAY
+_TYPE_NAMES = VALUE_TYPE_NAMES
 
 # Keys llama.cpp reads here with get_key<uint32_t> (a present key of another type fails the load).
 _SPECIAL_ID_KEYS = tuple(f"tokenizer.ggml.{k}" for k in (
@@ -204,10 +203,10 @@ class _KV:
     value: Any  # Python scalar, str, or _Array
 
 
-def effective_vocab(path_or_reader: str | os.PathLike | Any) -> dict[str, Any]:
+def effective_vocab(path_or_header: str | os.PathLike | Any) -> dict[str, Any]:
     """The vocabulary facts llama.cpp b11312 derives when it loads this GGUF.
 
-    ``path_or_reader`` is a GGUF path or a ``gguf.GGUFReader``. Returns a dict with:
+    ``path_or_header`` is a GGUF path or a parsed :class:`pipeline.gguf.GGUFHeader`. Returns a dict with:
 
     - ``vocab_type``: ``llama_vocab_type`` as a lower-case LLAMA_VOCAB_TYPE_* name (see :data:`VOCAB_TYPES`);
     - ``n_tokens``: ``llama_vocab_n_tokens``;
@@ -216,9 +215,10 @@ def effective_vocab(path_or_reader: str | os.PathLike | Any) -> dict[str, Any]:
     - ``model``: ``tokenizer.ggml.model``; ``pre``: ``tokenizer.ggml.pre`` as in the file, or None (for the
       tokenizer model "gemma4" llama.cpp uses the pre-tokenizer "gemma4" whatever the file says).
 
-    Raises ValueError where llama.cpp would fail to load the vocabulary.
+    Raises ValueError where llama.cpp would fail to load the vocabulary, and the reader's PipelineError (one
+    line naming the file) where it is not a readable GGUF.
     """
-    return _effective(_metadata(path_or_reader))
+    return _effective(_metadata(path_or_header))
 
 
 def _effective(kvs: dict[str, _KV]) -> dict[str, Any]:
@@ -327,20 +327,20 @@ class EogSet:
     undetermined: str | None = None
 
 
-def eog_ids(path_or_reader: str | os.PathLike | Any) -> list[int]:
+def eog_ids(path_or_header: str | os.PathLike | Any) -> list[int]:
     """The ids for which ``llama_vocab_is_eog`` is true, ascending. Raises :class:`UndeterminedEog` where the set
     depends on hash-map order, and ValueError where llama.cpp would not load the vocabulary."""
-    eog = eog_set(path_or_reader)
+    eog = eog_set(path_or_header)
     if eog.ids is None:
         raise UndeterminedEog(eog.undetermined)
     return list(eog.ids)
 
 
-def eog_set(path_or_reader: str | os.PathLike | Any) -> EogSet:
+def eog_set(path_or_header: str | os.PathLike | Any) -> EogSet:
     """The end-of-generation set of this GGUF as llama.cpp b11312 derives it (:class:`EogSet`)."""
-    kvs = _metadata(path_or_reader)
+    kvs = _metadata(path_or_header)
     facts = _effective(kvs)
-    name = str(path_or_reader) if isinstance(path_or_reader, (str, os.PathLike)) else "the GGUF"
+    name = str(path_or_header) if isinstance(path_or_header, (str, os.PathLike)) else "the GGUF"
     if facts["model"] in _NO_VOCAB_MODELS:  # load() returns before any special token (1949-1969)
         return EogSet((), ((),), {k: () for k in ("eos", *_AUTO_DETECT)}, {})
     n_tokens = facts["n_tokens"]
@@ -463,11 +463,11 @@ def _get_array(kvs: dict[str, _KV], key: str, elem_types: tuple[int, ...]) -> An
 # --------------------------------------------------------------------------- GGUF metadata
 
 
-def tokenizer_metadata(path_or_reader: Any) -> dict[str, Any]:
+def tokenizer_metadata(path_or_header: Any) -> dict[str, Any]:
     """Tokenizer keys for the draft checks, read fast and byte-exact: token texts and merges as
     ``bytes`` (not necessarily UTF-8), token types as raw bytes, other values as Python scalars."""
     out: dict[str, Any] = {}
-    for key, kv in _metadata(path_or_reader).items():
+    for key, kv in _metadata(path_or_header).items():
         if not key.startswith("tokenizer."):
             continue
         v = kv.value
@@ -475,107 +475,24 @@ def tokenizer_metadata(path_or_reader: Any) -> dict[str, Any]:
     return out
 
 
-def _metadata(path_or_reader: Any) -> dict[str, _KV]:
-    if isinstance(path_or_reader, (str, os.PathLike)):
-        return _read_gguf_kv(Path(path_or_reader))
-    if hasattr(path_or_reader, "fields"):
-        return _reader_kv(path_or_reader)
-    raise TypeError(f"expected a GGUF path or a gguf.GGUFReader, got {type(path_or_reader).__name__}")
-
-
-def _reader_kv(reader: Any) -> dict[str, _KV]:
-    """The metadata of a gguf.GGUFReader (its synthetic ``GGUF.*`` header fields left out)."""
+def _metadata(path_or_header: Any) -> dict[str, _KV]:
+    """The metadata of a GGUF path or a parsed header (:func:`pipeline.gguf.read_header`: a malformed file
+    raises its PipelineError); token texts, merges and the raw arrays the checks need are read from the file."""
+    if isinstance(path_or_header, (str, os.PathLike)):
+        header = read_header(path_or_header)
+    elif isinstance(path_or_header, GGUFHeader):
+        header = path_or_header
+    else:
+        raise TypeError(f"expected a GGUF path or a pipeline.gguf.GGUFHeader, got {type(path_or_header).__name__}")
     out: dict[str, _KV] = {}
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF."):
-            continue
-        vtype = int(field.types[0])
-        if vtype == _STRING:
-            out[key] = _KV(vtype, bytes(field.parts[field.data[0]]).decode("utf-8", "surrogateescape"))
-        elif vtype != _ARRAY:
-            out[key] = _KV(vtype, field.contents())
-        else:
-            # parts: key length, key, value type, element type, element count, elements...
-            elem_type, count = int(field.parts[3][0]), int(field.parts[4][0])
+    for key, value in header.metadata.items():
+        vtype = header.value_types[key]
+        if isinstance(value, ArrayValue):
             strings = raw = None
-            if key in _KEEP_STRINGS and elem_type == _STRING:
-                strings = [bytes(field.parts[i]) for i in field.data]
-            elif key in _KEEP_RAW and elem_type in _SCALAR_FORMATS:
-                raw = b"".join(bytes(field.parts[i]) for i in field.data)
-            elif elem_type not in _SCALAR_FORMATS and elem_type != _STRING:
-                raise ValueError(f"key '{key}' has invalid GGUF type {elem_type}")
-            out[key] = _KV(_ARRAY, _Array(elem_type, count, strings, raw))
-    return out
-
-
-def _read_gguf_kv(path: Path) -> dict[str, _KV]:
-    """Parse the GGUF header's key/value section (what gguf_init_from_file checks there) from a file."""
-    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        return _parse_kv(mm, str(path))
-
-
-def _parse_kv(buf: Any, name: str) -> dict[str, _KV]:
-    if len(buf) < 24 or buf[:4] != b"GGUF":
-        raise ValueError(f"{name}: not a GGUF file (magic {bytes(buf[:4])!r})")
-    version, _n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
-    if version & 0xFFFF == 0:
-        raise ValueError(f"{name}: GGUF version {version:#x}: a big-endian GGUF file?")
-    if version not in (2, 3):
-        raise ValueError(f"{name}: unsupported GGUF version {version}")
-    pos = 24
-    u64 = struct.Struct("<Q")
-    u32 = struct.Struct("<I")
-
-    def read_str(p: int) -> tuple[bytes, int]:
-        (n,) = u64.unpack_from(buf, p)
-        end = p + 8 + n
-        if end > len(buf):
-            raise ValueError(f"{name}: truncated GGUF metadata")
-        return buf[p + 8:end], end
-
-    out: dict[str, _KV] = {}
-    try:
-        for _ in range(n_kv):
-            raw_key, pos = read_str(pos)
-            key = raw_key.decode("utf-8", "surrogateescape")
-            if not key or key in out:
-                raise ValueError(f"{name}: {'empty' if not key else 'duplicate'} key '{key}'")
-            (vtype,) = u32.unpack_from(buf, pos)
-            pos += 4
-            if vtype == _ARRAY:
-                elem_type, count = struct.unpack_from("<IQ", buf, pos)
-                pos += 12
-                strings = raw = None
-                if elem_type == _STRING:
-                    if key in _KEEP_STRINGS:
-                        strings = []
-                        for _ in range(count):
-                            s, pos = read_str(pos)
-                            strings.append(s)
-                    else:
-                        for _ in range(count):
-                            (n,) = u64.unpack_from(buf, pos)
-                            pos += 8 + n
-                elif elem_type in _SCALAR_FORMATS:
-                    size = struct.calcsize(_SCALAR_FORMATS[elem_type]) * count
-                    if key in _KEEP_RAW:
-                        raw = bytes(buf[pos:pos + size])
-                    pos += size
-                else:
-                    raise ValueError(f"{name}: key '{key}' has invalid GGUF type {elem_type}")
-                if pos > len(buf):
-                    raise ValueError(f"{name}: truncated GGUF metadata")
-                out[key] = _KV(_ARRAY, _Array(elem_type, count, strings, raw))
-            elif vtype == _STRING:
-                s, pos = read_str(pos)
-                out[key] = _KV(_STRING, s.decode("utf-8", "surrogateescape"))
-            elif vtype in _SCALAR_FORMATS:
-                fmt = _SCALAR_FORMATS[vtype]
-                (value,) = struct.unpack_from(fmt, buf, pos)
-                pos += struct.calcsize(fmt)
-                out[key] = _KV(vtype, value)
-            else:
-                raise ValueError(f"{name}: key '{key}' has invalid GGUF type {vtype}")
-    except struct.error as exc:
-        raise ValueError(f"{name}: truncated GGUF metadata") from exc
+            if key in _KEEP_STRINGS and value.elem_type == _STRING:
+                strings = header.array(key, raw_strings=True)
+            elif key in _KEEP_RAW and value.elem_type != _STRING:
+                raw = header.array_bytes(key)
+            value = _Array(value.elem_type, value.count, strings, raw)
+        out[key] = _KV(vtype, value)
     return out

@@ -243,7 +243,7 @@ def release_scheduler_timers() -> None:
 
 def _n_vocab(base_gguf: str) -> int:
     """The base GGUF's vocabulary size once it exists; before that, the bound for logits estimates."""
-    from .ggufheader import ArrayValue, read_header
+    from .gguf import ArrayValue, read_header
 
     if Path(base_gguf).is_file():
         tokens = read_header(base_gguf).metadata.get("tokenizer.ggml.tokens")

@@ -12,7 +12,7 @@ from helpers import CALIB, TINY_COMMIT, TINY_REPO, snakemake
 def test_imatrix_build(tmp_path, tiny_hub):
     """imatrix flavours of the tiny model built by the real workflow: the quant records the matrix
     (GGUF keys), the manifest records it with SHA256s, and both agree; the plain flavour has none."""
-    from pipeline.ggufinfo import field, open_reader
+    from pipeline.gguf import read_header
     from pipeline.manifest import IMATRIX_KEYS
 
     recipe = tmp_path / "recipes" / "imx.yaml"
@@ -36,13 +36,13 @@ def test_imatrix_build(tmp_path, tiny_hub):
         assert cal["sha256"] == rec["sha256"] and len(cal["sha256"]) == 64
         assert cal["calibration"] == "botchan-calib.txt" and cal["chunks"] == 4 and cal["ctx"] == 256
         assert cal["calibration_sha256"] == "20400aa480e8368d54e02e63d441531782ea327651c4f056120ebab70ac41c95"
-        r = open_reader(folder / f)
-        assert field(r, "quantize.imatrix.dataset") == "botchan-calib.txt"
-        assert field(r, "quantize.imatrix.chunks_count") == 4
-        assert field(r, "quantize.imatrix.entries_count") == cal["entries"] > 0
-        assert field(r, "quantize.imatrix.file") == "imatrix-plain.gguf"  # no build-folder path in the file
+        r = read_header(folder / f)
+        assert r.get("quantize.imatrix.dataset") == "botchan-calib.txt"
+        assert r.get("quantize.imatrix.chunks_count") == 4
+        assert r.get("quantize.imatrix.entries_count") == cal["entries"] > 0
+        assert r.get("quantize.imatrix.file") == "imatrix-plain.gguf"  # no build-folder path in the file
     plain = by_file["imx-Q4_K_M_PLAIN.gguf"]
     assert "calibration" not in plain
-    assert not any(k in open_reader(folder / plain["file"]).fields for k in IMATRIX_KEYS)
+    assert not any(k in read_header(folder / plain["file"]).metadata for k in IMATRIX_KEYS)
     # the imatrix changed the quant: same type, different bytes
     assert by_file["imx-Q4_K_M.gguf"]["sha256"] != plain["sha256"]

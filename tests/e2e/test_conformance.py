@@ -11,7 +11,7 @@ import yaml
 from helpers import snakemake
 
 from pipeline.conformance import THRESHOLDS
-from pipeline.ggufheader import tokenizer_sha256
+from pipeline.gguf import tokenizer_sha256
 
 NAME = "smollm2-135m"
 

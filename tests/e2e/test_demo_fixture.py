@@ -11,21 +11,21 @@ from helpers import DEMO_RECIPE
 
 from pipeline.errors import PipelineError
 from pipeline.evaluate import perplexity
-from pipeline.ggufinfo import field, open_reader
+from pipeline.gguf import read_header
 from pipeline.tools import run_tool
 
 
 def _vocab(path):
-    r = open_reader(path)
+    field = read_header(path).get
     return {
-        "model": field(r, "tokenizer.ggml.model"),
-        "pre": field(r, "tokenizer.ggml.pre"),
-        "tokens": field(r, "tokenizer.ggml.tokens"),
-        "types": field(r, "tokenizer.ggml.token_type"),
-        "merges": field(r, "tokenizer.ggml.merges"),
-        "bos": field(r, "tokenizer.ggml.bos_token_id"),
-        "eos": field(r, "tokenizer.ggml.eos_token_id"),
-        "add_bos": bool(field(r, "tokenizer.ggml.add_bos_token", False)),
+        "model": field("tokenizer.ggml.model"),
+        "pre": field("tokenizer.ggml.pre"),
+        "tokens": field("tokenizer.ggml.tokens"),
+        "types": field("tokenizer.ggml.token_type"),
+        "merges": field("tokenizer.ggml.merges"),
+        "bos": field("tokenizer.ggml.bos_token_id"),
+        "eos": field("tokenizer.ggml.eos_token_id"),
+        "add_bos": bool(field("tokenizer.ggml.add_bos_token", False)),
     }
 
 

@@ -15,7 +15,7 @@ from helpers import DEMO_RECIPE, FAKE_TOKEN, snakemake
 
 from pipeline.errors import PipelineError
 from pipeline.fsutil import sha256_file
-from pipeline.ggufinfo import general_metadata, read_facts
+from pipeline.gguf import general_metadata, read_facts
 
 NAME = "smollm2-135m"
 

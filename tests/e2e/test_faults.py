@@ -27,7 +27,7 @@ from helpers import snakemake
 
 from pipeline.errors import PipelineError
 from pipeline.fsutil import MID_WRITE_BYTES, sha256_file
-from pipeline.ggufheader import read_header
+from pipeline.gguf import read_header
 from pipeline.manifest import strip_volatile
 
 TMP_RE = re.compile(r"^\..+\.tmp-\d+$")

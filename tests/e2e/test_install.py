@@ -9,7 +9,7 @@ import textwrap
 
 
 def test_light_paths_need_no_heavy_packages(demo_build):
-    """pipeline.ggufinfo / manifest / verify / cli import, verify a file and print its facts with torch,
+    """pipeline.gguf / manifest / verify / cli import, verify a file and print its facts with torch,
     transformers, awq, snakemake, huggingface_hub, tokenizers, matplotlib, numpy and gguf made unimportable."""
     target = demo_build / "artifacts" / "smollm2-135m" / "smollm2-135m-Q4_K_M.gguf"
     code = textwrap.dedent(f"""
@@ -21,7 +21,7 @@ def test_light_paths_need_no_heavy_packages(demo_build):
                 if name.split(".")[0] in self.HEAVY:
                     raise ImportError(f"blocked heavy import: {{name}}")
         sys.meta_path.insert(0, Block())
-        import pipeline.ggufinfo, pipeline.manifest, pipeline.verify, pipeline.recipe
+        import pipeline.gguf, pipeline.manifest, pipeline.verify, pipeline.recipe
         from pipeline.cli import main
         rc = main(["verify", {str(target)!r}]) or main(["info", {str(target)!r}])
         heavy = [m for m in sys.modules if m.split(".")[0] in Block.HEAVY]

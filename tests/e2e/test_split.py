@@ -74,7 +74,7 @@ def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
 
 
 def test_build_publishes_split_folders_and_the_manifest_lists_the_shards(built):
-    from pipeline.ggufinfo import read_facts
+    from pipeline.gguf import read_facts
     from pipeline.split import SHARD_RE, shard_header
 
     work, _recipe = built

@@ -38,7 +38,7 @@ def test_awq_folds_scales_and_converts(tmp_path, tiny_hf, quantize_exe):
 
     from pipeline.awq import run_awq
     from pipeline.convert import convert
-    from pipeline.ggufinfo import read_facts
+    from pipeline.gguf import read_facts
     from pipeline.quantize import quantize
 
     r = load_recipe(awq_recipe(tmp_path, tiny_hf, f"{{calibration: {CALIB}, n_samples: 8, seq_len: 64, "

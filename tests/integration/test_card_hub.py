@@ -134,7 +134,7 @@ def built(tmp_path_factory, source_gguf, toolchain, quantize_exe):
     """A published folder of the verified ChatML model (F16 + Q8_0) with its fetched source's card and config."""
     from helpers.gguf_factory import tiny_llama
 
-    from pipeline.ggufheader import read_header
+    from pipeline.gguf import read_header
     from pipeline.manifest import publish
 
     root = tmp_path_factory.mktemp("card-hub")

@@ -386,7 +386,7 @@ def _broken_copy(built, toolchain, tmp_path, name: str, changes: dict, swap: tup
     logits (CHUNKS x 512 of Botchan) when the logit check is wanted: (path, logits file, record)."""
     from gguf import GGUFReader
 
-    from pipeline.gguf_edit import rewrite_metadata
+    from pipeline.gguf.edit import rewrite_metadata
 
     demo = built["demo"]
     gguf = tmp_path / f"{name}-F16.gguf"
@@ -436,7 +436,7 @@ def test_swapped_tensors_fail_logit_fidelity(built, toolchain, tmp_path):
 def test_rope_freq_base_scaled_fails_logit_fidelity(built, toolchain, tmp_path):
     """llama.rope.freq_base x 1.1 (subtle: the model still writes fluent text): the logit check still fails it, on
     top-1 agreement; the measured margins are printed (KLD stays inside its fixed thresholds at ctx 512)."""
-    from pipeline.ggufheader import read_header
+    from pipeline.gguf import read_header
 
     base = read_header(built["demo"].gguf).metadata["llama.rope.freq_base"]
     gguf, logits, rec_file = _broken_copy(built, toolchain, tmp_path, "rope",

@@ -1,5 +1,5 @@
 """Devices: `pip install '.[device]'` (DVC; no torch, transformers, numpy or gguf) pulls one GGUF with DVC
-and `ggufpipe verify` checks it; the standard-library GGUF header reader (pipeline/ggufheader.py) against
+and `ggufpipe verify` checks it; the standard-library GGUF reader (pipeline/gguf/reader.py, type table pipeline/gguf/types.py) against
 gguf-py and the pinned llama.cpp's type tables."""
 
 from __future__ import annotations
@@ -19,10 +19,9 @@ from pathlib import Path
 import pytest
 from helpers import ROOT, norm, read_pins
 
-from pipeline import ggufheader
 from pipeline.errors import PipelineError
-from pipeline.ggufheader import read_header
-from pipeline.ggufinfo import GGUFFacts, read_facts
+from pipeline.gguf import GGUFFacts, read_facts, read_header
+from pipeline.gguf import types as gguf_types
 from pipeline.verify import verify
 
 SIZE_LIMIT = 200 * 10**6  # bytes a device install may add (README, "Devices")
@@ -62,7 +61,7 @@ def write_manifest(folder: Path, files: list[Path]) -> Path:
 
 
 def test_type_tables_equal_pinned_gguf_py(toolchain):
-    """ggufheader's llama_ftype and ggml_type tables are the pinned tree's gguf-py constants (no drift)."""
+    """pipeline/gguf/types.py's llama_ftype and ggml_type tables are the pinned tree's gguf-py constants (no drift)."""
     code = ("import json; from gguf import constants as c; print(json.dumps({"
             "'ftype': {int(m): m.name for m in c.LlamaFileType}, "
             "'ggml': {int(t): [t.name, *c.GGML_QUANT_SIZES[t]] for t in c.GGMLQuantizationType}}))")
@@ -74,21 +73,39 @@ def test_type_tables_equal_pinned_gguf_py(toolchain):
     names = {int(v): ({"ALL_F32": "F32"}.get(n) or n.removeprefix("MOSTLY_")) for v, n in ref["ftype"].items()}
     ggml = {int(v): tuple(t) for v, t in ref["ggml"].items()}
     if toolchain.origin == "pinned":
-        assert ggufheader.FILE_TYPES == names
-        assert ggufheader.GGML_TYPES == ggml
+        assert gguf_types.FILE_TYPES == names
+        assert gguf_types.GGML_TYPES == ggml
     else:  # a newer user build may add types; the ones known here must not have changed
-        assert {k: names.get(k) for k in ggufheader.FILE_TYPES} == ggufheader.FILE_TYPES
-        assert {k: ggml.get(k) for k in ggufheader.GGML_TYPES} == ggufheader.GGML_TYPES
+        assert {k: names.get(k) for k in gguf_types.FILE_TYPES} == gguf_types.FILE_TYPES
+        assert {k: ggml.get(k) for k in gguf_types.GGML_TYPES} == gguf_types.GGML_TYPES
+
+
+def gguf_py_file_type(value) -> str:
+    """``general.file_type`` named by the pinned gguf-py's LlamaFileType (independently of pipeline/gguf/types.py)."""
+    import gguf
+
+    if value is None:
+        return "UNKNOWN"
+    try:
+        name = gguf.LlamaFileType(int(value)).name
+    except ValueError:
+        return f"UNKNOWN({int(value)})"
+    return {"ALL_F32": "F32"}.get(name) or name.removeprefix("MOSTLY_")
 
 
 def reader_facts(path: Path) -> GGUFFacts:
     """The facts a manifest records, derived independently by the pinned gguf-py's GGUFReader."""
-    from pipeline.ggufinfo import field, file_type_name, open_reader
+    from gguf import GGUFReader
 
-    r = open_reader(path)
+    r = GGUFReader(path)
+
+    def field(r, key, default=None):
+        f = r.fields.get(key)
+        return f.contents() if f is not None else default
+
     n_params = sum(int(t.n_elements) for t in r.tensors)
     n_bytes = sum(int(t.n_bytes) for t in r.tensors)
-    return GGUFFacts(file=path.name, quant_type=file_type_name(field(r, "general.file_type")), sha256="",
+    return GGUFFacts(file=path.name, quant_type=gguf_py_file_type(field(r, "general.file_type")), sha256="",
                      size_bytes=path.stat().st_size, bits_per_weight=round(n_bytes * 8 / n_params, 4) if n_params else 0.0,
                      gguf_version=int(field(r, "GGUF.version")), tensor_count=len(r.tensors), parameter_count=n_params,
                      architecture=str(field(r, "general.architecture", "")))
@@ -99,8 +116,15 @@ def test_header_facts_equal_gguf_reader(tiny_quants, toolchain, source_gguf):
     every block layout, the demo's Q4_1 source model and vocab-only GGUFs."""
     files = [*tiny_quants.values(), source_gguf,
              *(toolchain.root / "vocab" / f"ggml-vocab-{v}.gguf" for v in ("llama-spm", "bert-bge"))]
+    from gguf import GGUFReader
+
     for f in files:
         assert read_facts(f, with_sha256=False) == reader_facts(f), f.name
+        # per tensor: name, shape, ggml type, absolute offset, elements, bytes
+        ours = [(t.name, t.shape, t.ggml_type, t.offset, t.n_elements, t.n_bytes) for t in read_header(f).tensors]
+        theirs = [(t.name, tuple(int(n) for n in t.shape), int(t.tensor_type), int(t.data_offset), int(t.n_elements),
+                   int(t.n_bytes)) for t in GGUFReader(f).tensors]
+        assert ours == theirs, f.name
     assert {q: read_header(tiny_quants[q]).file_type for q in QUANTS} == {q: q for q in QUANTS}
 
 

@@ -148,7 +148,7 @@ def test_unbroken_draft_passes_and_publishes(drafts, toolchain):
 
 
 def test_broken_draft_fails_conformance_and_publishes_nothing(drafts, toolchain):
-    from pipeline.ggufheader import tokenizer_sha256
+    from pipeline.gguf import tokenizer_sha256
 
     recipe, layouts = drafts
     L = layouts["broken"]

@@ -13,7 +13,7 @@ import yaml
 
 from pipeline import conformance
 from pipeline.convert import convert
-from pipeline.ggufheader import read_header, tokenizer_sha256
+from pipeline.gguf import read_header, tokenizer_sha256
 from pipeline.recipe import load_recipe
 from pipeline.tools import run_tool
 

@@ -181,7 +181,7 @@ def test_modelfile_without_chatml(tmp_path, case):
     from gguf import TokenType
     from helpers.gguf_factory import tiny_llama
 
-    from pipeline.ggufinfo import read_facts
+    from pipeline.gguf import read_facts
     from pipeline.tools import find_toolchain
 
     vocab = find_toolchain().root / "vocab" / "ggml-vocab-phi-3.gguf"

@@ -20,7 +20,7 @@ from helpers.hf_factory import tiny_glm4_moe
 
 from pipeline.convert import convert, convert_mtp
 from pipeline.errors import PipelineError
-from pipeline.ggufinfo import field, open_reader
+from pipeline.gguf import read_header
 from pipeline.mtp import mtp_facts
 from pipeline.recipe import load_recipe
 from pipeline.tools import run_tool
@@ -35,10 +35,9 @@ def glm_hf(tmp_path_factory, demo_snapshot):
 
 @functools.cache
 def gguf_info(path) -> tuple[set[str], dict, int]:
-    """(tensor names, pipeline.mtp.mtp_facts, block count) of a GGUF, read once (a GGUFReader parses the
-    49k-token vocabulary in seconds)."""
-    r = open_reader(path)
-    return {t.name for t in r.tensors}, mtp_facts(r), field(r, "glm4moe.block_count")
+    """(tensor names, pipeline.mtp.mtp_facts, block count) of a GGUF, read once."""
+    r = read_header(path)
+    return {t.name for t in r.tensors}, mtp_facts(r), r.get("glm4moe.block_count")
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from pipeline.convert import convert
 from pipeline.errors import PipelineError
 from pipeline.fetch import fetch
 from pipeline.fsutil import sha256_file
-from pipeline.ggufinfo import read_facts
+from pipeline.gguf import read_facts
 from pipeline.recipe import load_recipe
 
 
@@ -110,7 +110,7 @@ def test_vocab_only_gguf_facts(toolchain):
 def test_header_parsed_once_per_file_and_again_when_it_changes(toolchain, tmp_path):
     """read_header keeps a parse per path and file identity: the same object while the file is unchanged, a new
     parse (here: the truncation refused) once it is rewritten in place."""
-    from pipeline.ggufheader import read_header
+    from pipeline.gguf import read_header
 
     p = tmp_path / "v.gguf"
     shutil.copyfile(toolchain.root / "vocab" / "ggml-vocab-llama-bpe.gguf", p)

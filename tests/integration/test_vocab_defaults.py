@@ -32,6 +32,7 @@ from typing import Any
 import pytest
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
+from pipeline.gguf import read_header
 from pipeline.tools import cache_root, pinned_dir
 from pipeline.vocab_defaults import BPE_PRE_TOKENIZERS, VOCAB_TYPES, effective_vocab
 
@@ -377,8 +378,15 @@ def test_real_model_matches_llama_cpp(gguf, cases):
 
 
 def test_reader_and_path_agree(cases):
+    """pipeline.gguf's reader gives gguf-py GGUFReader's values, arrays decoded on demand element for element;
+    a parsed header and a path give the same facts."""
     reader, path, _ = cases.donors["spm"]
-    assert effective_vocab(reader) == effective_vocab(path)
+    header = read_header(path)
+    fields = {k: f for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+    assert list(header.metadata) == list(fields)
+    for key, f in fields.items():
+        assert header.get(key) == f.contents(), key
+    assert effective_vocab(header) == effective_vocab(path)
 
 
 @pytest.mark.parametrize("name", VARIANTS)

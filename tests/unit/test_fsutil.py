@@ -6,7 +6,7 @@ import pytest
 
 from pipeline.errors import PipelineError
 from pipeline.fsutil import atomic_output, sha256_file
-from pipeline.ggufinfo import read_facts
+from pipeline.gguf import read_facts
 
 
 def test_wrong_magic_refused(tmp_path):
