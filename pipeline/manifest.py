@@ -468,7 +468,7 @@ def publish(recipe: Recipe, layout: Layout) -> dict:
     import shutil
 
     from .card import write_card
-    from .hub import publish_modelfiles
+    from .hubfiles import publish_modelfiles
     from .report import write_report
     from .split import SHARD_RE
 

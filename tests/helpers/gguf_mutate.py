@@ -257,7 +257,7 @@ def parse_bounded(path: Path) -> str | None:
 def exercise(path: Path) -> str | None:
     """``read_header`` and every pipeline reader of its result on ``path``: None when the header parsed, else its
     one-line error; :class:`Crash` when anything breaks the contract."""
-    from pipeline import hub, imatrix, mtp, split, vocab, vocab_defaults
+    from pipeline import hubfiles, imatrix, mtp, split, vocab, vocab_defaults
     from pipeline.gguf import general_metadata, read_facts, read_header, reader, tokenizer_sha256
 
     reader._PARSED.clear()
@@ -279,7 +279,7 @@ def exercise(path: Path) -> str | None:
         ("shard_header", lambda: split.check_header(path, split.shard_header(path), 1, 2, 5)),
         ("oversized_tensor", lambda: split.oversized_tensor(h, 1 << 20)),
         ("vocab facts", lambda: vocab._vocab_facts(path)),
-        ("chat_format", lambda: hub.chat_format(path)),
+        ("chat_format", lambda: hubfiles.chat_format(path)),
         ("imatrix_facts", lambda: imatrix.imatrix_facts(path)),
     ]
     for name, call in calls:

@@ -26,16 +26,8 @@ from helpers import HUB_REPO, HUB_SOURCE_COMMIT, hub_recipe_data, write_hub_reci
 
 from integration.test_hub import SMOLLM_SYSTEM, FakeHub, online, small_vocab  # noqa: F401 (online: a fixture)
 from pipeline.fsutil import sha256_file
-from pipeline.hub import (
-    CHATML_TEMPLATE,
-    _chatml_system,
-    _plain_conversation,
-    hub_publish,
-    hub_section,
-    load_manifest,
-    ollama_chatml_render,
-    upload_plan,
-)
+from pipeline.hub import hub_publish, load_manifest, upload_plan
+from pipeline.hubfiles import CHATML_TEMPLATE, _chatml_system, _plain_conversation, hub_section, ollama_chatml_render
 from pipeline.layout import Layout
 from pipeline.recipe import load_recipe
 
@@ -351,7 +343,7 @@ def vendored_templates() -> dict[str, str]:
 
 def test_ollama_chatml_template_against_the_vendored_chatml_templates():
     from pipeline.conformance import load_conversations
-    from pipeline.hub import CHATML_STOPS
+    from pipeline.hubfiles import CHATML_STOPS
 
     conversations = load_conversations()
     plain = [c for c in conversations["conversations"] if _plain_conversation(c)]

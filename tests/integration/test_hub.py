@@ -28,7 +28,8 @@ from helpers import FAKE_TOKEN, HUB_KEYS, HUB_NAME, HUB_REPO, HUB_SOURCE_COMMIT,
 
 from pipeline.errors import PipelineError
 from pipeline.fsutil import sha256_file
-from pipeline.hub import CHATML_TEMPLATE, hub_publish, load_manifest, modelfiles, upload, upload_plan
+from pipeline.hub import hub_publish, load_manifest, upload, upload_plan
+from pipeline.hubfiles import CHATML_TEMPLATE, modelfiles
 from pipeline.layout import Layout
 from pipeline.recipe import load_recipe
 

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from pipeline.card import card_text, front_matter, prompt_format, usage_table, write_card
-from pipeline.hub import (
+from pipeline.hubfiles import (
     CHATML_TEMPLATE,
     card_facts,
     chat_facts,
