@@ -100,7 +100,7 @@ test-fast: $(FAST)/bin/.installed
 # which checks their quant types against the installed llama-quantize.
 lint: tools
 	$(BIN)/ruff check pipeline tests bench
-	$(BIN)/snakefmt --check Snakefile
+	$(BIN)/snakefmt --check Snakefile rules
 	$(BIN)/python -m pipeline.recipe_docs --check
 	$(BIN)/snakemake --lint
 

@@ -1020,18 +1020,18 @@ def run(recipe, base_gguf, hf_dir, logits_file, base_record, out_record, log=Non
     return rec
 
 
-def run_stage(recipe, layout, threads: int = 2, tc: Toolchain | None = None) -> dict:
+def run_stage(recipe, layout, threads: int = 2, tc: Toolchain | None = None, log: str | os.PathLike | None = None) -> dict:
     """The Snakemake stage (``ggufpipe stage conformance``): :func:`run` on the recipe's paths. The base logits are
     eval-base's of the first eval set (recomputed first when ``ggufpipe clean-logits`` emptied them); a recipe
     without eval sets (a built draft) gets its own, from ``conformance.text`` at ctx 512, in its scratch folder,
-    removed afterwards."""
+    removed afterwards. ``log``: the job log (default ``layout.log(name, "conformance")``)."""
     import shutil
 
     from .evaluate import eval_base, restore_base_logits
     from .recipe import EvalSet
 
     name = recipe.name
-    log = Path(layout.log(name, "conformance"))
+    log = Path(log or layout.log(name, "conformance"))
     log.parent.mkdir(parents=True, exist_ok=True)
     record = layout.conformance_record(name)
     settings = _settings(recipe)

@@ -57,13 +57,22 @@ class Layout:
     def built(self, name: str, file: str) -> Path:
         return self.wrk(name, "quants", file)
 
+    # The ``*_at`` methods take plain strings: called with Snakemake wildcards (``"{name}"``, ``"{outtype}"``)
+    # they return the patterns of the rules' outputs (rules/*.smk), with values the paths the stages write.
+    def gguf(self, name: str, key: str) -> Path:
+        """The whole GGUF of a model key (base ``F16``, a quant key, ``mtp-F16_MTP``): ``Recipe.file_for``."""
+        return self.built(name, f"{name}-{key}.gguf")
+
     def base_gguf(self, r: Recipe) -> Path:
         """The F16/BF16 file the quants are made from (published as ``artifacts/<name>/<base_file>``)."""
-        return self.built(r.name, r.base_file)
+        return self.gguf(r.name, r.outtype.upper())
+
+    def mtp_gguf_at(self, name: str, outtype: str) -> Path:
+        return self.gguf(name, f"mtp-{outtype}_MTP")  # naming.mtp_key
 
     def mtp_gguf(self, r: Recipe) -> Path:
         """The MTP-head draft of ``mtp: separate``, written by the convert-mtp stage."""
-        return self.built(r.name, r.mtp_file)
+        return self.mtp_gguf_at(r.name, r.outtype.upper())
 
     def published(self, r: Recipe, key: str) -> Path:
         """The published file ``<name>-<KEY>.gguf``, or the folder ``<name>-<KEY>/`` of a split file."""
@@ -104,8 +113,11 @@ class Layout:
     def fetch_record(self, name: str) -> Path:
         return self.wrk(name, "records", "fetch.json")
 
+    def convert_record_at(self, name: str, outtype: str) -> Path:
+        return self.wrk(name, "records", f"convert-{outtype}.json")
+
     def convert_record(self, r: Recipe) -> Path:
-        return self.wrk(r.name, "records", f"convert-{r.outtype.upper()}.json")
+        return self.convert_record_at(r.name, r.outtype.upper())
 
     # calibration: AWQ-scaled weights and importance matrices
     def hf_awq(self, name: str) -> Path:
@@ -114,13 +126,19 @@ class Layout:
     def awq_record(self, name: str) -> Path:
         return self.wrk(name, "records", "awq.json")
 
+    def awq_gguf_at(self, name: str, outtype: str) -> Path:
+        return self.wrk(name, "awq", f"{name}-{outtype}-awq.gguf")
+
     def awq_gguf(self, r: Recipe) -> Path:
         """The base GGUF converted from the AWQ-scaled weights (an intermediate: the published
         base file stays the unmodified model, the reference every quant is measured against)."""
-        return self.wrk(r.name, "awq", f"{r.name}-{r.outtype.upper()}-awq.gguf")
+        return self.awq_gguf_at(r.name, r.outtype.upper())
+
+    def awq_convert_record_at(self, name: str, outtype: str) -> Path:
+        return self.wrk(name, "records", f"convert-{outtype}-awq.json")
 
     def awq_convert_record(self, r: Recipe) -> Path:
-        return self.wrk(r.name, "records", f"convert-{r.outtype.upper()}-awq.json")
+        return self.awq_convert_record_at(r.name, r.outtype.upper())
 
     def source_gguf(self, r: Recipe, base: str) -> Path:
         """The base GGUF a quant of base ``plain`` or ``awq`` is made from."""
@@ -138,11 +156,15 @@ class Layout:
         if q.imatrix:
             out["imatrix"] = str(self.imatrix(r.name, q.base))
         return out
+
+    def mtp_record_at(self, name: str, outtype: str) -> Path:
+        return self.wrk(name, "records", f"convert-mtp-{outtype}.json")
+
     def mtp_record(self, r: Recipe) -> Path:
-        return self.wrk(r.name, "records", f"convert-mtp-{r.outtype.upper()}.json")
+        return self.mtp_record_at(r.name, r.outtype.upper())
 
     def quant(self, r: Recipe, key: str) -> Path:
-        return self.built(r.name, r.file_for(key))
+        return self.gguf(r.name, key)
 
     def quant_record(self, name: str, key: str) -> Path:
         return self.wrk(name, "records", f"quant-{key}.json")

@@ -198,15 +198,44 @@ class Workflow:
         return self.recipes[name].sha256  # thresholds, eval sets, bench...: any recipe change re-publishes
 
 
-# Rules whose shell sends all of the stage's output, its error line included, into the job's log only.
-LOGGED_RULES = ("fetch", "vocab_check", "publish")
+# Where a rule's shell sends the stage's own output (``Stage.output`` in pipeline/cli.py's registry).
+OUTPUT_SHELL = {"console": "", "log": " > {log:q} 2>&1", "tee": " 2>&1 | tee {log:q}"}
 
 
-def show_stage_errors(snakemake_log) -> None:
-    """The Snakefile's ``onerror``: print the ``error:`` line of each failed job of :data:`LOGGED_RULES`
-    (the other stages print theirs to Snakemake's output themselves), so that every failed stage says
-    what is wrong in one line, not only "check log file(s) for error details". ``snakemake_log``: the
-    path(s) of Snakemake's own log (Snakemake 9 passes a list)."""
+def stage_shell(rule: str) -> str:
+    """The shell command of a rule (rules/*.smk): ``ggufpipe stage`` with the recipe, name and roots, the
+    stage's own arguments and output (:data:`pipeline.cli.STAGES`). The text is Snakemake's code rerun
+    trigger: it must stay byte-identical for an unchanged stage (tests/unit/test_workflow_rules.py)."""
+    from .cli import STAGES
+
+    st = STAGES[rule]
+    cmd = (f'"$GGUFPIPE_PYTHON" -m pipeline.cli stage {st.cli} --recipe {{params.recipe:q}} --name {{wildcards.name}}'
+           " {params.roots}")
+    return cmd + (f" {st.args}" if st.args else "") + OUTPUT_SHELL[st.output]
+
+
+def stage_log(layout: Layout, rule: str) -> str:
+    """The log pattern of a rule, ``work/{name}/logs/<stem>.log``: the path its stage writes (cli.cmd_stage)."""
+    from .cli import STAGES
+
+    return str(layout.log("{name}", STAGES[rule].log))
+
+
+def logged_rules() -> tuple[str, ...]:
+    """Rules whose shell sends all of the stage's output, its error line included, into the job's log only."""
+    from .cli import STAGES
+
+    return tuple(k for k, st in STAGES.items() if st.output == "log")
+
+
+LOGGED_RULES = logged_rules()
+
+
+def show_stage_errors(snakemake_log, rules: tuple[str, ...] = LOGGED_RULES) -> None:
+    """The Snakefile's ``onerror``: print the ``error:`` line of each failed job of ``rules`` (those whose
+    output goes to their log only, :func:`logged_rules`; the other stages print theirs to Snakemake's output
+    themselves), so that every failed stage says what is wrong in one line, not only "check log file(s) for
+    error details". ``snakemake_log``: the path(s) of Snakemake's own log (Snakemake 9 passes a list)."""
     from .ci_summary import snakemake_failed_jobs
 
     text = ""
@@ -216,7 +245,7 @@ def show_stage_errors(snakemake_log) -> None:
         except OSError:
             continue
     for job in snakemake_failed_jobs(text):
-        if job["rule"] not in LOGGED_RULES or not job["log"]:
+        if job["rule"] not in rules or not job["log"]:
             continue
         try:
             lines = Path(job["log"]).read_text(errors="replace").splitlines()

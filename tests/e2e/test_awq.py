@@ -34,3 +34,20 @@ def test_awq_build_with_clipping(tmp_path, tiny_hf):
     assert manifest["build"]["calibration_seconds"]["awq"] > 0
     log = (tmp_path / "work" / "tiny-awq" / "logs" / "awq.log").read_text()
     assert "AWQ: 100%" in log  # AutoAWQ's progress bar, per layer, in the stage log
+
+
+def test_awq_failure_shows_its_error_line(tmp_path, tiny_hf):
+    """The awq rule sends all of the stage's output to its log (AutoAWQ's progress bars): its failure still shows
+    its one `error:` line on Snakemake's output (the Snakefile's onerror, pipeline.workflow.logged_rules), as
+    every stage's does. Provoked cheaply: a calibration text too short for n_samples x seq_len."""
+    short = tmp_path / "short.txt"
+    short.write_text("A calibration text far too short for the windows the recipe asks for.\n")
+    recipe = awq_recipe(tmp_path, tiny_hf, f"{{calibration: {short}, n_samples: 8, seq_len: 64}}")
+    res = snakemake(tmp_path, recipe)
+    out = res.stdout + res.stderr
+    errors = [ln for ln in out.splitlines() if ln.startswith("error: ")]
+    assert res.returncode != 0, out[-3000:]
+    assert len(errors) == 1, out[-3000:]
+    assert f"{recipe}: awq: calibration text short.txt has " in errors[0], errors[0]
+    assert "fewer than n_samples x seq_len = 8 x 64 = 512" in errors[0], errors[0]
+    assert errors[0] in (tmp_path / "work" / "tiny-awq" / "logs" / "awq.log").read_text()

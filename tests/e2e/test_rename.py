@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from helpers import DVC_NAME as NAME
-from helpers import GIT_ENV, PROJECT_FILES, ROOT, Repo, project_repo
+from helpers import GIT_ENV, PROJECT_DIRS, PROJECT_FILES, ROOT, Repo, project_repo
 from helpers import dvc_jobs_run as jobs_run
 from helpers import dvc_recipe as recipe
 
@@ -27,8 +27,9 @@ NEW = Path("artifacts") / NAME / f"{NAME}-Q8_0_PURE.gguf"
 
 
 def old_workflow(path: Path) -> None:
-    """Replace the box's workflow files (PROJECT_FILES, pipeline/) with those of OLD_RULE."""
-    shutil.rmtree(path / "pipeline")
+    """Replace the box's workflow files (PROJECT_FILES, pipeline/) with those of OLD_RULE (a one-file Snakefile)."""
+    for d in PROJECT_DIRS:
+        shutil.rmtree(path / d, ignore_errors=True)
     cmd = ["git", "-C", str(ROOT), "archive", OLD_RULE, *PROJECT_FILES, "pipeline"]
     archive = subprocess.run(cmd, capture_output=True, check=True)
     subprocess.run(["tar", "-x", "-C", str(path)], input=archive.stdout, check=True)
@@ -36,10 +37,12 @@ def old_workflow(path: Path) -> None:
 
 def current_workflow(path: Path) -> None:
     """The current workflow files, copied as project_repo copies them (but the box's .dvc/config: its remote)."""
-    shutil.rmtree(path / "pipeline")
+    for d in PROJECT_DIRS:
+        shutil.rmtree(path / d, ignore_errors=True)
     for f in set(PROJECT_FILES) - {".dvc/config"}:
         shutil.copyfile(ROOT / f, path / f)
-    shutil.copytree(ROOT / "pipeline", path / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
+    for d in PROJECT_DIRS:
+        shutil.copytree(ROOT / d, path / d, ignore=shutil.ignore_patterns("__pycache__"))
 
 
 def verify_current(path: Path, env: dict, cwd: Path) -> str:

@@ -29,6 +29,7 @@ TINY_REPO = "ggufpipe-test/tiny-llama"
 TINY_COMMIT = "fa17ed0000000000000000000000000000c0ffee"
 # Files a project repository needs to run this workflow (besides pipeline/ and its recipes)
 PROJECT_FILES = ["Snakefile", "dvc.yaml", ".dvcignore", ".dvc/config", "envs/ggufpipe.yaml", "data/botchan.txt"]
+PROJECT_DIRS = ["pipeline", "rules"]  # the package and the Snakefile's rule files
 
 
 def snakemake(workdir: Path, recipes: list[Path] | Path, cores: int = 2, extra: list[str] | None = None,
@@ -100,7 +101,8 @@ def project_repo(path: Path, env: dict) -> Repo:
     for f in PROJECT_FILES:
         (path / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(ROOT / f, path / f)
-    shutil.copytree(ROOT / "pipeline", path / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
+    for d in PROJECT_DIRS:
+        shutil.copytree(ROOT / d, path / d, ignore=shutil.ignore_patterns("__pycache__"))
     (path / ".gitignore").write_text("work/\n.snakemake/\nartifacts/**/*.gguf\n__pycache__/\n")
     repo.git("init", "-q", "-b", "main")
     repo.dvc("init", "-q", "-f")

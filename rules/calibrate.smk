@@ -1,0 +1,74 @@
+# calibrate: AWQ-scaled weights (AutoAWQ) and their base GGUF; importance matrices (llama-imatrix) of the plain
+# or AWQ-scaled base. Both run at calib_threads, fixed, not scaled by --cores: the folded weights and the
+# matrix then do not depend on it.
+
+
+rule awq:
+    input:
+        hf=rules.fetch.output.hf,
+        text=lambda wc: W.calibration_text(wc.name, "awq"),
+    output:
+        hf=directory(L.hf_awq("{name}")),
+        record=L.awq_record("{name}"),
+    log:
+        stage_log(L, "awq"),
+    conda:
+        ENV
+    threads: W.calib_threads
+    resources:
+        mem_mb=lambda wc, input: mem_mb(input.size_mb, 8, 2048),
+        disk_mb=lambda wc, input: mem_mb(input.size_mb, 2),
+        runtime=lambda wc, input: int(30 + input.size_mb / 5),
+    params:
+        **STAGE_PARAMS,
+        threads=W.calib_threads,
+        trigger=lambda wc: W.awq_params(wc.name),
+    shell:
+        stage_shell("awq")
+
+
+rule convert_awq:
+    input:
+        hf=rules.awq.output.hf,
+    output:
+        gguf=L.awq_gguf_at("{name}", "{outtype}"),
+        record=L.awq_convert_record_at("{name}", "{outtype}"),
+    log:
+        stage_log(L, "convert_awq"),
+    conda:
+        ENV
+    threads: 1
+    resources:
+        mem_mb=lambda wc, input: mem_mb(input.size_mb, 1.5),
+        disk_mb=lambda wc, input: mem_mb(input.size_mb, 2.5),
+        runtime=lambda wc, input: int(30 + input.size_mb / 100),
+    params:
+        **STAGE_PARAMS,
+        quantized_by=W.quantized_by,
+        trigger=lambda wc: W.convert_params(wc.name),
+    shell:
+        stage_shell("convert_awq")
+
+
+rule imatrix:
+    input:
+        base=lambda wc: W.source_gguf(wc.name, wc.base),
+        text=lambda wc: W.calibration_text(wc.name, "imatrix"),
+    output:
+        imatrix=L.imatrix("{name}", "{base}"),
+        record=L.imatrix_record("{name}", "{base}"),
+    log:
+        stage_log(L, "imatrix"),
+    conda:
+        ENV
+    threads: W.calib_threads
+    resources:
+        mem_mb=lambda wc, input: mem_mb(input.size_mb, 1.3, 1024),
+        disk_mb=1024,
+        runtime=lambda wc, input: int(30 + input.size_mb / 10),
+    params:
+        **STAGE_PARAMS,
+        threads=W.calib_threads,
+        trigger=lambda wc: W.imatrix_params(wc.name),
+    shell:
+        stage_shell("imatrix")

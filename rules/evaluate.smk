@@ -1,0 +1,92 @@
+# evaluate: the base logits of each eval set (llama-perplexity --kl-divergence-base), each quant's KLD against
+# them, llama-bench speed figures, and the base GGUF's conformance with the HF model (pipeline/conformance.py).
+
+
+rule eval_base:
+    input:
+        base=lambda wc: W.base_file(wc.name),
+    output:
+        logits=L.base_logits("{name}", "{es}"),
+        record=L.base_record("{name}", "{es}"),
+    log:
+        stage_log(L, "eval_base"),
+    conda:
+        ENV
+    threads: W.eval_threads  # capped by --cores; llama-perplexity's logits and statistics do not depend on it
+    resources:
+        mem_mb=lambda wc, input: mem_mb(input.size_mb, 1.3, 1024),
+        disk_mb=lambda wc, input: W.logits_disk_mb(wc.name, wc.es, input.base),
+        runtime=lambda wc, input: int(30 + input.size_mb / 20),
+    params:
+        **STAGE_PARAMS,
+        trigger=lambda wc: W.eval_base_params(wc.name, wc.es),
+    shell:
+        stage_shell("eval_base")
+
+
+rule eval:
+    input:
+        gguf=L.gguf("{name}", "{quant}"),
+        logits=rules.eval_base.output.logits,
+        base_record=rules.eval_base.output.record,
+    output:
+        L.eval_record("{name}", "{es}", "{quant}"),
+    log:
+        stage_log(L, "eval"),
+    conda:
+        ENV
+    threads: W.eval_threads  # capped by --cores; llama-perplexity's logits and statistics do not depend on it
+    resources:
+        mem_mb=lambda wc, input: mem_mb(size_mb(input.gguf), 1.3, 1024),
+        disk_mb=1024,
+        runtime=lambda wc, input: int(30 + size_mb(input.gguf) / 20),
+    params:
+        **STAGE_PARAMS,
+        trigger=lambda wc: W.eval_base_params(wc.name, wc.es),
+    shell:
+        stage_shell("eval")
+
+
+rule bench:
+    input:
+        gguf=lambda wc: W.main_gguf(wc.name, wc.bkey),
+    output:
+        L.bench_record("{name}", "{bkey}"),
+    log:
+        stage_log(L, "bench"),
+    conda:
+        ENV
+    threads: W.eval_threads
+    resources:
+        mem_mb=lambda wc, input: mem_mb(input.size_mb, 1.3, 1024),
+        disk_mb=1024,
+        runtime=lambda wc, input: int(30 + input.size_mb / 100),
+    params:
+        **STAGE_PARAMS,
+        threads=W.eval_threads,  # fixed, not scaled by --cores: every quant's figures at the same threads
+    shell:
+        stage_shell("bench")
+
+
+# The base GGUF against the HF model (tokenizer, chat template, end of generation, logits): pipeline/conformance.py.
+rule conformance:
+    input:
+        unpack(lambda wc: W.conformance_inputs(wc.name)),
+    output:
+        L.conformance_record("{name}"),
+    log:
+        stage_log(L, "conformance"),
+    conda:
+        ENV
+    threads: W.eval_threads
+    resources:
+        # the HF model in float32 (2 x the F16 file) beside the base logits being read
+        mem_mb=lambda wc, input: mem_mb(size_mb(input.base[0]), 2.5, 2048),
+        disk_mb=lambda wc, input: W.conformance_disk_mb(wc.name, input.base[0]),
+        runtime=lambda wc, input: int(30 + size_mb(input.base[0]) / 20),
+    params:
+        **STAGE_PARAMS,
+        threads=W.eval_threads,  # fixed, not scaled by --cores: torch's float32 sums, so the numbers, stay identical
+        trigger=lambda wc: W.conformance_params(wc.name),
+    shell:
+        stage_shell("conformance")

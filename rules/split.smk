@@ -1,0 +1,22 @@
+# split (recipe `split:` only): the whole file, which eval and bench read, cut into llama-gguf-split shards.
+
+
+rule split:
+    input:
+        gguf=L.gguf("{name}", "{skey}"),
+    output:
+        shards=directory(L.split_dir("{name}", "{skey}")),
+    log:
+        stage_log(L, "split"),
+    conda:
+        ENV
+    threads: 1
+    resources:
+        mem_mb=1024,
+        disk_mb=lambda wc, input: mem_mb(input.size_mb, 1.0),
+        runtime=lambda wc, input: int(10 + input.size_mb / 200),
+    params:
+        **STAGE_PARAMS,
+        trigger=lambda wc: W.split_params(wc.name, wc.skey),
+    shell:
+        stage_shell("split")
