@@ -7,7 +7,7 @@ real llama-quantize, the real publish stage (``pipeline.manifest.publish``). The
 (as in tests/integration/test_hub.py); the conformance record's renders are transformers' own
 (``render_jinja_template``, what ``apply_chat_template`` renders) of the GGUF's template: the real stage records a
 conversation only where llama.cpp's render is identical to it. Ollama's Go templates cannot be run here (no Ollama,
-no Go toolchain): :func:`pipeline.hub.ollama_chatml_render` is what Ollama renders with its ChatML template, and the
+no Go toolchain): :func:`pipeline.hubfiles.ollama_chatml_render` is what Ollama renders with its ChatML template, and the
 vendored-template test below shows why the publish stage checks it against every verified render before it writes
 a ``template``: the ChatML markers alone do not make a template ChatML.
 """
