@@ -274,7 +274,7 @@ class Draft:
 
 @dataclass(frozen=True)
 class Conformance:
-    """Recipe ``conformance:``: the base GGUF checked against the HF model (pipeline/conformance.py)."""
+    """Recipe ``conformance:``: the base GGUF checked against the HF model (pipeline/conformance/)."""
 
     enabled: bool = True
     chunks: int = 4

@@ -1,4 +1,4 @@
-"""The conformance checks (pipeline/conformance.py) with the real pinned llama.cpp (the ggufpipe-conformance helper,
+"""The conformance checks (pipeline/conformance/) with the real pinned llama.cpp (the ggufpipe-conformance helper,
 llama-perplexity) and transformers, on two real conversions made here:
 
 - the demo snapshot (SmolLM2-135M-Instruct, GPT-2 BPE, ChatML template, add_bos false) converted to F16: every check
