@@ -2,7 +2,7 @@
 and Ollama beside the GGUFs: pipeline/hubfiles.py).
 
 Uploading is an explicit action (``ggufpipe hub-publish --recipe R [--dry-run]``), never part of a build.
-It needs a ``publish:`` section in the recipe (pipeline/recipe.py) and a finished build of that recipe.
+It needs a ``publish:`` section in the recipe (pipeline/recipe/) and a finished build of that recipe.
 
 - :func:`modelfiles` / :func:`write_modelfiles`: one Ollama ``Modelfile.<KEY>`` per published model file
   (``FROM ./<name>-<KEY>.gguf``), written by the publish stage when ``publish.ollama`` is on (the default)

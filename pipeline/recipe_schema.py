@@ -1,4 +1,4 @@
-"""Every recipe key, declared once: the table ``pipeline/recipe.py`` takes its allowed keys from and
+"""Every recipe key, declared once: the table ``pipeline/recipe/`` takes its allowed keys from and
 ``pipeline/recipe_docs.py`` renders as ``docs/recipes.md`` (``make docs``).
 
 Standard library only (recipe loading imports it at every Snakemake start). Each :class:`Section` is one
@@ -7,7 +7,7 @@ mapping of a recipe (its ``path`` is where it sits, e.g. ``quants[]`` or ``draft
 uses when the key is absent: a plain value (``None``: not set), :data:`REQUIRED`, or a :class:`Note` where
 the default depends on the rest of the recipe. ``example`` is a valid value (a Python value, shown as YAML).
 ``{imatrix_families}`` and ``{min_scored_tokens}`` in the texts are filled in by the renderer from the
-constants of ``pipeline/recipe.py``. tests/unit/test_recipe_docs.py loads recipes with each key set to its
+constants of ``pipeline/recipe/``. tests/unit/test_recipe_docs.py loads recipes with each key set to its
 example, refuses an undocumented key in each section, and checks every plain default against what
 :func:`pipeline.recipe.load_recipe` returns.
 """

@@ -33,7 +33,7 @@ from .tokenizer import check_tokenizer
 
 
 def _settings(recipe) -> dict | None:
-    """The recipe's ``conformance`` setting (pipeline/recipe.py ``Conformance``): None when it opts out."""
+    """The recipe's ``conformance`` setting (pipeline/recipe/ ``Conformance``): None when it opts out."""
     conf = getattr(recipe, "conformance", None)
     if conf is False or (conf is not None and getattr(conf, "enabled", True) is False):
         return None

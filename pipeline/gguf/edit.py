@@ -1,6 +1,6 @@
 """The recipe's fix path: tokenizer keys written into a GGUF with gguf-py (the pinned tree's), tensors copied.
 
-``chat_template_override``, ``eos_token_ids`` and ``add_bos`` (pipeline/recipe.py) are written into the base GGUF
+``chat_template_override``, ``eos_token_ids`` and ``add_bos`` (pipeline/recipe/) are written into the base GGUF
 by the convert stage before it is renamed into place, so every quant made from it carries them. The rewrite
 follows what gguf-py's own ``gguf_new_metadata.py`` does (GGUFReader -> GGUFWriter, every other key and every
 tensor copied as it is): llama.cpp reads the result like any converter output.

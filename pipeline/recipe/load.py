@@ -1,0 +1,136 @@
+"""Entry points: :func:`load_recipe` (one file, validated, with the naming check) and :func:`load_recipes`. (see pipeline/recipe/__init__.py)."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from .. import naming
+from ..errors import PipelineError
+from .model import MTP_MODES, NAME_RE, OUTTYPES, TOP_KEYS, Conformance, Recipe
+from .parse import (
+    _Ctx,
+    _integer,
+    _parse_awq,
+    _parse_conformance,
+    _parse_draft,
+    _parse_eval_sets,
+    _parse_imatrix,
+    _parse_publish,
+    _parse_quants,
+    _parse_source,
+    _parse_split,
+    _text_path,
+)
+from .quant_types import known_quant_types
+
+
+def load_recipe(path: str | Path, quantize_exe: str | None = None) -> Recipe:
+    """Read and validate one recipe. ``quantize_exe`` enables the check against llama-quantize."""
+    import yaml
+
+    path = Path(path)
+    ctx = _Ctx(path)
+    try:
+        raw_bytes = path.read_bytes()
+    except OSError as exc:
+        raise PipelineError(f"{path}: cannot read recipe: {exc.strerror}") from exc
+    try:
+        data = yaml.safe_load(raw_bytes.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise PipelineError(f"{path}: not UTF-8 text") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark else "YAML"
+        raise PipelineError(f"{path}: {where}: malformed YAML: {getattr(exc, 'problem', None) or exc}") from None
+    if data is None:
+        ctx.fail("recipe", "file is empty")
+    d = ctx.mapping(data, "", TOP_KEYS)
+    for req in ("name", "source", "quants"):
+        if req not in d:
+            ctx.fail(req, "missing")
+    name = ctx.string(d["name"], "name", NAME_RE, "a valid name (lowercase slug: a-z 0-9 . _ -, starting with a letter or digit)")
+    if ".." in name:
+        ctx.fail("name", f"{name!r} must not contain '..'")
+
+    source = _parse_source(ctx, d["source"], "source")
+
+    outtype = d.get("outtype", "f16")
+    if outtype not in OUTTYPES:
+        ctx.fail("outtype", f"{outtype!r} is not one of {', '.join(OUTTYPES)}")
+    mtp = d.get("mtp", "keep")
+    if mtp not in MTP_MODES:
+        ctx.fail("mtp", f"{mtp!r} is not one of {', '.join(MTP_MODES)}")
+
+    if "quants" in d and not isinstance(d["quants"], list):
+        ctx.fail("quants", "must be a non-empty list")
+    eval_sets = _parse_eval_sets(ctx, d["gates"]) if "gates" in d else ()
+    set_names = {es.name for es in eval_sets}
+    bench = ctx.boolean(d.get("bench", True), "bench")
+    known = build = None
+    if quantize_exe:
+        known_set, build = known_quant_types(quantize_exe)
+        known = set(known_set)
+    awq = _parse_awq(ctx, d["awq"], eval_sets) if "awq" in d else None
+    imatrix = _parse_imatrix(ctx, d["imatrix"], eval_sets) if "imatrix" in d else None
+    split = _parse_split(ctx, d["split"], "split") if "split" in d and d["split"] is not None else None
+    quants = _parse_quants(ctx, d["quants"], "quants", known, build, set_names, awq is not None, imatrix is not None,
+                           split)
+    draft = _parse_draft(ctx, d["draft"], quants, eval_sets, known, build, outtype) if "draft" in d else None
+    publish = _parse_publish(ctx, d["publish"]) if "publish" in d else None
+    conformance = _parse_conformance(ctx, d["conformance"]) if "conformance" in d else Conformance()
+    template = (_text_path(ctx, d["chat_template_override"], "chat_template_override", "chat template")
+                if d.get("chat_template_override") is not None else None)
+    eos_ids = None
+    if d.get("eos_token_ids") is not None:
+        ids = d["eos_token_ids"]
+        if not isinstance(ids, list) or not 1 <= len(ids) <= 3:
+            ctx.fail("eos_token_ids", f"must be a list of 1 to 3 token ids (eos, eot, eom), got {ids!r}")
+        eos_ids = tuple(_integer(ctx, v, f"eos_token_ids[{i}]", 0) for i, v in enumerate(ids))
+    add_bos = ctx.boolean(d["add_bos"], "add_bos") if d.get("add_bos") is not None else None
+
+    for key in ("description", "license"):
+        if key in d and d[key] is not None:
+            ctx.string(d[key], key)
+    recipe = Recipe(
+        path=path,
+        sha256=hashlib.sha256(raw_bytes).hexdigest(),
+        name=name,
+        source=source,
+        outtype=outtype,
+        quants=quants,
+        description=d.get("description"),
+        license=d.get("license"),
+        eval_sets=eval_sets,
+        bench=bench,
+        draft=draft,
+        awq=awq,
+        imatrix=imatrix,
+        mtp=mtp,
+        publish=publish,
+        split=split,
+        conformance=conformance,
+        chat_template_override=template,
+        eos_token_ids=eos_ids,
+        add_bos=add_bos,
+        raw=d,
+    )
+    # names both resolvers read right, in the recipe's repository and in its draft's (pipeline/naming.py)
+    for r, where in ((recipe, "quants"), (recipe.draft_recipe(), "draft.quants")):
+        if r is not None:
+            problems = naming.check_repo(r.published_names(where))
+            if problems:
+                ctx.fail(where, f"file names collide: {problems[0]}")
+    return recipe
+
+
+def load_recipes(folder: str | Path, quantize_exe: str | None = None) -> list[Recipe]:
+    """All ``*.yaml`` recipes of a folder, with names checked to be unique."""
+    folder = Path(folder)
+    recipes = [load_recipe(p, quantize_exe) for p in sorted(folder.glob("*.yaml"))]
+    by_name: dict[str, Path] = {}
+    for r in recipes:
+        if r.name in by_name:
+            raise PipelineError(f"{r.path}: name: {r.name!r} is already used by {by_name[r.name]}")
+        by_name[r.name] = r.path
+    return recipes

@@ -1,0 +1,461 @@
+"""Parsing each section of a recipe, one line per error naming file and field (the ``_Ctx`` helpers). (see pipeline/recipe/__init__.py)."""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from .. import naming
+from ..errors import PipelineError
+from .model import (
+    AWQ_KEYS,
+    AWQ_VERSIONS,
+    COMMIT_RE,
+    CONFORMANCE_KEYS,
+    DRAFT_KEYS,
+    EVAL_KEYS,
+    EVAL_NAME_RE,
+    IMATRIX_DEFAULT_FAMILIES,
+    IMATRIX_KEYS,
+    MIN_SCORED_TOKENS,
+    NEEDS_IMATRIX,
+    NOT_QUANTS,
+    OUTTYPES,
+    PUBLISH_KEYS,
+    QUANT_ALIASES,
+    QUANT_KEYS,
+    REPO_PATH_RE,
+    REPO_RE,
+    REVISION_RE,
+    SHA256_RE,
+    SOURCE_KEYS,
+    SPLIT_KEYS,
+    SPLIT_SIZE_RE,
+    TENSOR_TYPE_RE,
+    THRESHOLDS,
+    VARIANT_RE,
+    AwqConfig,
+    Conformance,
+    Draft,
+    EvalSet,
+    ImatrixConfig,
+    Publish,
+    Quant,
+    Source,
+    Split,
+    quant_family,
+    scored_tokens,
+)
+from .quant_types import gguf_file_types, key_ref
+
+# --------------------------------------------------------------------------- helpers
+
+
+class _Ctx:
+    def __init__(self, path: Path):
+        self.path = path
+
+    def fail(self, where: str, msg: str):
+        raise PipelineError(f"{self.path}: {where}: {msg}")
+
+    def mapping(self, value, where: str, allowed: set[str]) -> dict:
+        if not isinstance(value, dict):
+            self.fail(where, f"must be a mapping, got {type(value).__name__}")
+        for k in value:
+            if not isinstance(k, str) or k not in allowed:
+                self.fail(f"{where}.{k}" if where else str(k),
+                          f"unknown key (allowed: {', '.join(sorted(allowed))})")
+        return value
+
+    def string(self, value, where: str, pattern: re.Pattern | None = None, what: str = "") -> str:
+        if not isinstance(value, str) or not value.strip():
+            self.fail(where, f"must be a non-empty string, got {value!r}")
+        if pattern and not pattern.match(value):
+            self.fail(where, f"{value!r} is not {what or 'valid'}")
+        return value
+
+    def boolean(self, value, where: str) -> bool:
+        if not isinstance(value, bool):
+            self.fail(where, f"must be true or false, got {value!r}")
+        return value
+
+
+def _thresholds(ctx: _Ctx, d: dict, where: str) -> tuple[tuple[str, float], ...]:
+    out = []
+    for name in THRESHOLDS:
+        if name not in d:
+            continue
+        v = d[name]
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            ctx.fail(f"{where}.{name}", f"must be a number, got {v!r}")
+        if v < 0 or (name == "min_same_top_p" and v > 1) or (name == "max_ppl_ratio" and v < 1):
+            rng = "between 0 and 1" if name == "min_same_top_p" else ">= 1" if name == "max_ppl_ratio" else ">= 0"
+            ctx.fail(f"{where}.{name}", f"{v!r} is out of range (must be {rng})")
+        out.append((name, float(v)))
+    return tuple(out)
+
+
+def _integer(ctx: _Ctx, v, where: str, lo: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+        ctx.fail(where, f"must be an integer >= {lo}, got {v!r}")
+    return v
+
+
+def _parse_eval_sets(ctx: _Ctx, value) -> tuple[EvalSet, ...]:
+    items = [value] if isinstance(value, dict) else value
+    if not isinstance(items, list) or not items:
+        ctx.fail("gates", "must be a list of eval sets (name, text, ctx, chunks, thresholds)")
+    sets = []
+    for i, item in enumerate(items):
+        where = f"gates[{i}]"
+        d = ctx.mapping(item, where, EVAL_KEYS)
+        name = d.get("name", "default" if len(items) == 1 else None)
+        if name is None:
+            ctx.fail(f"{where}.name", "missing (needed when there are several eval sets)")
+        name = ctx.string(name, f"{where}.name", EVAL_NAME_RE, "an eval set name (a-z 0-9 _ -)")
+        for req in ("text", "ctx", "chunks"):
+            if req not in d:
+                ctx.fail(f"{where}.{req}", "missing")
+        text = _text_path(ctx, d["text"], f"{where}.text", "eval text")
+        sha = d.get("text_sha256")
+        if sha is not None:
+            sha = ctx.string(sha, f"{where}.text_sha256", SHA256_RE, "a SHA256 (64 lowercase hex)")
+        n_ctx = _integer(ctx, d["ctx"], f"{where}.ctx", 16)
+        chunks = _integer(ctx, d["chunks"], f"{where}.chunks", 1)
+        scored = scored_tokens(n_ctx, chunks)
+        if scored < MIN_SCORED_TOKENS:
+            ctx.fail(f"{where}.chunks", f"ctx {n_ctx} x {chunks} chunks scores only {scored} tokens; at least "
+                                        f"{MIN_SCORED_TOKENS} are needed for a meaningful evaluation")
+        if any(es.name == name for es in sets):
+            ctx.fail(f"{where}.name", f"eval set {name!r} repeats")
+        sets.append(EvalSet(name=name, text=text, ctx=n_ctx, chunks=chunks,
+                            thresholds=_thresholds(ctx, d, where), text_sha256=sha))
+    return tuple(sets)
+
+
+def _parse_quant_gates(ctx: _Ctx, value, where: str, set_names: set[str]):
+    if not isinstance(value, dict) or not value:
+        ctx.fail(where, "must be a mapping of thresholds, or of eval set name -> thresholds")
+    if not set_names:
+        ctx.fail(where, "per-quant gates need a top-level `gates:` section")
+    if all(k in THRESHOLDS for k in value):
+        return (("*", _thresholds(ctx, value, where)),)
+    out = []
+    for k, v in value.items():
+        if k in THRESHOLDS:
+            ctx.fail(f"{where}.{k}", "do not mix thresholds with per-eval-set entries")
+        if k not in set_names:
+            ctx.fail(f"{where}.{k}", f"unknown key (thresholds: {', '.join(THRESHOLDS)}; eval sets: "
+                                     f"{', '.join(sorted(set_names))})")
+        d = ctx.mapping(v, f"{where}.{k}", set(THRESHOLDS))
+        out.append((k, _thresholds(ctx, d, f"{where}.{k}")))
+    return tuple(out)
+
+
+def _check_quant_type(ctx: _Ctx, value: str, where: str, known: set[str] | None, build: int | None) -> str:
+    t = value.strip().upper()
+    t = QUANT_ALIASES.get(t, t)
+    if t in NOT_QUANTS:
+        ctx.fail(where, f"{t} is not a quantization (the {t.lower()} file comes from `outtype`)")
+    if known is not None and t not in known:
+        ctx.fail(where, f"unknown quant type {value!r} (llama-quantize b{build} accepts: {', '.join(sorted(known - NOT_QUANTS))})")
+    if t not in gguf_file_types():
+        ctx.fail(where, f"quant type {t} is unknown to the installed gguf Python package, which could not read the "
+                        "result back; install the gguf-py of the pinned llama.cpp (`make tools`)")
+    return t
+
+
+def _parse_quant(ctx: _Ctx, item, where: str, known, build, set_names: set[str]) -> Quant:
+    if isinstance(item, str):
+        return Quant(type=_check_quant_type(ctx, item, where, known, build))
+    d = ctx.mapping(item, where, QUANT_KEYS)
+    if "type" not in d:
+        ctx.fail(f"{where}.type", "missing")
+    qtype = _check_quant_type(ctx, ctx.string(d["type"], f"{where}.type"), f"{where}.type", known, build)
+    variant = d.get("variant")
+    if variant is not None:
+        variant = ctx.string(variant, f"{where}.variant", VARIANT_RE,
+                             "a variant: 1-24 letters A-Z (the Hub's label `<TYPE>_<VARIANT>` stops at a digit)")
+        variant = variant.upper()
+        label = naming.quant_label(qtype, variant)
+        if label in naming.HUB_FILE_TYPES or (known is not None and label in known):
+            ctx.fail(f"{where}.variant", f"{qtype} with variant {variant} would be labelled {label}, the name of "
+                     "another quant type: choose another variant")
+    kw: dict[str, Any] = {}
+    for key in ("output_tensor_type", "token_embedding_type"):
+        if key in d:
+            kw[key] = ctx.string(d[key], f"{where}.{key}", re.compile(r"^[A-Za-z0-9_]+$"), "a ggml type name").lower()
+    if "tensor_types" in d:
+        tts = d["tensor_types"]
+        if not isinstance(tts, list):
+            ctx.fail(f"{where}.tensor_types", "must be a list of 'pattern=type'")
+        kw["tensor_types"] = tuple(
+            ctx.string(t, f"{where}.tensor_types[{j}]", TENSOR_TYPE_RE, "'pattern=type'") for j, t in enumerate(tts)
+        )
+    for key in ("pure", "leave_output_tensor"):
+        if key in d:
+            kw[key] = ctx.boolean(d[key], f"{where}.{key}")
+    if "gates" in d:
+        kw["gates"] = _parse_quant_gates(ctx, d["gates"], f"{where}.gates", set_names)
+    for key in ("awq", "imatrix"):  # resolved against the recipe's sections in _parse_quants
+        if key in d:
+            kw[key] = ctx.boolean(d[key], f"{where}.{key}")
+    if "split" in d:
+        kw["split"] = _parse_split(ctx, d["split"], f"{where}.split", allow_false=True)
+    return Quant(type=qtype, variant=variant, **kw)
+
+
+def _parse_split(ctx: _Ctx, value, where: str, allow_false: bool = False) -> Split | None:
+    """``split: {max_size: 2G}`` (or, for one quant, ``split: false``: published whole)."""
+    if value is False and allow_false:
+        return None
+    if not isinstance(value, dict):
+        ctx.fail(where, "must be a mapping {max_size: N(M|G)}" + (" or false" if allow_false else "")
+                 + f", got {value!r}")
+    d = ctx.mapping(value, where, SPLIT_KEYS)
+    if "max_size" not in d:
+        ctx.fail(f"{where}.max_size", "missing (the most tensor data per shard, e.g. 2G or 500M)")
+    size = d["max_size"]
+    if isinstance(size, bool) or not isinstance(size, str) or not SPLIT_SIZE_RE.match(size.strip()):
+        ctx.fail(f"{where}.max_size", f"{size!r} is not a size llama-gguf-split takes: a whole number > 0 followed "
+                                      "by M (10^6 bytes) or G (10^9 bytes), e.g. 500M or 2G")
+    return Split(max_size=size.strip(), where=where)
+
+
+def _parse_source(ctx: _Ctx, value, where: str) -> Source:
+    s = ctx.mapping(value, where, SOURCE_KEYS)
+    if ("repo" in s) == ("path" in s):
+        ctx.fail(where, "give exactly one of `repo` (with `revision`) or `path`")
+    if "repo" in s:
+        repo = ctx.string(s["repo"], f"{where}.repo", REPO_RE, "a Hugging Face repo id (org/name)")
+        if "revision" not in s or s["revision"] in (None, ""):
+            ctx.fail(f"{where}.revision", "missing: pin the repo to a commit SHA (or at least a tag)")
+        rev = s["revision"]
+        if not isinstance(rev, str):  # YAML reads an all-digit SHA prefix as a number
+            ctx.fail(f"{where}.revision", f"must be a string (quote it), got {rev!r}")
+        revision = ctx.string(rev, f"{where}.revision", REVISION_RE, "a git revision")
+        local = None
+    else:
+        if "revision" in s:
+            ctx.fail(f"{where}.revision", "only valid with `repo`")
+        repo = revision = None
+        local = ctx.string(s["path"], f"{where}.path")
+    return Source(
+        repo=repo,
+        revision=revision,
+        path=local,
+        allow_pickle=ctx.boolean(s.get("allow_pickle", False), f"{where}.allow_pickle"),
+        trust_remote_code=ctx.boolean(s.get("trust_remote_code", False), f"{where}.trust_remote_code"),
+    )
+
+
+def _parse_quants(ctx: _Ctx, qs, where: str, known, build, set_names: set[str], has_awq: bool = False,
+                  has_imatrix: bool = False, split: Split | None = None) -> tuple[Quant, ...]:
+    if not isinstance(qs, list) or not qs:
+        ctx.fail(where, "must be a non-empty list")
+    quants = []
+    for i, item in enumerate(qs):
+        q = _parse_quant(ctx, item, f"{where}[{i}]", known, build, set_names)
+        asked = item if isinstance(item, dict) else {}
+        # awq: every quant of a recipe with an `awq:` section, unless it says `awq: false`
+        if asked.get("awq") and not has_awq:
+            ctx.fail(f"{where}[{i}].awq", "the recipe has no `awq:` section")
+        # imatrix: low-bit quants (4 bits and fewer) by default, any quant that says `imatrix: true`
+        if asked.get("imatrix") and not has_imatrix:
+            ctx.fail(f"{where}[{i}].imatrix", "the recipe has no `imatrix:` section")
+        use_imatrix = asked.get("imatrix", has_imatrix and quant_family(q.type) in IMATRIX_DEFAULT_FAMILIES)
+        q = replace(q, awq=bool(asked.get("awq", has_awq)), imatrix=bool(use_imatrix))
+        if "split" not in asked:  # the recipe's default; `split: false` publishes this quant whole
+            q = replace(q, split=split)
+        quants.append(q)
+    seen: dict[str, int] = {}
+    for i, q in enumerate(quants):
+        if q.key in seen:
+            ctx.fail(f"{where}[{i}]", f"{q.key} repeats {where}[{seen[q.key]}]: give one of them a `variant`")
+        seen[q.key] = i
+        if q.type in NEEDS_IMATRIX and not q.imatrix:
+            why = "this recipe has no `imatrix:` section" if not has_imatrix else "this quant sets `imatrix: false`"
+            ctx.fail(f"{where}[{i}].type", f"{q.type} needs an importance matrix, and {why}")
+    return tuple(quants)
+
+
+def _text_path(ctx: _Ctx, value, where: str, what: str) -> Path:
+    p = Path(ctx.string(value, where)).expanduser()
+    if not p.is_absolute():
+        p = (ctx.path.parent / p).resolve()
+    if not p.is_file():
+        ctx.fail(where, f"{what} {p} does not exist")
+    size = p.stat().st_size
+    if not size or (size < (1 << 20) and not p.read_bytes().strip()):
+        ctx.fail(where, f"{what} {p} is empty")
+    return p
+
+
+def _calibration(ctx: _Ctx, d: dict, where: str, eval_sets) -> Path:
+    if "calibration" not in d:
+        ctx.fail(f"{where}.calibration", "missing (a calibration text file)")
+    path = _text_path(ctx, d["calibration"], f"{where}.calibration", "calibration text")
+    digest = _file_sha256(path)
+    pin = d.get("calibration_sha256")
+    if pin is not None:
+        pin = ctx.string(pin, f"{where}.calibration_sha256", SHA256_RE, "a SHA256 (64 lowercase hex)")
+        if pin != digest:
+            ctx.fail(f"{where}.calibration_sha256", f"{path.name} has SHA256 {digest}, not the pinned {pin}")
+    for es in eval_sets:
+        if _file_sha256(es.text) == digest:
+            ctx.fail(f"{where}.calibration", f"{path.name} is the eval text of gates {es.name!r} (same SHA256 "
+                                            f"{digest[:12]}...): the gates would measure on calibration data; "
+                                            "calibrate on a different text")
+    return path
+
+
+def _parse_awq(ctx: _Ctx, value, eval_sets) -> AwqConfig:
+    d = ctx.mapping(value, "awq", AWQ_KEYS)
+    cal = _calibration(ctx, d, "awq", eval_sets)
+    w_bit = d.get("w_bit", 4)
+    if w_bit not in (2, 3, 4, 8) or isinstance(w_bit, bool):
+        ctx.fail("awq.w_bit", f"must be 2, 3, 4 or 8, got {w_bit!r}")
+    group = d.get("q_group_size", 128)
+    if isinstance(group, bool) or not isinstance(group, int) or (group != -1 and group not in (32, 64, 128, 256)):
+        ctx.fail("awq.q_group_size", f"must be 32, 64, 128, 256 or -1 (per channel), got {group!r}")
+    version = d.get("version", "gemm")
+    if not isinstance(version, str) or version.lower() not in AWQ_VERSIONS:
+        ctx.fail("awq.version", f"must be one of {', '.join(AWQ_VERSIONS)}, got {version!r}")
+    return AwqConfig(calibration=cal, w_bit=w_bit, q_group_size=group,
+                     zero_point=ctx.boolean(d.get("zero_point", True), "awq.zero_point"), version=version.lower(),
+                     n_samples=_integer(ctx, d.get("n_samples", 64), "awq.n_samples", 1),
+                     seq_len=_integer(ctx, d.get("seq_len", 256), "awq.seq_len", 16),
+                     apply_clip=ctx.boolean(d.get("apply_clip", True), "awq.apply_clip"))
+
+
+def _parse_publish(ctx: _Ctx, value) -> Publish:
+    d = ctx.mapping(value, "publish", PUBLISH_KEYS)
+    if "hf_repo" not in d:
+        ctx.fail("publish.hf_repo", "missing (the Hugging Face repo to upload to, org/name)")
+    repo = ctx.string(d["hf_repo"], "publish.hf_repo", REPO_RE, "a Hugging Face repo id (org/name)")
+    rev = d.get("revision", "main")
+    if not isinstance(rev, str):
+        ctx.fail("publish.revision", f"must be a branch name (a string), got {rev!r}")
+    rev = ctx.string(rev, "publish.revision", REVISION_RE, "a branch name")
+    if COMMIT_RE.match(rev) or rev.endswith("/") or "//" in rev or ".." in rev:
+        ctx.fail("publish.revision", f"{rev!r} is not a branch name (a commit cannot be committed to)")
+    prefix = d.get("path_in_repo", "")
+    if prefix is None:
+        prefix = ""
+    if not isinstance(prefix, str):
+        ctx.fail("publish.path_in_repo", f"must be a folder path in the repo (a string), got {prefix!r}")
+    prefix = prefix.strip("/")
+    if prefix and not REPO_PATH_RE.match(prefix):
+        ctx.fail("publish.path_in_repo", f"{prefix!r} is not a folder path in the repo (segments of A-Z a-z 0-9 . _ -, "
+                                         "none starting with a dot)")
+    ollama = ctx.boolean(d.get("ollama", True), "publish.ollama")
+    template = d.get("ollama_template")
+    if template is not None:
+        if not ollama:
+            ctx.fail("publish.ollama_template", "only valid with `ollama: true`")
+        template = ctx.string(template, "publish.ollama_template")
+        if '"""' in template:
+            ctx.fail("publish.ollama_template", 'must not contain """ (it is written as TEMPLATE """...""")')
+    return Publish(hf_repo=repo, revision=rev, private=ctx.boolean(d.get("private", False), "publish.private"),
+                   path_in_repo=prefix, ollama=ollama, ollama_template=template)
+
+
+def _parse_imatrix(ctx: _Ctx, value, eval_sets) -> ImatrixConfig:
+    d = ctx.mapping(value, "imatrix", IMATRIX_KEYS)
+    cal = _calibration(ctx, d, "imatrix", eval_sets)
+    return ImatrixConfig(calibration=cal, ctx=_integer(ctx, d.get("ctx", 512), "imatrix.ctx", 16),
+                         chunks=_integer(ctx, d.get("chunks", 32), "imatrix.chunks", 1))
+
+
+@functools.lru_cache(maxsize=64)
+def _file_sha256_cached(path: str, size: int, mtime_ns: int) -> str:
+    from ..fsutil import sha256_file
+
+    return sha256_file(path)  # cached per (path, size, mtime): recipes share calibration and eval texts
+
+
+def _file_sha256(path: Path) -> str:
+    st = path.stat()
+    return _file_sha256_cached(str(path), st.st_size, st.st_mtime_ns)
+
+
+def _parse_draft(ctx: _Ctx, value, main_quants: tuple[Quant, ...], eval_sets, known, build, outtype: str) -> Draft:
+    d = ctx.mapping(value, "draft", DRAFT_KEYS)
+    if ("source" in d) == ("gguf" in d):
+        ctx.fail("draft", "give exactly one of `source` (built like the main model) or `gguf` (an existing file)")
+    source = gguf = None
+    quants: tuple[Quant, ...] = ()
+    if "source" in d:
+        source = _parse_source(ctx, d["source"], "draft.source")
+        if "quants" not in d:
+            ctx.fail("draft.quants", "missing")
+        for i, item in enumerate(d["quants"] if isinstance(d["quants"], list) else []):
+            if isinstance(item, dict) and "split" in item:
+                ctx.fail(f"draft.quants[{i}].split", "not supported: draft models are published whole")
+        quants = _parse_quants(ctx, d["quants"], "draft.quants", known, build, set())
+    else:
+        for key in ("quants", "outtype"):
+            if key in d:
+                ctx.fail(f"draft.{key}", "only valid with draft.source (a `gguf` draft is checked, not rebuilt)")
+        gguf = Path(ctx.string(d["gguf"], "draft.gguf")).expanduser()
+        if not gguf.is_absolute():
+            gguf = (ctx.path.parent / gguf).resolve()
+        if not gguf.is_file():
+            ctx.fail("draft.gguf", f"{gguf} does not exist")
+        from ..gguf import read_header
+
+        try:  # magic, header and tensor data inside the file (standard library; reads the header only)
+            read_header(gguf)
+        except PipelineError as exc:
+            ctx.fail("draft.gguf", str(exc))
+    d_outtype = d.get("outtype", outtype)
+    if d_outtype not in OUTTYPES:
+        ctx.fail("draft.outtype", f"{d_outtype!r} is not one of {', '.join(OUTTYPES)}")
+    main_keys = [q.key for q in main_quants]
+    draft_keys = [q.key for q in quants] if quants else ["gguf"]
+    pairs = [(m, dk) for m in main_keys for dk in draft_keys]
+    if "pairs" in d:
+        raw = d["pairs"]
+        if not isinstance(raw, list) or not raw:
+            ctx.fail("draft.pairs", "must be a list of [main quant, draft quant]")
+        pairs = []
+        for i, pr in enumerate(raw):
+            if not (isinstance(pr, list) and len(pr) == 2 and all(isinstance(x, str) for x in pr)):
+                ctx.fail(f"draft.pairs[{i}]", f"must be [main quant, draft quant], got {pr!r}")
+            m, dk = (key_ref(x) for x in pr)
+            if m not in main_keys and m != outtype.upper():
+                ctx.fail(f"draft.pairs[{i}]", f"{m!r} is not a main quant ({', '.join(main_keys)})")
+            if dk not in draft_keys:
+                ctx.fail(f"draft.pairs[{i}]", f"{dk!r} is not a draft quant ({', '.join(draft_keys)})")
+            pairs.append((m, dk))
+    n_max = d.get("n_max", [4, 8])
+    n_max = n_max if isinstance(n_max, list) else [n_max]
+    if not n_max or not all(isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 64 for n in n_max):
+        ctx.fail("draft.n_max", f"must be a draft length 1-64 or a list of them, got {d.get('n_max')!r}")
+    text = d.get("eval_text")
+    if text is not None:
+        text = _text_path(ctx, text, "draft.eval_text", "draft eval text")
+    elif eval_sets:
+        text = eval_sets[0].text
+    else:
+        ctx.fail("draft.eval_text", "missing (and there is no gates eval set to take the text from)")
+    min_acc = d.get("min_acceptance")
+    if min_acc is not None and (isinstance(min_acc, bool) or not isinstance(min_acc, (int, float)) or not 0 <= min_acc <= 1):
+        ctx.fail("draft.min_acceptance", f"must be a number between 0 and 1, got {min_acc!r}")
+    prompts = _integer(ctx, d.get("prompts", 3), "draft.prompts", 1)
+    n_predict = _integer(ctx, d.get("n_predict", 96), "draft.n_predict", 8)
+    return Draft(source=source, gguf=gguf, outtype=d_outtype, quants=quants, pairs=tuple(pairs),
+                 n_max=tuple(sorted(set(n_max))), eval_text=text, min_acceptance=min_acc, prompts=prompts,
+                 n_predict=n_predict)
+
+
+def _parse_conformance(ctx: _Ctx, value) -> Conformance:
+    if value is False:
+        return Conformance(enabled=False)
+    if value is True:
+        return Conformance()
+    c = ctx.mapping(value, "conformance", CONFORMANCE_KEYS)
+    return Conformance(chunks=_integer(ctx, c.get("chunks", 4), "conformance.chunks", 1))
