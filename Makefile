@@ -101,12 +101,12 @@ test-fast: $(FAST)/bin/.installed
 lint: tools
 	$(BIN)/ruff check pipeline tests bench
 	$(BIN)/snakefmt --check Snakefile rules
-	$(BIN)/python -m pipeline.recipe_docs --check
+	$(BIN)/python -m pipeline.recipe.docs --check
 	$(BIN)/snakemake --lint
 
-# docs/recipes.md from the recipe schema (pipeline/recipe_schema.py)
+# docs/recipes.md from the recipe schema (pipeline/recipe/schema.py)
 docs: venv
-	$(BIN)/python -m pipeline.recipe_docs
+	$(BIN)/python -m pipeline.recipe.docs
 
 clean-work:
 	rm -rf work

@@ -3,9 +3,9 @@
 Run:  PYTHONPATH=. python bench/calib_determinism.py [--demo] [--threads 1,2,2] [--no-awq]
 On the tiny Llama of tests/helpers (and with --demo also llama-imatrix on the demo F16 GGUF),
 each run in its own process:
-- run_awq (pipeline/awq.py) with torch threads 1, 2, 2 (scale search, and scale search + clipping):
+- run_awq (pipeline/stages/awq.py) with torch threads 1, 2, 2 (scale search, and scale search + clipping):
   SHA256 of the folded model.safetensors, and the largest weight difference between the first two runs;
-- llama-imatrix (pipeline/imatrix.py) with -t 1, 2, 2: SHA256 of the imatrix GGUF.
+- llama-imatrix (pipeline/stages/imatrix.py) with -t 1, 2, 2: SHA256 of the imatrix GGUF.
 Prints one line per run and a verdict per stage (which runs gave the same bytes).
 """
 
@@ -30,11 +30,11 @@ def _child(kind: str, recipe: str, src: str, out: str, threads: int) -> None:
 
     r = load_recipe(recipe, str(find_toolchain().tool("llama-quantize")))
     if kind == "awq":
-        from pipeline.awq import run_awq
+        from pipeline.stages.awq import run_awq
 
         run_awq(r, src, out, out + ".json", threads=threads)
     else:
-        from pipeline.imatrix import imatrix
+        from pipeline.stages.imatrix import imatrix
 
         imatrix(r, "plain", src, out, out + ".json", log=out + ".log", threads=threads)
 
@@ -62,8 +62,8 @@ def main() -> int:
     from helpers import CALIB, awq_recipe
     from helpers.hf_factory import make_tiny_llama
 
-    from pipeline.convert import convert
     from pipeline.recipe import load_recipe
+    from pipeline.stages.convert import convert
     from pipeline.tools import find_toolchain
 
     demo = "--demo" in sys.argv

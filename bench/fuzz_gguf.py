@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
 FUZZ_NAME = "fuzz-input.gguf"
-INSTRUMENTED = ["pipeline.gguf", "pipeline.vocab_defaults", "pipeline.vocab", "pipeline.split", "pipeline.mtp"]
+INSTRUMENTED = ["pipeline.gguf", "pipeline.gguf.vocab_defaults", "pipeline.stages.vocab", "pipeline.stages.split", "pipeline.stages.mtp"]
 
 
 def child(args) -> None:

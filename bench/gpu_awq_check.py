@@ -1,4 +1,4 @@
-"""AWQ stage on a CUDA machine: the same entry function (pipeline.awq.run_awq) as on the build box.
+"""AWQ stage on a CUDA machine: the same entry function (pipeline.stages.awq.run_awq) as on the build box.
 
 Run where torch sees a GPU:  PYTHONPATH=. python bench/gpu_awq_check.py
 1. a tiny Llama (tests/helpers' generator), scale search only: the folded model must compute the
@@ -28,8 +28,8 @@ def main() -> int:
     from helpers.hf_factory import make_tiny_llama
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
-    from pipeline.awq import run_awq
     from pipeline.recipe import load_recipe
+    from pipeline.stages.awq import run_awq
 
     assert torch.cuda.is_available(), "no CUDA device"
     print("device:", torch.cuda.get_device_name(0), "torch", torch.__version__, flush=True)

@@ -287,8 +287,8 @@ def bare_argv(argv: list[str], src: Path, dst: Path, view: Path, meta: Path) -> 
 def run_bare(src: Path, dst: Path) -> tuple[float, dict[str, float], int, str, float]:
     """The pipeline's recorded commands, one after another in ``dst``; (wall s, per-command (wall s, CPU s),
     largest max RSS in kB, its command, CPU s)."""
-    from pipeline.convert import _model_view, gguf_metadata
     from pipeline.recipe import load_recipe
+    from pipeline.stages.convert import _model_view, gguf_metadata
 
     tc = find_toolchain()
     cmds = recorded_commands(src / "work")

@@ -15,15 +15,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import PipelineError
+from pipeline.errors import PipelineError
 
 ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES}
 
 
 def _recipe(path: str, name: str | None = None):
     """The recipe in ``path``; ``name`` may select its derived draft recipe (``<name>-draft``)."""
-    from .recipe import load_recipe
-    from .tools import find_toolchain
+    from pipeline.recipe import load_recipe
+    from pipeline.tools import find_toolchain
 
     recipe = load_recipe(path, str(find_toolchain().tool("llama-quantize")))
     if name and name != recipe.name:
@@ -52,44 +52,44 @@ class Stage:
 
 
 def _fetch(r, L, a, log):
-    from .fetch import fetch
+    from pipeline.stages.fetch import fetch
 
     fetch(r, L.hf(r.name), L.fetch_record(r.name), hub_cache=a.hub_cache or None)
 
 
 def _convert(r, L, a, log):
-    from .convert import convert
+    from pipeline.stages.convert import convert
 
     convert(r, L.hf(r.name), L.base_gguf(r), L.convert_record(r), log=log, quantized_by=a.quantized_by)
 
 
 def _convert_awq(r, L, a, log):
-    from .convert import convert
+    from pipeline.stages.convert import convert
 
     convert(r, L.hf_awq(r.name), L.awq_gguf(r), L.awq_convert_record(r), log=log, quantized_by=a.quantized_by)
 
 
 def _convert_mtp(r, L, a, log):
-    from .convert import convert_mtp
+    from pipeline.stages.convert import convert_mtp
 
     convert_mtp(r, L.hf(r.name), L.mtp_gguf(r), L.mtp_record(r), log=log, quantized_by=a.quantized_by)
 
 
 def _awq(r, L, a, log):
-    from .awq import run_awq
+    from pipeline.stages.awq import run_awq
 
     run_awq(r, L.hf(r.name), L.hf_awq(r.name), L.awq_record(r.name), threads=a.threads)
 
 
 def _imatrix(r, L, a, log):
-    from .imatrix import imatrix
+    from pipeline.stages.imatrix import imatrix
 
     imatrix(r, a.base, L.source_gguf(r, a.base), L.imatrix(r.name, a.base), L.imatrix_record(r.name, a.base),
             log=log, threads=a.threads)
 
 
 def _quantize(r, L, a, log):
-    from .quantize import quantize
+    from pipeline.stages.quantize import quantize
 
     inputs = L.quant_inputs(r, a.quant)
     quantize(r, a.quant, inputs["base"], L.quant(r, a.quant), L.quant_record(r.name, a.quant), log=log,
@@ -97,7 +97,7 @@ def _quantize(r, L, a, log):
 
 
 def _eval_base(r, L, a, log):
-    from .evaluate import eval_base
+    from pipeline.stages.evaluate import eval_base
 
     es = r.eval_set(a.eval_set)
     eval_base(r.name, es, L.base_gguf(r), L.base_logits(r.name, es.name), L.base_record(r.name, es.name),
@@ -105,7 +105,7 @@ def _eval_base(r, L, a, log):
 
 
 def _eval(r, L, a, log):
-    from .evaluate import eval_quant
+    from pipeline.stages.evaluate import eval_quant
 
     es = r.eval_set(a.eval_set)
     eval_quant(r.name, a.quant, es, L.quant(r, a.quant), L.base_logits(r.name, es.name),
@@ -114,32 +114,32 @@ def _eval(r, L, a, log):
 
 
 def _conformance(r, L, a, log):
-    from .conformance import run_stage
+    from pipeline.stages.conformance import run_stage
 
     run_stage(r, L, threads=a.threads, log=log)
 
 
 def _bench(r, L, a, log):
-    from .bench import bench
+    from pipeline.stages.bench import bench
 
     bench(L.main_gguf(r, a.quant), L.bench_record(r.name, a.quant), threads=a.threads, log=log)
 
 
 def _split(r, L, a, log):
-    from .split import split
+    from pipeline.stages.split import split
 
     split(r, a.quant, L.quant(r, a.quant), L.split_dir(r.name, a.quant), log=log)
 
 
 def _vocab(r, L, a, log):
-    from .draft import vocab_check
+    from pipeline.stages.draft import vocab_check
 
     vocab_check(L.main_gguf(r, a.quant), L.draft_gguf(r, a.draft_quant),
                 L.vocab_record(r.name, a.quant, a.draft_quant))
 
 
 def _acceptance(r, L, a, log):
-    from .draft import acceptance
+    from pipeline.stages.draft import acceptance
 
     d = r.draft
     acceptance(L.main_gguf(r, a.quant), L.draft_gguf(r, a.draft_quant), L.vocab_record(r.name, a.quant, a.draft_quant),
@@ -148,7 +148,7 @@ def _acceptance(r, L, a, log):
 
 
 def _agreement(r, L, a, log):
-    from .draft import agreement
+    from pipeline.stages.draft import agreement
 
     es = r.eval_sets[0]
     agreement(r.name, L.draft_gguf(r, a.draft_quant), L.base_gguf(r), es, L.base_logits(r.name, es.name),
@@ -156,13 +156,13 @@ def _agreement(r, L, a, log):
 
 
 def _publish(r, L, a, log):
-    from .manifest import publish
+    from pipeline.stages.publish import publish
 
     publish(r, L)
 
 
 def _gate(r, L, a, log):
-    from .manifest import check_gates
+    from pipeline.stages.publish import check_gates
 
     check_gates(L.manifest(r.name), L.gate_ok(r.name))
     print(f"gates passed: {r.name}")
@@ -205,7 +205,7 @@ def stage_for(args) -> str:
 
 def cmd_stage(args) -> None:
     """One stage of one recipe (:data:`STAGES`); every path comes from the layout (pipeline/layout.py)."""
-    from .layout import Layout
+    from pipeline.layout import Layout
 
     recipe = _recipe(args.recipe, args.name)
     L = Layout(Path(args.artifacts), Path(args.work))
@@ -216,8 +216,8 @@ def cmd_stage(args) -> None:
 
 
 def cmd_validate(args) -> None:
-    from .recipe import load_recipe, load_recipes
-    from .tools import find_toolchain
+    from pipeline.recipe import load_recipe, load_recipes
+    from pipeline.tools import find_toolchain
 
     exe = str(find_toolchain().tool("llama-quantize"))
     paths = [Path(p) for p in args.recipes] or [Path("recipes")]
@@ -233,22 +233,22 @@ def cmd_validate(args) -> None:
 
 
 def cmd_info(args) -> None:
-    from .fsutil import sha256_file
-    from .gguf import read_header
+    from pipeline.fsutil import sha256_file
+    from pipeline.gguf import read_header
 
     facts = read_header(args.gguf).facts(sha256_file(args.gguf))  # standard library only (also on devices)
     print(json.dumps(facts.as_dict(), indent=2))
 
 
 def cmd_verify(args) -> None:
-    from .verify import verify
+    from pipeline.distribution.verify import verify
 
     for path in args.files:
         print(verify(path, manifest=args.manifest))
 
 
 def cmd_clean_logits(args) -> None:
-    from .evaluate import clean_logits
+    from pipeline.stages.evaluate import clean_logits
 
     gone = clean_logits(Path(args.work), args.names, dry_run=args.dry_run)
     for path, size in gone:
@@ -258,7 +258,7 @@ def cmd_clean_logits(args) -> None:
 
 
 def cmd_dvc_matrix(args) -> None:
-    from .dvcstages import write_matrix
+    from pipeline.distribution.dvc import write_matrix
 
     m = write_matrix(args.recipes, args.out, check=args.check)
     print(f"{args.out}: {len(m['recipes'])} recipe stage(s), {len(m['ggufs'])} GGUF stage(s)"
@@ -266,17 +266,17 @@ def cmd_dvc_matrix(args) -> None:
 
 
 def cmd_dvc_link(args) -> None:
-    from .dvcstages import link
-    from .layout import Layout
+    from pipeline.distribution.dvc import link
+    from pipeline.layout import Layout
 
     print(link(args.name, args.file, args.stage, Layout(Path(args.artifacts), Path(args.work)), args.lock))
 
 
 def cmd_hub_publish(args) -> None:
-    """Upload a built artifact folder to the recipe's Hugging Face repo (pipeline/hub.py); --dry-run: plan only."""
-    from .hub import hub_publish, plan_markdown
-    from .layout import Layout
-    from .recipe import load_recipe
+    """Upload a built artifact folder to the recipe's Hugging Face repo (pipeline/distribution/hub.py); --dry-run: plan only."""
+    from pipeline.distribution.hub import hub_publish, plan_markdown
+    from pipeline.layout import Layout
+    from pipeline.recipe import load_recipe
 
     recipe = load_recipe(args.recipe)  # quant types were checked by the build; the manifest pins the recipe
     _desc, rec = hub_publish(recipe, Layout(Path(args.artifacts), Path(args.work)), dry_run=args.dry_run,
@@ -298,9 +298,9 @@ def cmd_build(args) -> None:
 
 
 def cmd_ci(args) -> None:
-    """Build and judge the recipes changed since ``--base`` (pipeline/ci.py); exit 0, 1 (a gate or
+    """Build and judge the recipes changed since ``--base`` (pipeline/distribution/ci.py); exit 0, 1 (a gate or
     check failed) or 2 (refused or could not select: nothing built)."""
-    from .ci import run_ci
+    from pipeline.distribution.ci import run_ci
 
     try:
         code = run_ci(args.base, args.recipes, cores=args.cores, summary=args.summary,
@@ -312,8 +312,8 @@ def cmd_ci(args) -> None:
 
 
 def cmd_rebuild_check(args) -> None:
-    """Rebuild a recipe from its manifest in a scratch folder and compare SHA256s (pipeline/rebuild.py)."""
-    from .rebuild import rebuild_check
+    """Rebuild a recipe from its manifest in a scratch folder and compare SHA256s (pipeline/distribution/rebuild.py)."""
+    from pipeline.distribution.rebuild import rebuild_check
 
     raise SystemExit(rebuild_check(args.manifest, recipe=args.recipe, cores=args.cores, keep=args.keep,
                                    only=args.only, hub_cache=args.hub_cache, out=lambda s: print(s, flush=True)))
@@ -451,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
 def _note_failure(args, message: str) -> None:
     """A failing stage tells `ggufpipe ci` what failed (only when it runs under it)."""
     if args.cmd == "stage" and os.environ.get("GGUFPIPE_CI_ERRORS"):
-        from .ci_summary import note_stage_failure
+        from pipeline.distribution.ci_summary import note_stage_failure
 
         note_stage_failure(args, message)
 

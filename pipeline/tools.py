@@ -39,8 +39,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import PipelineError
-from .fsutil import kill_hook, kill_now, mid_write_limit, sha256_file
+from pipeline.errors import PipelineError
+from pipeline.fsutil import kill_hook, kill_now, mid_write_limit, sha256_file
 
 # The pinned llama.cpp: vendored by this llama-cpp-python sdist.
 SDIST_NAME = "llama-cpp-python"
@@ -342,7 +342,7 @@ def _clean_env(extra: dict | None = None) -> dict:
 # waiting beside two other jobs on 2 cores. Spinning threads also starved llama-perplexity's logger thread
 # (which b11312 does not join at exit): the last lines, with the final estimate or the statistics, were
 # lost in 18 of 53 runs of a tiny model on 2 loaded cores (1 of 30 with passive waiting;
-# pipeline/evaluate.py re-runs those). The results are bit-identical either way. llama-bench keeps the
+# pipeline/stages/evaluate.py re-runs those). The results are bit-identical either way. llama-bench keeps the
 # default: it measures speed.
 ACTIVE_WAIT_TOOLS = ("llama-bench",)
 

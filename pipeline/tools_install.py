@@ -15,10 +15,10 @@ import tarfile
 import time
 from pathlib import Path
 
-from . import tools
-from .errors import PipelineError
-from .fsutil import sha256_file
-from .tools import (
+from pipeline import tools
+from pipeline.errors import PipelineError
+from pipeline.fsutil import sha256_file
+from pipeline.tools import (
     ASSETS,
     CMAKE_FLAGS,
     HELPER_CMAKE,

@@ -23,10 +23,10 @@ import re
 import sys
 from pathlib import Path
 
-from .errors import PipelineError
-from .layout import Layout
-from .recipe import Recipe, load_recipe, load_recipes
-from .tools import find_toolchain
+from pipeline.errors import PipelineError
+from pipeline.layout import Layout
+from pipeline.recipe import Recipe, load_recipe, load_recipes
+from pipeline.tools import find_toolchain
 
 
 class Workflow:
@@ -162,7 +162,7 @@ class Workflow:
             from huggingface_hub.constants import HF_HUB_CACHE
 
             cache = Path(HF_HUB_CACHE)
-        from .fetch import hub_snapshot_dir
+        from pipeline.stages.fetch import hub_snapshot_dir
 
         return size_mb(hub_snapshot_dir(cache, src.repo, src.revision)) or None
 
@@ -206,7 +206,7 @@ def stage_shell(rule: str) -> str:
     """The shell command of a rule (rules/*.smk): ``ggufpipe stage`` with the recipe, name and roots, the
     stage's own arguments and output (:data:`pipeline.cli.STAGES`). The text is Snakemake's code rerun
     trigger: it must stay byte-identical for an unchanged stage (tests/unit/test_workflow_rules.py)."""
-    from .cli import STAGES
+    from pipeline.cli import STAGES
 
     st = STAGES[rule]
     cmd = (f'"$GGUFPIPE_PYTHON" -m pipeline.cli stage {st.cli} --recipe {{params.recipe:q}} --name {{wildcards.name}}'
@@ -216,14 +216,14 @@ def stage_shell(rule: str) -> str:
 
 def stage_log(layout: Layout, rule: str) -> str:
     """The log pattern of a rule, ``work/{name}/logs/<stem>.log``: the path its stage writes (cli.cmd_stage)."""
-    from .cli import STAGES
+    from pipeline.cli import STAGES
 
     return str(layout.log("{name}", STAGES[rule].log))
 
 
 def logged_rules() -> tuple[str, ...]:
     """Rules whose shell sends all of the stage's output, its error line included, into the job's log only."""
-    from .cli import STAGES
+    from pipeline.cli import STAGES
 
     return tuple(k for k, st in STAGES.items() if st.output == "log")
 
@@ -236,7 +236,7 @@ def show_stage_errors(snakemake_log, rules: tuple[str, ...] = LOGGED_RULES) -> N
     output goes to their log only, :func:`logged_rules`; the other stages print theirs to Snakemake's output
     themselves), so that every failed stage says what is wrong in one line, not only "check log file(s) for
     error details". ``snakemake_log``: the path(s) of Snakemake's own log (Snakemake 9 passes a list)."""
-    from .ci_summary import snakemake_failed_jobs
+    from pipeline.distribution.ci_summary import snakemake_failed_jobs
 
     text = ""
     for path in [snakemake_log] if isinstance(snakemake_log, (str, os.PathLike)) else list(snakemake_log or []):
@@ -272,7 +272,7 @@ def release_scheduler_timers() -> None:
 
 def _n_vocab(base_gguf: str) -> int:
     """The base GGUF's vocabulary size once it exists; before that, the bound for logits estimates."""
-    from .gguf import ArrayValue, read_header
+    from pipeline.gguf import ArrayValue, read_header
 
     if Path(base_gguf).is_file():
         tokens = read_header(base_gguf).metadata.get("tokenizer.ggml.tokens")

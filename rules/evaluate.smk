@@ -1,5 +1,5 @@
 # evaluate: the base logits of each eval set (llama-perplexity --kl-divergence-base), each quant's KLD against
-# them, llama-bench speed figures, and the base GGUF's conformance with the HF model (pipeline/conformance/).
+# them, llama-bench speed figures, and the base GGUF's conformance with the HF model (pipeline/stages/conformance/).
 
 
 rule eval_base:
@@ -68,7 +68,7 @@ rule bench:
         stage_shell("bench")
 
 
-# The base GGUF against the HF model (tokenizer, chat template, end of generation, logits): pipeline/conformance/.
+# The base GGUF against the HF model (tokenizer, chat template, end of generation, logits): pipeline/stages/conformance/.
 rule conformance:
     input:
         unpack(lambda wc: W.conformance_inputs(wc.name)),

@@ -3,7 +3,7 @@ the fix-path rewrite (:mod:`.edit`, gguf-py's GGUFWriter: build box only).
 
 Inside this package ``import gguf`` still means PyPI's gguf-py (absolute imports)."""
 
-from .reader import (
+from pipeline.gguf.reader import (
     ArrayValue,
     GGUFFacts,
     GGUFHeader,
@@ -13,7 +13,7 @@ from .reader import (
     read_header,
     tokenizer_sha256,
 )
-from .types import FILE_TYPES, GGML_TYPES, file_type_name
+from pipeline.gguf.types import FILE_TYPES, GGML_TYPES, file_type_name
 
 __all__ = ["ArrayValue", "FILE_TYPES", "GGML_TYPES", "GGUFFacts", "GGUFHeader", "TensorInfo", "file_type_name",
            "general_metadata", "read_facts", "read_header", "tokenizer_sha256"]

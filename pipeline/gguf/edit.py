@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..errors import PipelineError
+from pipeline.errors import PipelineError
 
 CHAT_TEMPLATE = "tokenizer.chat_template"
 # llama.cpp puts each of these ids into its end-of-generation set (src/llama-vocab.cpp:2944-2958 of b11312)

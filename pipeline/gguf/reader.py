@@ -30,9 +30,9 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from ..errors import PipelineError
-from ..fsutil import file_identity, sha256_file
-from .types import (
+from pipeline.errors import PipelineError
+from pipeline.fsutil import file_identity, sha256_file
+from pipeline.gguf.types import (
     ARRAY,
     DEFAULT_ALIGNMENT,
     GGML_TYPES,

@@ -4,9 +4,9 @@ Every error is one line naming the recipe file and the field, e.g.::
 
     recipes/foo.yaml: quants[2].type: unknown quant type 'Q4_Z' (llama-quantize b11312 accepts ...)
 
-Every key, with its type and default, is declared once in :mod:`pipeline.recipe_schema` (the allowed-key
+Every key, with its type and default, is declared once in :mod:`pipeline.recipe.schema` (the allowed-key
 sets below are taken from it; keys not listed there are refused) and documented in ``docs/recipes.md``,
-which ``make docs`` (``python -m pipeline.recipe_docs``) renders from it.
+which ``make docs`` (``python -m pipeline.recipe.docs``) renders from it.
 
 With ``awq:``, the published base file (``<name>-F16.gguf``) is still the unmodified model: it is the
 reference every quant's gates are measured against, AWQ quants included. The AWQ-scaled base is an
@@ -15,11 +15,11 @@ intermediate under ``work/``. Plain and calibrated flavours of one type coexist 
 
 from __future__ import annotations
 
-from .load import (  # noqa: F401
+from pipeline.recipe.load import (  # noqa: F401
     load_recipe,
     load_recipes,
 )
-from .model import (  # noqa: F401
+from pipeline.recipe.model import (  # noqa: F401
     AWQ_KEYS,
     AWQ_VERSIONS,
     COMMIT_RE,
@@ -65,7 +65,7 @@ from .model import (  # noqa: F401
     quant_family,
     scored_tokens,
 )
-from .parse import (  # noqa: F401
+from pipeline.recipe.parse import (  # noqa: F401
     _calibration,
     _check_quant_type,
     _Ctx,
@@ -86,7 +86,7 @@ from .parse import (  # noqa: F401
     _text_path,
     _thresholds,
 )
-from .quant_types import (  # noqa: F401
+from pipeline.recipe.quant_types import (  # noqa: F401
     file_types_in_source,
     gguf_file_types,
     key_ref,

@@ -5,10 +5,10 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from .. import naming
-from ..errors import PipelineError
-from .model import MTP_MODES, NAME_RE, OUTTYPES, TOP_KEYS, Conformance, Recipe
-from .parse import (
+from pipeline.errors import PipelineError
+from pipeline.recipe import naming
+from pipeline.recipe.model import MTP_MODES, NAME_RE, OUTTYPES, TOP_KEYS, Conformance, Recipe
+from pipeline.recipe.parse import (
     _Ctx,
     _integer,
     _parse_awq,
@@ -22,7 +22,7 @@ from .parse import (
     _parse_split,
     _text_path,
 )
-from .quant_types import known_quant_types
+from pipeline.recipe.quant_types import known_quant_types
 
 
 def load_recipe(path: str | Path, quantize_exe: str | None = None) -> Recipe:
@@ -115,7 +115,7 @@ def load_recipe(path: str | Path, quantize_exe: str | None = None) -> Recipe:
         add_bos=add_bos,
         raw=d,
     )
-    # names both resolvers read right, in the recipe's repository and in its draft's (pipeline/naming.py)
+    # names both resolvers read right, in the recipe's repository and in its draft's (pipeline/recipe/naming.py)
     for r, where in ((recipe, "quants"), (recipe.draft_recipe(), "draft.quants")):
         if r is not None:
             problems = naming.check_repo(r.published_names(where))

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .. import naming
-from .. import recipe_schema as _schema
-from ..errors import PipelineError
+from pipeline.errors import PipelineError
+from pipeline.recipe import naming
+from pipeline.recipe import schema as _schema
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 VARIANT_RE = naming.VARIANT_RE  # letters only: the Hub label `_[A-Z]+` stops at a digit
@@ -154,7 +154,7 @@ class ImatrixConfig:
 
 @dataclass(frozen=True)
 class Publish:
-    """``publish:``: where ``ggufpipe hub-publish`` uploads the artifact folder (pipeline/hub.py), and
+    """``publish:``: where ``ggufpipe hub-publish`` uploads the artifact folder (pipeline/distribution/hub.py), and
     whether the publish stage writes an Ollama ``Modelfile.<QUANT>`` beside each model file."""
 
     hf_repo: str
@@ -210,7 +210,7 @@ class Quant:
 
     @property
     def key(self) -> str:
-        """The Snakemake wildcard value, file-name suffix and label: TYPE[_VARIANT] (pipeline/naming.py)."""
+        """The Snakemake wildcard value, file-name suffix and label: TYPE[_VARIANT] (pipeline/recipe/naming.py)."""
         return naming.quant_label(self.type, self.variant)
 
     def quantize_args(self) -> list[str]:
@@ -259,7 +259,7 @@ class Draft:
 
 @dataclass(frozen=True)
 class Conformance:
-    """Recipe ``conformance:``: the base GGUF checked against the HF model (pipeline/conformance/)."""
+    """Recipe ``conformance:``: the base GGUF checked against the HF model (pipeline/stages/conformance/)."""
 
     enabled: bool = True
     chunks: int = 4
@@ -288,7 +288,7 @@ class Recipe:
     publish: Publish | None = None
     split: Split | None = None  # top-level default: the base file, the MTP draft, quants without their own
     conformance: Conformance = Conformance()
-    # the fix path: written into the base GGUF after convert (pipeline/convert.py), so every quant carries them
+    # the fix path: written into the base GGUF after convert (pipeline/stages/convert.py), so every quant carries them
     chat_template_override: Path | None = None
     eos_token_ids: tuple[int, ...] | None = None
     add_bos: bool | None = None
@@ -381,7 +381,7 @@ class Recipe:
         return f"{self.name}-{key}" if self.split_for(key) else self.file_for(key)
 
     def published_names(self, where: str = "quants") -> list[naming.Published]:
-        """Every model file this recipe publishes, as the resolvers see it (pipeline/naming.py); a split file by
+        """Every model file this recipe publishes, as the resolvers see it (pipeline/recipe/naming.py); a split file by
         the name of its first shard of a representative two."""
         out = []
         for key in self.model_keys:
@@ -411,5 +411,5 @@ class Recipe:
 
     @property
     def mtp_key(self) -> str:
-        """``mtp-F16_MTP``: llama.cpp's sidecar marker and a Hub label of its own (pipeline/naming.py)."""
+        """``mtp-F16_MTP``: llama.cpp's sidecar marker and a Hub label of its own (pipeline/recipe/naming.py)."""
         return naming.mtp_key(self.outtype)

@@ -8,9 +8,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .. import naming
-from ..errors import PipelineError
-from .model import (
+from pipeline.errors import PipelineError
+from pipeline.recipe import naming
+from pipeline.recipe.model import (
     AWQ_KEYS,
     AWQ_VERSIONS,
     COMMIT_RE,
@@ -49,7 +49,7 @@ from .model import (
     quant_family,
     scored_tokens,
 )
-from .quant_types import gguf_file_types, key_ref
+from pipeline.recipe.quant_types import gguf_file_types, key_ref
 
 # --------------------------------------------------------------------------- helpers
 
@@ -372,7 +372,7 @@ def _parse_imatrix(ctx: _Ctx, value, eval_sets) -> ImatrixConfig:
 
 @functools.lru_cache(maxsize=64)
 def _file_sha256_cached(path: str, size: int, mtime_ns: int) -> str:
-    from ..fsutil import sha256_file
+    from pipeline.fsutil import sha256_file
 
     return sha256_file(path)  # cached per (path, size, mtime): recipes share calibration and eval texts
 
@@ -405,7 +405,7 @@ def _parse_draft(ctx: _Ctx, value, main_quants: tuple[Quant, ...], eval_sets, kn
             gguf = (ctx.path.parent / gguf).resolve()
         if not gguf.is_file():
             ctx.fail("draft.gguf", f"{gguf} does not exist")
-        from ..gguf import read_header
+        from pipeline.gguf import read_header
 
         try:  # magic, header and tensor data inside the file (standard library; reads the header only)
             read_header(gguf)

@@ -6,9 +6,9 @@ import functools
 import re
 from pathlib import Path
 
-from .. import naming
-from ..errors import PipelineError
-from .model import QUANT_ALIASES
+from pipeline.errors import PipelineError
+from pipeline.recipe import naming
+from pipeline.recipe.model import QUANT_ALIASES
 
 
 @functools.lru_cache(maxsize=4)
@@ -24,7 +24,7 @@ def known_quant_types(quantize_exe: str) -> tuple[frozenset[str], int]:
         raise PipelineError(f"could not read the quant types from `{quantize_exe} --help`")
     from pathlib import Path as _P
 
-    from ..tools import read_build_version
+    from pipeline.tools import read_build_version
 
     build = read_build_version(_P(quantize_exe).parent / "llama-perplexity")[0]
     return frozenset(types), build

@@ -10,8 +10,8 @@ import shutil
 import yaml
 from helpers import snakemake
 
-from pipeline.conformance import THRESHOLDS
 from pipeline.gguf import tokenizer_sha256
+from pipeline.stages.conformance import THRESHOLDS
 
 NAME = "smollm2-135m"
 

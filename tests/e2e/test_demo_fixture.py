@@ -10,8 +10,8 @@ import pytest
 from helpers import DEMO_RECIPE
 
 from pipeline.errors import PipelineError
-from pipeline.evaluate import perplexity
 from pipeline.gguf import read_header
+from pipeline.stages.evaluate import perplexity
 from pipeline.tools import run_tool
 
 

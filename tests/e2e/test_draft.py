@@ -7,7 +7,7 @@ import json
 import re
 import subprocess
 
-from pipeline.verify import verify
+from pipeline.distribution.verify import verify
 
 NAME = "smollm2-135m"
 

@@ -28,7 +28,7 @@ from helpers import snakemake
 from pipeline.errors import PipelineError
 from pipeline.fsutil import MID_WRITE_BYTES, sha256_file
 from pipeline.gguf import read_header
-from pipeline.manifest import strip_volatile
+from pipeline.stages.publish import strip_volatile
 
 TMP_RE = re.compile(r"^\..+\.tmp-\d+$")
 BYTE_EQUAL = (".gguf", ".safetensors", ".logits", ".model")  # deterministic outputs and fetched files
@@ -61,7 +61,7 @@ def check_after_kill(folder: Path, ref: Path, res, temps_expected: list[str]) ->
             json.loads(p.read_text())
     manifest = folder / "artifacts" / NAME / "manifest.json"
     if manifest.exists():
-        from pipeline.verify import verify
+        from pipeline.distribution.verify import verify
 
         for e in json.loads(manifest.read_text())["artifacts"]:
             verify(manifest.parent / e["file"])

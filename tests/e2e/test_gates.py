@@ -13,8 +13,8 @@ import yaml
 from helpers import BOTCHAN, snakemake
 
 from pipeline.errors import PipelineError
-from pipeline.evaluate import eval_base
 from pipeline.recipe import EvalSet
+from pipeline.stages.evaluate import eval_base
 
 
 def test_eval_base_refuses_wrong_text_sha(demo_build, toolchain, tmp_path):

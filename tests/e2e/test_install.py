@@ -21,7 +21,7 @@ def test_light_paths_need_no_heavy_packages(demo_build):
                 if name.split(".")[0] in self.HEAVY:
                     raise ImportError(f"blocked heavy import: {{name}}")
         sys.meta_path.insert(0, Block())
-        import pipeline.gguf, pipeline.manifest, pipeline.verify, pipeline.recipe
+        import pipeline.gguf, pipeline.stages.publish, pipeline.distribution.verify, pipeline.recipe
         from pipeline.cli import main
         rc = main(["verify", {str(target)!r}]) or main(["info", {str(target)!r}])
         heavy = [m for m in sys.modules if m.split(".")[0] in Block.HEAVY]

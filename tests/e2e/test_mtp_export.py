@@ -19,7 +19,7 @@ def glm_hf(tmp_path_factory, demo_snapshot):
 def test_workflow_separate(tmp_path, glm_hf, demo_hub):
     """Real Snakemake, `mtp: separate`: the MTP draft is exported by its own rule, published beside the
     model files and recorded; switching the recipe to another mode re-converts (the mode is a rerun trigger)."""
-    from pipeline.verify import verify
+    from pipeline.distribution.verify import verify
 
     rfile = mtp_recipe(tmp_path / "recipes", glm_hf, "separate")
     res = snakemake(tmp_path, rfile, hub=demo_hub)

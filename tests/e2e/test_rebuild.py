@@ -9,7 +9,7 @@ import json
 from helpers import TINY_NAME as NAME
 
 from pipeline.fsutil import sha256_file
-from pipeline.manifest import strip_volatile
+from pipeline.stages.publish import strip_volatile
 
 
 def _manifest(root):
@@ -25,7 +25,7 @@ def test_rebuild_check_identical(tiny_hub, tiny_build, tmp_path, capsys):
     """`ggufpipe rebuild-check`: the tiny build rebuilt from its manifest in another folder with other --cores (3,
     so llama-quantize runs with 3 threads, not 2) gives the same SHA256 for every GGUF and the same manifest
     apart from the volatile `build` section; the original build folder is left as it was."""
-    from pipeline.rebuild import rebuild_check
+    from pipeline.distribution.rebuild import rebuild_check
 
     hub, recipe = tiny_hub
 
@@ -50,7 +50,7 @@ def test_rebuild_check_mismatch_and_refusals(tiny_hub, tiny_build, tmp_path, cap
     """A recorded SHA256 that the rebuild does not give fails with exit 1 naming the file (--only F16: fetch and
     convert only); a toolchain, recipe or source that differs from the recorded one is refused, one line
     each, before anything is built."""
-    from pipeline.rebuild import rebuild_check
+    from pipeline.distribution.rebuild import rebuild_check
 
     hub, recipe = tiny_hub
 

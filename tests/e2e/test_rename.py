@@ -20,7 +20,7 @@ from helpers import dvc_recipe as recipe
 
 from pipeline.fsutil import sha256_file
 
-OLD_RULE = "93f1b23"  # the last commit that names a quant variant `<TYPE>-<variant>` (pipeline/naming.py)
+OLD_RULE = "93f1b23"  # the last commit that names a quant variant `<TYPE>-<variant>` (pipeline/recipe/naming.py)
 QUANTS = "[Q8_0, {type: Q8_0, variant: pure, pure: true}]"
 OLD = Path("artifacts") / NAME / f"{NAME}-Q8_0-pure.gguf"
 NEW = Path("artifacts") / NAME / f"{NAME}-Q8_0_PURE.gguf"

@@ -75,7 +75,7 @@ def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
 
 def test_build_publishes_split_folders_and_the_manifest_lists_the_shards(built):
     from pipeline.gguf import read_facts
-    from pipeline.split import SHARD_RE, shard_header
+    from pipeline.stages.split import SHARD_RE, shard_header
 
     work, _recipe = built
     folder = art(work)
@@ -194,7 +194,7 @@ def test_verify_missing_folder_and_file_for_folder(built, tmp_path):
 def _ppl_chunks(tc, model: Path, text: Path) -> tuple[list[str], str]:
     """Per-chunk perplexities printed by llama-perplexity and the whole log (run as the eval stage runs it:
     passive OpenMP waiting, re-run when b11312's unjoined logger lost the last lines, llama.cpp issue 22142)."""
-    from pipeline.evaluate import has_final_estimate, run_perplexity
+    from pipeline.stages.evaluate import has_final_estimate, run_perplexity
 
     res = run_perplexity(tc, ["-m", model, "-f", text, "-c", "128", "--chunks", "3", "-b", "128", "-t", "2", "-lv", "4"],
                          None, has_final_estimate, f"perplexity of {model.name}")
@@ -216,7 +216,7 @@ def test_llama_cpp_loads_the_split_model_from_its_first_shard(built, toolchain, 
 
 
 def test_upload_plan_keeps_the_split_folders(built):
-    from pipeline.hub import load_manifest, upload_plan
+    from pipeline.distribution.hub import load_manifest, upload_plan
 
     work, recipe = built
     m = load_manifest(art(work))

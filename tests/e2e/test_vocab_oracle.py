@@ -42,7 +42,7 @@ import pytest
 from gguf import GGUFReader
 from helpers.gguf_factory import read_tokenizer, tiny_llama  # tests/ is on sys.path (pytest's rootdir conftest)
 
-from pipeline.vocab import check_pair
+from pipeline.stages.vocab import check_pair
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_Q8 = "smollm2-135m-Q8_0.gguf"  # in the session's demo build (conftest.demo_build)
@@ -168,7 +168,7 @@ def _memoize_readers() -> None:
     """Worker initializer: each GGUF is parsed once per worker (GGUFReader takes seconds on a 49k-token
     vocab and check_pair opens both files each call). Caching the reader of an unchanged file keeps every
     result as it was."""
-    from pipeline import vocab
+    from pipeline.stages import vocab
 
     if hasattr(vocab, "open_reader"):
         vocab.open_reader = functools.lru_cache(maxsize=None)(vocab.open_reader)

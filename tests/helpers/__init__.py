@@ -170,7 +170,7 @@ def run_ci(repo: Path, *args: str, hub: Path | None = None) -> subprocess.Comple
                           text=True, env=env)
 
 
-# ------------------------------------------------------------------ a recipe with a publish section (pipeline/hub.py)
+# ------------------------------------------------------------------ a recipe with a publish section (pipeline/distribution/hub.py)
 
 HUB_NAME = "tiny-chat"
 HUB_REPO = "ggufpipe-test/tiny-chat-GGUF"

@@ -257,8 +257,8 @@ def parse_bounded(path: Path) -> str | None:
 def exercise(path: Path) -> str | None:
     """``read_header`` and every pipeline reader of its result on ``path``: None when the header parsed, else its
     one-line error; :class:`Crash` when anything breaks the contract."""
-    from pipeline import hubfiles, imatrix, mtp, split, vocab, vocab_defaults
-    from pipeline.gguf import general_metadata, read_facts, read_header, reader, tokenizer_sha256
+    from pipeline.gguf import general_metadata, read_facts, read_header, reader, tokenizer_sha256, vocab_defaults
+    from pipeline.stages import hubfiles, imatrix, mtp, split, vocab
 
     reader._PARSED.clear()
     try:

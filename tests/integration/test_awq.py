@@ -36,10 +36,10 @@ def test_awq_folds_scales_and_converts(tmp_path, tiny_hf, quantize_exe):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from pipeline.awq import run_awq
-    from pipeline.convert import convert
     from pipeline.gguf import read_facts
-    from pipeline.quantize import quantize
+    from pipeline.stages.awq import run_awq
+    from pipeline.stages.convert import convert
+    from pipeline.stages.quantize import quantize
 
     r = load_recipe(awq_recipe(tmp_path, tiny_hf, f"{{calibration: {CALIB}, n_samples: 8, seq_len: 64, "
                                                   "q_group_size: 64, apply_clip: false}"), quantize_exe)
@@ -91,10 +91,10 @@ def test_calibration_reproducible_at_fixed_threads(tmp_path, tiny_hf, quantize_e
 
     import torch
 
-    from pipeline.awq import run_awq
-    from pipeline.convert import convert
     from pipeline.fsutil import sha256_file
-    from pipeline.imatrix import imatrix
+    from pipeline.stages.awq import run_awq
+    from pipeline.stages.convert import convert
+    from pipeline.stages.imatrix import imatrix
 
     recipe = tmp_path / "calib.yaml"
     recipe.write_text(f"name: tiny-awq\nsource: {{path: {tiny_hf}}}\nquants: [Q4_K_M]\nbench: false\n"
@@ -128,7 +128,7 @@ def test_calibration_reproducible_at_fixed_threads(tmp_path, tiny_hf, quantize_e
 
 @pytest.mark.parametrize("case", ["short text", "unsupported arch", "clip shape", "group size"])
 def test_awq_bad_inputs_one_line(tmp_path, tiny_hf, quantize_exe, case):
-    from pipeline.awq import run_awq
+    from pipeline.stages.awq import run_awq
 
     src, awq = tiny_hf, f"{{calibration: {CALIB}, n_samples: 8, seq_len: 64, q_group_size: 64}}"
     expected = {"short text": "awq: calibration text short.txt has",

@@ -10,7 +10,7 @@ from pipeline.recipe import load_recipe
 
 
 def test_imatrix_text_too_short(tmp_path, quantize_exe, source_gguf):
-    from pipeline.imatrix import imatrix
+    from pipeline.stages.imatrix import imatrix
 
     (tmp_path / "short.txt").write_text("Only a few words of calibration text.\n")
     (tmp_path / "r.yaml").write_text("name: cal\nsource: {path: hf}\nquants: [Q4_K_M]\nimatrix: {calibration: short.txt}\n")

@@ -3,11 +3,11 @@ format, and the Hub's Ollama files (``params``, ``template``, ``system``) of a C
 record verified its renders, through the real publish stage and the local stand-in for the Hub's commit API.
 
 The artifact folder is real: a tiny F16 GGUF with the demo's SmolLM2 tokenizer and ChatML template, a Q8_0 by the
-real llama-quantize, the real publish stage (``pipeline.manifest.publish``). The stage records are written by hand
+real llama-quantize, the real publish stage (``pipeline.stages.publish.publish``). The stage records are written by hand
 (as in tests/integration/test_hub.py); the conformance record's renders are transformers' own
 (``render_jinja_template``, what ``apply_chat_template`` renders) of the GGUF's template: the real stage records a
 conversation only where llama.cpp's render is identical to it. Ollama's Go templates cannot be run here (no Ollama,
-no Go toolchain): :func:`pipeline.hubfiles.ollama_chatml_render` is what Ollama renders with its ChatML template, and the
+no Go toolchain): :func:`pipeline.stages.hubfiles.ollama_chatml_render` is what Ollama renders with its ChatML template, and the
 vendored-template test below shows why the publish stage checks it against every verified render before it writes
 a ``template``: the ChatML markers alone do not make a template ChatML.
 """
@@ -25,11 +25,17 @@ import pytest
 from helpers import HUB_REPO, HUB_SOURCE_COMMIT, hub_recipe_data, write_hub_recipe
 
 from integration.test_hub import SMOLLM_SYSTEM, FakeHub, online, small_vocab  # noqa: F401 (online: a fixture)
+from pipeline.distribution.hub import hub_publish, load_manifest, upload_plan
 from pipeline.fsutil import sha256_file
-from pipeline.hub import hub_publish, load_manifest, upload_plan
-from pipeline.hubfiles import CHATML_TEMPLATE, _chatml_system, _plain_conversation, hub_section, ollama_chatml_render
 from pipeline.layout import Layout
 from pipeline.recipe import load_recipe
+from pipeline.stages.hubfiles import (
+    CHATML_TEMPLATE,
+    _chatml_system,
+    _plain_conversation,
+    hub_section,
+    ollama_chatml_render,
+)
 
 NAME = "tiny-chat"
 SOURCE_CARD = """---
@@ -72,7 +78,7 @@ def hf_render(template: str, conv: dict, date: str) -> str:
 
 def conformance_record(template: str) -> dict:
     """A passed conformance record: every conversation without tools rendered identically (the HF text)."""
-    from pipeline.conformance import load_conversations
+    from pipeline.stages.conformance import load_conversations
 
     conversations = load_conversations()
     rows = []
@@ -127,7 +133,7 @@ def built(tmp_path_factory, source_gguf, toolchain, quantize_exe):
     from helpers.gguf_factory import tiny_llama
 
     from pipeline.gguf import read_header
-    from pipeline.manifest import publish
+    from pipeline.stages.publish import publish
 
     root = tmp_path_factory.mktemp("card-hub")
     layout = Layout(root / "artifacts", root / "work")
@@ -169,7 +175,7 @@ def replace(path: Path, text: str) -> None:
 
 
 def republish(root: Path, layout: Layout) -> dict:
-    from pipeline.manifest import publish
+    from pipeline.stages.publish import publish
 
     return publish(load_recipe(root / "recipes" / f"{NAME}.yaml"), layout)
 
@@ -342,8 +348,8 @@ def vendored_templates() -> dict[str, str]:
 
 
 def test_ollama_chatml_template_against_the_vendored_chatml_templates():
-    from pipeline.conformance import load_conversations
-    from pipeline.hubfiles import CHATML_STOPS
+    from pipeline.stages.conformance import load_conversations
+    from pipeline.stages.hubfiles import CHATML_STOPS
 
     conversations = load_conversations()
     plain = [c for c in conversations["conversations"] if _plain_conversation(c)]

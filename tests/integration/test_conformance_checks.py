@@ -1,4 +1,4 @@
-"""The conformance checks (pipeline/conformance/) with the real pinned llama.cpp (the ggufpipe-conformance helper,
+"""The conformance checks (pipeline/stages/conformance/) with the real pinned llama.cpp (the ggufpipe-conformance helper,
 llama-perplexity) and transformers, on two real conversions made here:
 
 - the demo snapshot (SmolLM2-135M-Instruct, GPT-2 BPE, ChatML template, add_bos false) converted to F16: every check
@@ -16,7 +16,7 @@ llama-perplexity) and transformers, on two real conversions made here:
   record says so in one line each and the stage does not raise.
 
 The logits file reader is checked against llama-perplexity itself: ``Mean PPL(base)`` of a ``--kl-divergence``
-run equals pipeline.logitsfile's to the printed digits."""
+run equals pipeline.stages.logitsfile's to the printed digits."""
 
 from __future__ import annotations
 
@@ -31,12 +31,12 @@ import pytest
 import yaml
 from helpers import BOTCHAN, CALIB, DEMO_RECIPE
 
-from pipeline import conformance
-from pipeline.convert import convert
 from pipeline.errors import PipelineError
-from pipeline.evaluate import eval_base
-from pipeline.logitsfile import read_logits_file
 from pipeline.recipe import EvalSet, load_recipe
+from pipeline.stages import conformance
+from pipeline.stages.convert import convert
+from pipeline.stages.evaluate import eval_base
+from pipeline.stages.logitsfile import read_logits_file
 from pipeline.tools import run_tool
 
 CHUNKS = 4  # the conformance default
@@ -223,7 +223,7 @@ def test_compare_distributions_and_memory_rule(tmp_path, demo_snapshot):
     import numpy as np
     import torch
 
-    from pipeline.logitsfile import write_logits_file
+    from pipeline.stages.logitsfile import write_logits_file
 
     rng = np.random.default_rng(3)
     n_ctx, n_vocab = 16, 101

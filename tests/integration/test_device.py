@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 from helpers import ROOT, norm, read_pins
 
+from pipeline.distribution.verify import verify
 from pipeline.errors import PipelineError
 from pipeline.gguf import GGUFFacts, read_facts, read_header
 from pipeline.gguf import types as gguf_types
-from pipeline.verify import verify
 
 SIZE_LIMIT = 200 * 10**6  # bytes a device install may add (README, "Devices")
 QUANTS = ("Q4_K_M", "Q6_K", "IQ4_NL", "TQ2_0", "Q2_0", "Q1_0")  # Q1_0/Q2_0: unknown to PyPI's gguf 0.19.0

@@ -10,7 +10,7 @@ import pytest
 from helpers.gguf_factory import tiny_llama
 
 from pipeline.errors import PipelineError
-from pipeline.mtp import lost_heads, mtp_facts
+from pipeline.stages.mtp import lost_heads, mtp_facts
 from pipeline.tools import run_tool
 
 NAME = "smollm2-135m"
@@ -45,8 +45,8 @@ def test_mtp_kept_by_quantize_and_lost_by_pruning(mtp_model, toolchain, tmp_path
 def test_publish_rejects_quant_that_lost_mtp_heads(mtp_model, toolchain, tmp_path):
     """The publish stage itself: a quant without the base file's MTP heads is rejected."""
     from pipeline.layout import Layout
-    from pipeline.manifest import check_gates, publish
     from pipeline.recipe import load_recipe
+    from pipeline.stages.publish import check_gates, publish
 
     # (not "mtp": llama.cpp's -hf takes every file named mtp-... for an MTP sidecar, and the recipe is refused)
     recipe_file = tmp_path / "recipes" / "nextn.yaml"
@@ -84,8 +84,8 @@ def test_min_acceptance_gate(tmp_path):
     import yaml
 
     from pipeline.layout import Layout
-    from pipeline.manifest import _draft_section
     from pipeline.recipe import load_recipe
+    from pipeline.stages.publish import _draft_section
     from pipeline.tools import find_toolchain
 
     draft = tmp_path / "draft.gguf"  # a vocab-only GGUF: its header is checked, the records below are judged

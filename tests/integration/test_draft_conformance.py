@@ -23,11 +23,11 @@ import pytest
 import yaml
 from helpers import BOTCHAN, DEMO_RECIPE
 
-from pipeline import conformance
 from pipeline.errors import PipelineError
 from pipeline.layout import Layout
-from pipeline.manifest import CONFORMANCE_REJECTED, check_gates, publish
 from pipeline.recipe import load_recipe
+from pipeline.stages import conformance
+from pipeline.stages.publish import CONFORMANCE_REJECTED, check_gates, publish
 
 DRAFT = "smollm2-135m-draft"
 CHUNKS = 2
@@ -41,7 +41,7 @@ FIRST_FAILURE = (
 def _fetch(recipe, layout: Layout, hub, break_hf: bool) -> None:
     """The draft's fetch stage (hard links of the hub cache's files); ``break_hf``: then an NFD normalizer in the
     fetched tokenizer.json."""
-    from pipeline.fetch import fetch
+    from pipeline.stages.fetch import fetch
 
     name = recipe.name
     layout.log(name, "x").parent.mkdir(parents=True, exist_ok=True)
@@ -55,8 +55,8 @@ def _fetch(recipe, layout: Layout, hub, break_hf: bool) -> None:
 
 
 def _convert_and_quantize(recipe, layout: Layout, toolchain) -> None:
-    from pipeline.convert import convert
-    from pipeline.quantize import quantize
+    from pipeline.stages.convert import convert
+    from pipeline.stages.quantize import quantize
 
     name = recipe.name
     convert(
@@ -187,7 +187,7 @@ def test_main_manifest_names_no_unpublished_draft(drafts, toolchain):
     """The main recipe's draft section: with the draft published, each pair gets its deployment line; with the
     draft rejected by its conformance, each pair is a `draft_published` failure and names no deploy command (it
     used to print `llama-server ... -md smollm2-135m-draft-Q4_0.gguf` for a file that does not exist)."""
-    from pipeline.manifest import _draft_section
+    from pipeline.stages.publish import _draft_section
 
     recipe, layouts = drafts
     main = load_recipe(recipe.path, str(toolchain.tool("llama-quantize")))

@@ -11,10 +11,10 @@ import json
 import pytest
 import yaml
 
-from pipeline import conformance
-from pipeline.convert import convert
 from pipeline.gguf import read_header, tokenizer_sha256
 from pipeline.recipe import load_recipe
+from pipeline.stages import conformance
+from pipeline.stages.convert import convert
 from pipeline.tools import run_tool
 
 # A ChatML variant the demo's HF template is not: a fixed system line when the conversation has none

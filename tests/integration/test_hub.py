@@ -1,9 +1,9 @@
-"""Publishing (pipeline/hub.py): Ollama Modelfiles, the exact Hub upload plan, and uploads that either commit
+"""Publishing (pipeline/distribution/hub.py): Ollama Modelfiles, the exact Hub upload plan, and uploads that either commit
 everything or leave nothing behind.
 
 The Hub cannot be reached from here. The artifact folder is real: tiny GGUFs (tests/helpers/gguf_factory.py, with the demo
 SmolLM2 tokenizer and its ChatML chat template) quantized by the real llama-quantize, then the real publish stage
-(`pipeline.manifest.publish`) over hand-written stage records (fetch / convert / quantize). Uploads use
+(`pipeline.stages.publish.publish`) over hand-written stage records (fetch / convert / quantize). Uploads use
 huggingface_hub's real HfApi: against HF_HUB_OFFLINE=1 and a closed port (failures), and against a small local
 stand-in for the Hub's HTTP API (`FakeHub`: create repo, validate README metadata, preupload, commit), which
 receives the one commit exactly as huggingface_hub sends it.
@@ -26,12 +26,12 @@ from pathlib import Path
 import pytest
 from helpers import FAKE_TOKEN, HUB_KEYS, HUB_NAME, HUB_REPO, HUB_SOURCE_COMMIT, ROOT, hub_recipe_data, write_hub_recipe
 
+from pipeline.distribution.hub import hub_publish, load_manifest, upload, upload_plan
 from pipeline.errors import PipelineError
 from pipeline.fsutil import sha256_file
-from pipeline.hub import hub_publish, load_manifest, upload, upload_plan
-from pipeline.hubfiles import CHATML_TEMPLATE, modelfiles
 from pipeline.layout import Layout
 from pipeline.recipe import load_recipe
+from pipeline.stages.hubfiles import CHATML_TEMPLATE, modelfiles
 
 SMOLLM_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 PARAMS = {"stop": ["<|im_end|>", "<|im_start|>"]}  # the Modelfiles' stops, in the Hub's `params` file
@@ -39,7 +39,7 @@ PARAMS = {"stop": ["<|im_end|>", "<|im_start|>"]}  # the Modelfiles' stops, in t
 
 def publish_folder(root: Path, data: dict):
     """Run the real publish stage of ``data`` in ``root`` (its GGUFs and stage records must be there)."""
-    from pipeline.manifest import publish
+    from pipeline.stages.publish import publish
 
     recipe = load_recipe(write_hub_recipe(root, data))
     layout = Layout(root / "artifacts", root / "work")

@@ -18,11 +18,11 @@ import pytest
 from helpers import mtp_recipe
 from helpers.hf_factory import tiny_glm4_moe
 
-from pipeline.convert import convert, convert_mtp
 from pipeline.errors import PipelineError
 from pipeline.gguf import read_header
-from pipeline.mtp import mtp_facts
 from pipeline.recipe import load_recipe
+from pipeline.stages.convert import convert, convert_mtp
+from pipeline.stages.mtp import mtp_facts
 from pipeline.tools import run_tool
 
 MTP_NAMES = [f"blk.2.nextn.{k}.weight" for k in ("eh_proj", "enorm", "hnorm", "shared_head_norm")]
@@ -35,7 +35,7 @@ def glm_hf(tmp_path_factory, demo_snapshot):
 
 @functools.cache
 def gguf_info(path) -> tuple[set[str], dict, int]:
-    """(tensor names, pipeline.mtp.mtp_facts, block count) of a GGUF, read once."""
+    """(tensor names, pipeline.stages.mtp.mtp_facts, block count) of a GGUF, read once."""
     r = read_header(path)
     return {t.name for t in r.tensors}, mtp_facts(r), r.get("glm4moe.block_count")
 
@@ -153,7 +153,7 @@ def test_convert_mtp_only_for_separate(tmp_path, glm_hf):
 
 def test_heads_left_despite_no_mtp_are_caught(tmp_path, glm_hf, toolchain, monkeypatch):
     """A converter that ignores --no-mtp (an architecture class that opts in but does not filter) is caught."""
-    import pipeline.convert as conv
+    import pipeline.stages.convert as conv
 
     real = conv.run_converter
     monkeypatch.setattr(conv, "run_converter", lambda tc, args, log: real(tc, [a for a in args if a != "--no-mtp"], log))

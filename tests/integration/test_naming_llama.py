@@ -1,4 +1,4 @@
-"""pipeline/naming.py's re-implementation of llama.cpp's ``-hf <repo>:<TAG>`` file choice (``llama_pick``,
+"""pipeline/recipe/naming.py's re-implementation of llama.cpp's ``-hf <repo>:<TAG>`` file choice (``llama_pick``,
 ``llama_candidates``, ``llama_pick_mtp``) against the real pinned tools.
 
 Each case serves a repository from a stand-in Hub on 127.0.0.1 (tests/helpers/hf_standin.py: the refs, tree and
@@ -18,7 +18,7 @@ import pytest
 from helpers import ROOT
 from helpers.hf_standin import run_download, standin_bytes
 
-from pipeline import naming
+from pipeline.recipe import naming
 
 CALIB = "smollm2-135m-calib"
 # recipes/smollm2-135m-calib.yaml under issue #16's rule (base F16, plain quants, variants imat/awq/awqimat)

@@ -1,5 +1,5 @@
 """The native helper ``ggufpipe-conformance`` (pipeline/native/conformance.cpp) and the EOG mirror
-(``pipeline.vocab_defaults.eog_set``) against llama.cpp b11312 itself: real tools, no fakes.
+(``pipeline.gguf.vocab_defaults.eog_set``) against llama.cpp b11312 itself: real tools, no fakes.
 
 - Tokenization: on every vendored ``ggml-vocab-*.gguf`` with ``.inp``/``.out`` pairs, the helper (no specials
   added, special text not parsed) gives the ids Hugging Face's tokenizers recorded in ``.out`` (what llama.cpp's
@@ -27,8 +27,8 @@ import pytest
 from helpers.gguf_factory import Tokenizer, read_tokenizer, tiny_llama
 
 from pipeline.errors import PipelineError
+from pipeline.gguf.vocab_defaults import effective_vocab, eog_set
 from pipeline.tools import HELPERS, Toolchain, cache_root, pinned_dir, run_helper
-from pipeline.vocab_defaults import effective_vocab, eog_set
 
 HELPER = "ggufpipe-conformance"
 VOCAB_DIR = pinned_dir() / "vocab"

@@ -17,7 +17,7 @@ def test_tensor_larger_than_max_size_is_refused(tmp_path, quantize_exe, toolchai
     field, and leaves no folder."""
     from helpers.gguf_factory import tiny_llama
 
-    from pipeline.split import split
+    from pipeline.stages.split import split
 
     gguf = tiny_llama(tmp_path / f"{SPLIT_NAME}-Q8_0.gguf", tokenizer_from=toolchain.root / "vocab" / "ggml-vocab-llama-spm.gguf")
     r = load_recipe(write_split_recipe(tmp_path, tmp_path, "quants: [{type: Q8_0, split: {max_size: 1M}}]\n"), quantize_exe)
@@ -33,7 +33,7 @@ def test_tensor_larger_than_max_size_is_refused(tmp_path, quantize_exe, toolchai
 def test_split_wiring_covers_base_quants_and_mtp_draft(tmp_path):
     """Which files the split rule makes, what publish waits for and what DVC tracks; the MTP draft stays whole at
     the repo root (llama.cpp fetches the sidecar only from the model's folder or above)."""
-    from pipeline.dvcstages import matrix
+    from pipeline.distribution.dvc import matrix
     from pipeline.workflow import Workflow
 
     rfile = write_split_recipe(tmp_path / "recipes", tmp_path, """\

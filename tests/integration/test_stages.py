@@ -8,12 +8,12 @@ import shutil
 
 import pytest
 
-from pipeline.convert import convert
 from pipeline.errors import PipelineError
-from pipeline.fetch import fetch
 from pipeline.fsutil import sha256_file
 from pipeline.gguf import read_facts
 from pipeline.recipe import load_recipe
+from pipeline.stages.convert import convert
+from pipeline.stages.fetch import fetch
 
 
 def recipe_for(tmp_path, source: str, quants=("Q8_0",)):

@@ -9,7 +9,7 @@ pinned sdist) rendered by transformers and by llama.cpp's own chat engine, on vo
 - llama.cpp side: ``common_chat_templates_apply`` in the ``ggufpipe-conformance`` helper (op ``render`` with the
   file as ``template``): one process per vocab GGUF and group of up to :data:`CHUNK` templates of its families, two
   at a time, started before transformers renders (the render requests do not depend on the HF side).
-- The stage's logic, reused: pipeline/conformance/ ``plan_chat_template`` renders the conversations of
+- The stage's logic, reused: pipeline/stages/conformance/ ``plan_chat_template`` renders the conversations of
   ``data/conformance/conversations.json`` (the tool conversations only where the template uses ``tools``; a system
   message merged into the next where transformers rejects the system role, chat.cpp:1016-1030) and builds the
   render requests; ``_variants`` applies llama.cpp's normalisation of the HF text (leading BOS text / trailing
@@ -46,7 +46,7 @@ from typing import Any
 
 import pytest
 
-from pipeline.conformance import (
+from pipeline.stages.conformance import (
     HELPER,
     _text_diff,
     _variants,
@@ -231,7 +231,7 @@ class Rendered:
 
 
 def render_requests(template: str, conversations: dict) -> list[dict]:
-    """The helper's render requests for ``template``, as the stage plans them (pipeline/conformance/
+    """The helper's render requests for ``template``, as the stage plans them (pipeline/stages/conformance/
     ``plan_chat_template``: the tool conversations only where the template uses tools; its other requests are
     tokenizations), without rendering on the HF side: a stand-in whose renders fail at once."""
     def no_render(*_args, **_kwargs):

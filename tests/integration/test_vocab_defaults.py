@@ -33,8 +33,8 @@ import pytest
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
 from pipeline.gguf import read_header
+from pipeline.gguf.vocab_defaults import BPE_PRE_TOKENIZERS, VOCAB_TYPES, effective_vocab
 from pipeline.tools import cache_root, pinned_dir
-from pipeline.vocab_defaults import BPE_PRE_TOKENIZERS, VOCAB_TYPES, effective_vocab
 
 VOCAB_FILES = sorted((pinned_dir() / "vocab").glob("ggml-vocab-*.gguf"))
 # the demo's source model (extracted by `ggufpipe setup-demo`, which `make test` runs first); its F16 and

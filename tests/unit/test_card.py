@@ -1,4 +1,4 @@
-"""The model card of issue #16 (pipeline/report.py) and the Hub's Ollama files (pipeline/hub.py) on manifest dicts:
+"""The model card of issue #16 (pipeline/stages/report.py) and the Hub's Ollama files (pipeline/distribution/hub.py) on manifest dicts:
 front matter as quantized GGUF repos on the Hub have it, the per-file table with the Hub label first, the usage lines
 per label, the verified prompt format, ``params`` / ``template`` / ``system``, and the facts read from the fetched
 source (its model card and config.json, only when the fetch record vouches for them). No llama.cpp, no torch."""
@@ -13,8 +13,9 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from pipeline.card import card_text, front_matter, prompt_format, usage_table, write_card
-from pipeline.hubfiles import (
+from pipeline.layout import Layout
+from pipeline.stages.card import card_text, front_matter, prompt_format, usage_table, write_card
+from pipeline.stages.hubfiles import (
     CHATML_TEMPLATE,
     card_facts,
     chat_facts,
@@ -25,8 +26,7 @@ from pipeline.hubfiles import (
     source_files,
     write_hub_files,
 )
-from pipeline.layout import Layout
-from pipeline.report import label, markdown_table
+from pipeline.stages.report import label, markdown_table
 
 REPO = "my-org/tiny-GGUF"
 SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
@@ -405,7 +405,7 @@ def test_gguf_strings(tmp_path):
 def test_chat_facts_from_the_conformance_record(tmp_path):
     """Stops: the texts of the verified EOG ids; the render of the record's conformance conversations, checked
     against Ollama's ChatML template (the demo's SmolLM2 template: equal, the default system prompt in front)."""
-    from pipeline.conformance import load_conversations
+    from pipeline.stages.conformance import load_conversations
 
     m = manifest()
     layout = Layout(tmp_path / "artifacts", tmp_path / "work")

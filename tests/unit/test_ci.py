@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from helpers import ROOT, ci_recipe, commit_all, git, new_repo, write_yaml
 
-from pipeline.ci_select import changed_recipes
-from pipeline.ci_summary import snakemake_failed_jobs
+from pipeline.distribution.ci_select import changed_recipes
+from pipeline.distribution.ci_summary import snakemake_failed_jobs
 from pipeline.errors import PipelineError
 
 # ------------------------------------------------------------------ selection (no build)
@@ -96,8 +96,8 @@ def test_summary_of_a_passing_recipe_with_draft(tmp_path):
     """The summary of the demo build, from its git-tracked manifest: quants, draft pairs, verdict."""
     import json
 
-    from pipeline.ci_select import Selection
-    from pipeline.ci_summary import RecipeResult, summary_markdown
+    from pipeline.distribution.ci_select import Selection
+    from pipeline.distribution.ci_summary import RecipeResult, summary_markdown
     from pipeline.recipe import load_recipe
 
     demo = load_recipe(ROOT / "recipes" / "smollm2-135m.yaml")

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from pipeline.errors import PipelineError
-from pipeline.evaluate import gate_messages
-from pipeline.manifest import CONFORMANCE_REJECTED, check_gates
-from pipeline.report import conformance_text
+from pipeline.stages.evaluate import gate_messages
+from pipeline.stages.publish import CONFORMANCE_REJECTED, check_gates
+from pipeline.stages.report import conformance_text
 
 FAILED = ("conformance: recipe m: tokenizer parity (a: no specials added, special text parsed): probe french: "
           "first difference at token 1 (HF 86 tokens, llama.cpp 58)")

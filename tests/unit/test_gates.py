@@ -11,8 +11,8 @@ import yaml
 from helpers import BOTCHAN, DEMO_RECIPE, TEST_DATA
 
 from pipeline.errors import PipelineError
-from pipeline.evaluate import parse_kld_statistics, tool_errors, verdict
 from pipeline.recipe import default_thresholds, load_recipe
+from pipeline.stages.evaluate import parse_kld_statistics, tool_errors, verdict
 
 # ------------------------------------------------------------------ parser (captured real output)
 
@@ -114,7 +114,7 @@ def test_thresholds_layering():
 def test_report_plot_svg():
     """One circle per published quant and eval set (its set's colour), a red x per failed one, every label;
     log y axis labelled in decades; text output, identical for identical input."""
-    from pipeline.report import COLORS, render_plot
+    from pipeline.stages.report import COLORS, render_plot
 
     def q(name, size_mib, klds):
         return {"file": f"m-{name}.gguf", "quant_type": name, "size_bytes": int(size_mib * 2**20), "role": "quant",

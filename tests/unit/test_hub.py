@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from helpers import HUB_REPO, HUB_SOURCE_COMMIT, hub_recipe_data, write_hub_recipe
 
+from pipeline.distribution.hub import upload_plan
 from pipeline.errors import PipelineError
-from pipeline.hub import upload_plan
 from pipeline.recipe import load_recipe
 
 

@@ -1,4 +1,4 @@
-"""pipeline/logitsfile.py on --kl-divergence-base files synthesized here with the writer's arithmetic
+"""pipeline/stages/logitsfile.py on --kl-divergence-base files synthesized here with the writer's arithmetic
 (perplexity.cpp's log_softmax: -16 clamp, uint16 steps, odd n_vocab padding), from known logits."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from pipeline.errors import PipelineError
-from pipeline.logitsfile import (
+from pipeline.stages.logitsfile import (
     KLD_LOG_PROB_FLOOR,
     encode_record,
     expected_size,

@@ -1,4 +1,4 @@
-"""pipeline/naming.py's re-implementation of the Hub's label (``hub_label``) against the real library.
+"""pipeline/recipe/naming.py's re-implementation of the Hub's label (``hub_label``) against the real library.
 
 tests/data/hub_labels.json holds what ``parseGGUFQuantLabel`` of @huggingface/tasks 0.21.54 (npm) returns for
 every name of its corpus, written by tests/data/hub_labels.mjs under node (see its header for the two commands);
@@ -10,7 +10,7 @@ import json
 
 from helpers import ROOT
 
-from pipeline import naming
+from pipeline.recipe import naming
 
 HUB_LABELS = ROOT / "tests" / "data" / "hub_labels.json"
 SOURCE = "@huggingface/tasks 0.21.54 parseGGUFQuantLabel"

@@ -1,4 +1,4 @@
-"""The naming rule in the recipe parser (pipeline/naming.py, issue #16): every recipe of this repository and the
+"""The naming rule in the recipe parser (pipeline/recipe/naming.py, issue #16): every recipe of this repository and the
 test fixtures' recipes give each published file one label that both resolvers read right; names that would
 collide, variants the Hub cannot read and labels that are another type's name are refused in one line naming the
 entries. (The resolvers themselves are checked against the real huggingface.js and llama.cpp in
@@ -9,9 +9,8 @@ from __future__ import annotations
 import pytest
 from helpers import GOOD_RECIPE, ROOT, write_recipe_text
 
-from pipeline import naming
 from pipeline.errors import PipelineError
-from pipeline.recipe import key_ref, load_recipe
+from pipeline.recipe import key_ref, load_recipe, naming
 
 
 def _tables(r) -> dict[str, tuple[str, str | None]]:

@@ -45,11 +45,11 @@ def _base_record(tmp_path: Path) -> tuple[Path, Path]:
     ([(0, KLD.replace("Maximum KLD", "Max KLD"))], 1, "lacks kld_max"),  # complete but changed: no re-run
 ])
 def test_eval_reruns_only_when_the_final_lines_are_lost(tmp_path, monkeypatch, runs, calls_expected, error):
-    from pipeline.evaluate import eval_quant
     from pipeline.recipe import EvalSet
+    from pipeline.stages.evaluate import eval_quant
 
     calls: list = []
-    monkeypatch.setattr("pipeline.evaluate.run_tool", _runner(runs, calls))
+    monkeypatch.setattr("pipeline.stages.evaluate.run_tool", _runner(runs, calls))
     rec, logits = _base_record(tmp_path)
     es = EvalSet(name="botchan", text=ROOT / "data" / "botchan.txt", ctx=512, chunks=16)
     log = tmp_path / "eval.log"
@@ -66,12 +66,12 @@ def test_eval_reruns_only_when_the_final_lines_are_lost(tmp_path, monkeypatch, r
 
 def test_base_eval_reruns_on_a_real_lost_tail(tmp_path, monkeypatch, capsys):
     """A real capture: llama-perplexity b11312 exited 0 after printing chunk 13 of 17 (tiny model, 2 cores)."""
-    from pipeline.evaluate import has_final_estimate, run_perplexity
+    from pipeline.stages.evaluate import has_final_estimate, run_perplexity
 
     lost = (TEST_DATA / "lost-tail-base.txt").read_text()
     assert "Final estimate" not in lost and "calculating perplexity over 17 chunks" in lost
     calls: list = []
-    monkeypatch.setattr("pipeline.evaluate.run_tool", _runner([(0, lost), (0, (TEST_DATA / "base.txt").read_text())], calls))
+    monkeypatch.setattr("pipeline.stages.evaluate.run_tool", _runner([(0, lost), (0, (TEST_DATA / "base.txt").read_text())], calls))
     res = run_perplexity(object(), [], tmp_path / "base.log", has_final_estimate, "r: eval set botchan: base")
     assert has_final_estimate(res.output) and calls == ["llama-perplexity"] * 2
     assert "warning: r: eval set botchan: base: llama-perplexity exited 0 but its output lost its final lines" \

@@ -1,4 +1,4 @@
-"""docs/recipes.md is rendered from pipeline/recipe_schema.py, and that table agrees with the parser.
+"""docs/recipes.md is rendered from pipeline/recipe/schema.py, and that table agrees with the parser.
 
 The checks against the parser are parametrized over the table, so a key added to it is covered at once:
 each documented key, set to its documented example in an otherwise minimal recipe, loads and reaches the
@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline import recipe_docs
 from pipeline.errors import PipelineError
+from pipeline.recipe import docs as recipe_docs
 from pipeline.recipe import load_recipe
-from pipeline.recipe_schema import REQUIRED, SECTIONS, Field, Note, Section, section
+from pipeline.recipe.schema import REQUIRED, SECTIONS, Field, Note, Section, section
 
 ROOT = Path(__file__).resolve().parents[2]
 SHA = "6b5982a638c6ed4e3da15711b6a5a1328c34a53e"
@@ -156,7 +156,7 @@ def test_committed_docs_are_rendered_from_the_table():
 
 
 def test_check_command_passes_on_the_repo():
-    out = subprocess.run([sys.executable, "-m", "pipeline.recipe_docs", "--check"], cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", "pipeline.recipe.docs", "--check"], cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline.errors import PipelineError
-from pipeline.vocab_defaults import effective_vocab
+from pipeline.gguf.vocab_defaults import effective_vocab
 
 
 def test_not_a_gguf(tmp_path):

@@ -1,0 +1,129 @@
+"""Device-side check of a pulled GGUF against its manifest, with the standard library only.
+
+A device install (``pip install '.[device]'``: DVC, no numpy, no gguf, no torch) runs this through
+``ggufpipe verify``; the GGUF header is read by :mod:`pipeline.gguf.reader`, whose type table is that of the
+pinned llama.cpp.
+
+A split file (recipe ``split:``) is published as a folder ``<name>-<KEY>/`` of llama-gguf-split shards;
+``verify`` takes the folder or any shard path and checks the whole set: exactly the shards the manifest
+lists (none missing, none extra), each one's size, SHA256, header and ``split.no`` / ``split.count`` /
+``split.tensors.count``, the quant type (``general.file_type``, which only the first shard carries) and
+the whole model's header facts, summed over the shards.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pipeline.errors import PipelineError
+from pipeline.fsutil import sha256_file
+from pipeline.gguf import file_type_name, read_header
+from pipeline.stages.split import SHARD_RE, check_header, shard_header
+
+# Facts of the manifest entry that the header must match besides the quant type (pipeline.gguf.GGUFFacts).
+_HEADER_FACTS = ("gguf_version", "tensor_count", "parameter_count", "architecture", "bits_per_weight")
+
+
+def find_entry(manifest: dict, filename: str) -> dict:
+    for entry in manifest.get("artifacts", []):
+        if entry.get("file") == filename:
+            return entry
+    raise PipelineError(f"{filename} is not listed in the manifest of {manifest.get('name', '?')}")
+
+
+def _shard_of(path: Path) -> bool:
+    """``path`` looks like a shard inside its split folder (``<folder>/<folder>-0000i-of-0000N.gguf``)."""
+    m = SHARD_RE.match(path.name)
+    return bool(m) and m["stem"] == path.parent.name
+
+
+def verify(path: str | Path, manifest: str | Path | None = None) -> str:
+    """Check a file (or a split file's folder or shard) against the manifest; return a one-line OK or raise."""
+    path = Path(path)
+    shard = _shard_of(path)
+    if manifest:
+        mpath = Path(manifest)
+    else:  # beside the file or split folder; for a shard, beside its folder
+        mpath = path.parent / "manifest.json"
+        if shard and not mpath.is_file():
+            mpath = path.parent.parent / "manifest.json"
+    try:
+        data = json.loads(mpath.read_text())
+    except OSError:
+        raise PipelineError(f"{path}: no manifest at {mpath}") from None
+    except ValueError as exc:
+        raise PipelineError(f"{mpath}: not valid JSON: {exc}") from None
+    names = {e.get("file") for e in data.get("artifacts", [])}
+    if shard and path.name not in names and path.parent.name in names:
+        path = path.parent  # a shard stands for its split file: every shard is checked
+    entry = find_entry(data, path.name)
+    if entry.get("split"):
+        return _verify_split(path, entry, data)
+    if not path.is_file():
+        raise PipelineError(f"{path}: missing (not pulled?)")
+    size = path.stat().st_size
+    if size != entry["size_bytes"]:
+        raise PipelineError(f"{path}: size {size} bytes, manifest says {entry['size_bytes']}: truncated or wrong file")
+    digest = sha256_file(path)
+    if digest != entry["sha256"]:
+        raise PipelineError(f"{path}: SHA256 {digest} does not match the manifest's {entry['sha256']}: file altered")
+    facts = read_header(path).facts()
+    if facts.quant_type != entry["quant_type"]:
+        raise PipelineError(f"{path}: GGUF says {facts.quant_type}, manifest says {entry['quant_type']}")
+    for key in _HEADER_FACTS:  # the manifest's other header facts, where it has them
+        if key in entry and getattr(facts, key) != entry[key]:
+            raise PipelineError(f"{path}: GGUF header says {key} {getattr(facts, key)!r}, manifest says {entry[key]!r}")
+    return f"OK  {path} ({entry['quant_type']}, {size} bytes, sha256 {digest[:16]}…, build {data.get('build_id')})"
+
+
+def _verify_split(folder: Path, entry: dict, data: dict) -> str:
+    """Every shard of a split file: the exact set, sizes, SHA256s, headers and split keys, quant type,
+    and the whole model's header facts summed over the shards."""
+    shards = entry["split"]["shards"]
+    n = len(shards)
+    if not folder.is_dir():
+        raise PipelineError(f"{folder}: missing (not pulled?): the manifest lists a folder of {n} shard(s)")
+    for i, s in enumerate(shards, 1):  # cheap checks first: presence and size of every shard
+        p = folder / s["file"]
+        if not p.is_file():
+            raise PipelineError(f"{p}: shard {i} of {n} missing (not pulled?)")
+    listed = {s["file"] for s in shards}
+    extra = sorted(p.name for p in folder.iterdir() if p.name not in listed)
+    if extra:
+        raise PipelineError(f"{folder / extra[0]}: not a shard the manifest lists ({n} shard(s): "
+                            f"{shards[0]['file']} ...): remove it or re-pull the folder")
+    for i, s in enumerate(shards, 1):
+        p = folder / s["file"]
+        size = p.stat().st_size
+        if size != s["size_bytes"]:
+            raise PipelineError(f"{p}: shard {i} of {n}: size {size} bytes, manifest says {s['size_bytes']}: "
+                                "truncated or wrong file")
+    headers = []
+    for i, s in enumerate(shards, 1):
+        p = folder / s["file"]
+        digest = sha256_file(p)
+        if digest != s["sha256"]:
+            raise PipelineError(f"{p}: shard {i} of {n}: SHA256 {digest} does not match the manifest's {s['sha256']}: "
+                                "file altered")
+        h = shard_header(p)
+        check_header(p, h, i, n, entry["tensor_count"])
+        if h["tensor_count"] != s["tensor_count"]:
+            raise PipelineError(f"{p}: shard {i} of {n}: {h['tensor_count']} tensors, manifest says {s['tensor_count']}")
+        headers.append(h["header"])
+    first = folder / shards[0]["file"]
+    qt = file_type_name(headers[0].metadata.get("general.file_type"))
+    if qt != entry["quant_type"]:
+        raise PipelineError(f"{first}: GGUF says {qt}, manifest says {entry['quant_type']}")
+    tensors = [t for h in headers for t in h.tensors]
+    n_params, n_bytes = sum(t.n_elements for t in tensors), sum(t.n_bytes for t in tensors)
+    arch = headers[0].metadata.get("general.architecture", "")
+    facts = {"gguf_version": headers[0].version, "tensor_count": len(tensors), "parameter_count": n_params,
+             "architecture": arch if isinstance(arch, str) else str(arch),
+             "bits_per_weight": round(n_bytes * 8 / n_params, 4) if n_params else 0.0}
+    for key in _HEADER_FACTS:
+        if key in entry and facts[key] != entry[key]:
+            raise PipelineError(f"{folder}: the shards' GGUF headers say {key} {facts[key]!r} in all, manifest says "
+                                f"{entry[key]!r}")
+    return (f"OK  {folder} ({entry['quant_type']}, {n} shard(s), {entry['size_bytes']} bytes, every SHA256 matches, "
+            f"build {data.get('build_id')})")

@@ -1,0 +1,358 @@
+"""Every recipe key, declared once: the table ``pipeline/recipe/`` takes its allowed keys from and
+``pipeline/recipe/docs.py`` renders as ``docs/recipes.md`` (``make docs``).
+
+Standard library only (recipe loading imports it at every Snakemake start). Each :class:`Section` is one
+mapping of a recipe (its ``path`` is where it sits, e.g. ``quants[]`` or ``draft.source``) and lists its
+:class:`Field` s in the order the reference shows them. A field's ``default`` is exactly what the parser
+uses when the key is absent: a plain value (``None``: not set), :data:`REQUIRED`, or a :class:`Note` where
+the default depends on the rest of the recipe. ``example`` is a valid value (a Python value, shown as YAML).
+``{imatrix_families}`` and ``{min_scored_tokens}`` in the texts are filled in by the renderer from the
+constants of ``pipeline/recipe/``. tests/unit/test_recipe_docs.py loads recipes with each key set to its
+example, refuses an undocumented key in each section, and checks every plain default against what
+:func:`pipeline.recipe.load_recipe` returns.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class Note(str):
+    """A default that depends on the rest of the recipe, described in words."""
+
+    __slots__ = ()
+
+
+class _Required:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+REQUIRED: Any = _Required()
+
+
+class Field:
+    """One key of a section (plain slotted class: NamedTuple and dataclass cost import time)."""
+
+    __slots__ = ("key", "type", "default", "doc", "example")
+
+    def __init__(self, key: str, type: str, default: Any, doc: str, example: Any = None):
+        self.key = key  # a key of the mapping; <...> names a key the user chooses (e.g. an eval set's name)
+        self.type = type  # as a user reads it
+        self.default = default  # plain value, REQUIRED or Note(...)
+        self.doc = doc  # one to three sentences
+        self.example = example  # a valid value, shown as YAML; None: no example
+
+    @property
+    def placeholder(self) -> bool:
+        return self.key.startswith("<")
+
+    def __repr__(self) -> str:
+        return f"Field({self.key!r})"
+
+
+class Section:
+    """One mapping of a recipe and its fields, in the order the reference shows them."""
+
+    __slots__ = ("path", "title", "intro", "fields")
+
+    def __init__(self, path: str, title: str, intro: str, fields: tuple[Field, ...]):
+        self.path = path  # "" for the top level; "quants[]" for each entry of the list `quants`
+        self.title = title
+        self.intro = intro
+        self.fields = fields
+
+    @property
+    def keys(self) -> set[str]:
+        """The keys the parser allows in this mapping (placeholders excluded)."""
+        return {f.key for f in self.fields if not f.placeholder}
+
+    def __repr__(self) -> str:
+        return f"Section({self.path!r})"
+
+
+SHA = "6b5982a638c6ed4e3da15711b6a5a1328c34a53e"
+
+TOP = Section("", "Top level", (
+    "A recipe is one YAML mapping per model in `recipes/<name>.yaml`. Keys not listed in this reference are "
+    "refused (`unknown key`), like every other mistake, with one line naming the file and the field."
+), (
+    Field("name", "string: slug `[a-z0-9][a-z0-9._-]*`, at most 64 characters, no `..`", REQUIRED,
+          "The model's name: the artifact folder `artifacts/<name>/` and the prefix of every file name.",
+          "smollm2-135m"),
+    Field("description", "string", None, "Free text, shown in the model card.", "SmolLM2-135M-Instruct, GGUF"),
+    Field("license", "string", None,
+          "License written into every GGUF (`general.license`, through the model card the converter reads). "
+          "When absent the converter takes it from the source's own model card.", "apache-2.0"),
+    Field("source", "map (see `source:`)", REQUIRED, "The Hugging Face checkpoint to convert.",
+          {"repo": "org/model", "revision": SHA}),
+    Field("outtype", "`f16` | `bf16`", "f16",
+          "Type of the unquantized GGUF that convert writes: published as `<name>-F16.gguf` (or `-BF16`), the "
+          "file every quant is made from and measured against.", "bf16"),
+    Field("mtp", "`keep` | `strip` | `separate`", "keep",
+          "Multi-token-prediction (NextN) heads of models that have them: `keep` them in every file as the converter "
+          "does; `strip` converts with `--no-mtp`; `separate` leaves them out of the model files too and exports "
+          "them alone (`--mtp`) as the draft `<name>-mtp-<OUTTYPE>_MTP.gguf`. `strip` and `separate` need an "
+          "architecture whose converter supports it (the convert stage says so otherwise).", "strip"),
+    Field("quants", "non-empty list of quant (see `quants[]`)", REQUIRED,
+          "The llama-quantize types to build, each a type name or a mapping.", ["Q8_0", {"type": "Q4_K_M"}]),
+    Field("gates", "eval set, or list of eval sets (see `gates[]`)", Note("none: no quality gates"),
+          "Quality gates: each quant is measured against the base file on each eval set (llama-perplexity "
+          "`--kl-divergence`) and published only if it meets every threshold.",
+          [{"name": "botchan", "text": "../data/botchan.txt", "ctx": 512, "chunks": 16}]),
+    Field("bench", "bool", True, "Run llama-bench on each model file (the base and every quant): build-box "
+          "speed, shown in the report, never a gate.", False),
+    Field("split", "map (see `split:`)", None,
+          "Default for every model file (base, quants, MTP draft): publish it as llama-gguf-split shards in a "
+          "folder `<name>-<KEY>/`. A quant's own `split:` overrides it.", {"max_size": "2G"}),
+    Field("awq", "map (see `awq:`)", None,
+          "AutoAWQ scale search folded into the floating-point weights; quants are made from that scaled base "
+          "unless they say `awq: false`.", {"calibration": "../data/botchan-calib.txt"}),
+    Field("imatrix", "map (see `imatrix:`)", None,
+          "An importance matrix (llama-imatrix, once per base) that quants of 4 bits and fewer use by default.",
+          {"calibration": "../data/botchan-calib.txt"}),
+    Field("draft", "map (see `draft:`)", None,
+          "A draft model for speculative decoding, built beside this one or given as a GGUF, checked for "
+          "vocabulary compatibility and measured for acceptance.",
+          {"source": {"repo": "org/small-model", "revision": SHA}, "quants": ["Q4_0"]}),
+    Field("publish", "map (see `publish:`)", None,
+          "Where `ggufpipe hub-publish` uploads the artifact folder, and whether Ollama Modelfiles are written.",
+          {"hf_repo": "my-org/SmolLM2-135M-Instruct-GGUF"}),
+    Field("conformance", "`false`, or map (see `conformance:`)", Note("on, with the defaults of `conformance:`"),
+          "The conformance stage proves the base GGUF is the Hugging Face model (tokenizer, chat template, "
+          "end-of-generation tokens, logits) before any quant is judged against it; a failure publishes nothing "
+          "of the recipe. `false` skips it, and the manifest says so.", {"chunks": 2}),
+    Field("chat_template_override", "string: file path", None,
+          "A Jinja chat template (a text file; relative paths: to the recipe file) written into the base GGUF as "
+          "`tokenizer.chat_template`, so every quant carries it; recorded in the manifest and the card, then "
+          "checked like any template.", "../data/chat-template.jinja"),
+    Field("eos_token_ids", "list of 1 to 3 int >= 0", None,
+          "End-of-generation token ids written into the base GGUF as `tokenizer.ggml.eos_token_id`, then "
+          "`eot_token_id`, then `eom_token_id` (llama.cpp stops on each); recorded in the manifest.", [2]),
+    Field("add_bos", "bool", None,
+          "Written into the base GGUF as `tokenizer.ggml.add_bos_token`: whether llama.cpp adds BOS to its "
+          "input; recorded in the manifest.", True),
+))
+
+CONFORMANCE = Section("conformance", "`conformance:`", (
+    "The base GGUF against the Hugging Face model it was converted from: tokenizer parity on a probe set and a "
+    "slice of the first eval text, logit fidelity on the first chunks of that eval set (the base logits of "
+    "eval-base, against the HF model in float32), chat template rendering by both engines, and the "
+    "end-of-generation set. Its thresholds are fixed (see docs/conformance.md), not recipe keys."
+), (
+    Field("chunks", "int >= 1", 4,
+          "Chunks of the first eval set (each `ctx` tokens) on which the HF model's logits are compared with "
+          "the base GGUF's.", 2),
+))
+
+_SOURCE_FIELDS = (
+    Field("repo", "string: Hugging Face repo id `org/name`", Note("one of `repo` or `path` is required"),
+          "The Hub repository to fetch.", "HuggingFaceTB/SmolLM2-135M-Instruct"),
+    Field("revision", "string: commit SHA, tag or branch (quoted)", Note("required with `repo`"),
+          "The revision to fetch; the resolved commit is recorded. Quote it: YAML reads an all-digit SHA "
+          "prefix as a number, which is refused.", SHA),
+    Field("path", "string: folder", Note("one of `repo` or `path` is required"),
+          "A local Hugging Face folder instead of a repo; not valid with `revision`. Unlike the text paths, a "
+          "relative path is read from the folder the build runs in, not the recipe's: write it absolute.", "/data/my-hf-folder"),
+    Field("allow_pickle", "bool", False, "Accept `*.bin` / `*.pt` (pickled) weights; refused by default.", True),
+    Field("trust_remote_code", "bool", False,
+          "Accept repositories whose config needs custom code; refused by default.", True),
+)
+
+SOURCE = Section("source", "`source:`", (
+    "The checkpoint to convert: exactly one of `repo` (with `revision`) or `path`."
+), _SOURCE_FIELDS)
+
+_THRESHOLD_TYPES = (
+    ("max_ppl_ratio", "number >= 1", "Highest allowed ratio of the quant's perplexity to the base file's.", 1.05),
+    ("max_kld_mean", "number >= 0", "Highest allowed mean KL divergence from the base file's token distribution.",
+     0.05),
+    ("max_kld_p99", "number >= 0", "Highest allowed 99th percentile of the KL divergence.", 0.5),
+    ("min_same_top_p", "number 0..1", "Lowest allowed share of tokens where the quant's top token equals the "
+     "base file's.", 0.9),
+)
+
+QUANT = Section("quants[]", "`quants[]`: each quant", (
+    "A quant is a llama-quantize type name (`- Q8_0`) or a mapping with `type` and the keys below. The type is "
+    "upper-cased and checked against the installed gguf package and, when llama.cpp's tools are given, "
+    "against llama-quantize. Its file is `<name>-<TYPE>[_<VARIANT>].gguf` (docs/publishing.md#file-names)."
+), (
+    Field("type", "quant type, e.g. `Q4_K_M`", REQUIRED, "The llama-quantize type (see Quant types below).",
+          "Q4_K_M"),
+    Field("variant", "string `[A-Za-z]{1,24}`", None,
+          "Upper-cased suffix of the label and file name, `<name>-<TYPE>_<VARIANT>.gguf`: lets two flavours of "
+          "one type coexist. Letters only (the Hub's label stops at a digit); a label that is another quant "
+          "type's name (`Q2_K` + `s`) is refused.", "embq"),
+    Field("output_tensor_type", "ggml type name", None,
+          "llama-quantize `--output-tensor-type` (lower-cased).", "q8_0"),
+    Field("token_embedding_type", "ggml type name", None,
+          "llama-quantize `--token-embedding-type` (lower-cased).", "q8_0"),
+    Field("tensor_types", "list of `pattern=type`", [], "llama-quantize `--tensor-type`, once per entry.",
+          ["attn_v=q8_0"]),
+    Field("pure", "bool", False, "llama-quantize `--pure`.", True),
+    Field("leave_output_tensor", "bool", False, "llama-quantize `--leave-output-tensor`.", True),
+    Field("gates", "thresholds, or map of eval set name to thresholds (see `quants[].gates`)",
+          Note("none: the eval sets' thresholds"),
+          "Threshold overrides for this quant, on every eval set or per eval set. Needs a top-level `gates:`.",
+          {"max_kld_mean": 0.01}),
+    Field("awq", "bool", Note("`true` when the recipe has `awq:`, else `false`"),
+          "Make this quant from the AWQ-scaled base; `true` without a top-level `awq:` is refused.", False),
+    Field("imatrix", "bool", Note("`true` when the recipe has `imatrix:` and the type's family is "
+                                  "{imatrix_families}, else `false`"),
+          "Quantize with the recipe's importance matrix; `true` without a top-level `imatrix:` is refused, and the "
+          "types that need one (see Quant types) are refused without it.", False),
+    Field("split", "map (see `split:`) or `false`", Note("the top-level `split:`"),
+          "Publish this file as shards (overrides the recipe's default); `false` publishes it whole. Not "
+          "allowed in `draft.quants`.", False),
+))
+
+QUANT_GATES = Section("quants[].gates", "`quants[].gates`: per-quant thresholds", (
+    "Either thresholds, which apply on every eval set (`gates: {max_kld_mean: 0.01}`), or a mapping from eval "
+    "set names to thresholds (`gates: {botchan: {max_kld_mean: 0.01}}`); the two forms do not mix. Effective "
+    "thresholds: the family default, then the eval set's, then the quant's for every set, then its per-set ones."
+), (
+    *(Field(key, typ, Note("the eval set's, else the family default"), doc, ex) for key, typ, doc, ex in _THRESHOLD_TYPES),
+    Field("<eval set name>", "map of thresholds", None,
+          "Thresholds for this quant on that eval set only; the name must be one of `gates[].name`.",
+          {"max_kld_mean": 0.01}),
+))
+
+EVAL_SET = Section("gates[]", "`gates[]`: each eval set", (
+    "`gates:` is one eval set or a list of them. For each, llama-perplexity computes the base file's logits "
+    "once and compares every quant with them. Each eval set must score at least {min_scored_tokens} tokens: "
+    "`chunks x (ctx - 1 - ctx // 2)` (the second half of each chunk is scored), and its text must hold "
+    "`ctx x chunks` tokens."
+), (
+    Field("name", "string `[a-z0-9][a-z0-9_-]*`, at most 32 characters", "default",
+          "Name of the eval set in records, reports and per-quant gates. Defaults to `default` only when "
+          "there is one eval set; required with several, and unique.", "botchan"),
+    Field("text", "path to a text file", REQUIRED,
+          "The evaluation text (relative paths: to the recipe file). Must not be empty.", "../data/botchan.txt"),
+    Field("text_sha256", "string: SHA256, 64 lowercase hex", None,
+          "Pin of the text, recorded with the metrics.",
+          "2680fa93dfc313ac6270fbf44128f4ba4c4f409ab5498f612b0e106965fdea99"),
+    Field("ctx", "int >= 16", REQUIRED, "Context length of each chunk (llama-perplexity `-c`).", 512),
+    Field("chunks", "int >= 1", REQUIRED, "Number of chunks evaluated (llama-perplexity `--chunks`).", 16),
+    *(Field(key, typ, Note("the quant family's default (see below)"), doc, ex) for key, typ, doc, ex in _THRESHOLD_TYPES),
+))
+
+AWQ = Section("awq", "`awq:`", (
+    "AutoAWQ scale search (and optionally clipping) on a calibration text, folded into the floating-point "
+    "weights before convert. The published base file stays the unmodified model: every quant, AWQ ones "
+    "included, is gated against it; the AWQ-scaled base is an intermediate under `work/`."
+), (
+    Field("calibration", "path to a text file", REQUIRED,
+          "Calibration text (relative paths: to the recipe file); refused if it has the same SHA256 as a gates "
+          "text.", "../data/botchan-calib.txt"),
+    Field("calibration_sha256", "string: SHA256, 64 lowercase hex", None,
+          "Pin of the calibration text: a different SHA256 is refused."),
+    Field("w_bit", "`2` | `3` | `4` | `8`", 4, "Bit width of the grid the scales are searched for.", 3),
+    Field("q_group_size", "`32` | `64` | `128` | `256` | `-1`", 128,
+          "Group size of the search grid (`-1`: per channel); must divide every linear layer's input size.", 64),
+    Field("zero_point", "bool", True, "Asymmetric grid (with a zero point).", False),
+    Field("version", "`gemm` | `gemv` | `gemv_fast`", "gemm", "AutoAWQ's kernel version (case-insensitive).",
+          "gemv"),
+    Field("n_samples", "int >= 1", 64,
+          "Calibration windows, taken from the start of the text; the text must hold `n_samples x seq_len` "
+          "tokens.", 16),
+    Field("seq_len", "int >= 16", 256, "Tokens per calibration window.", 128),
+    Field("apply_clip", "bool", True,
+          "Also search weight clipping (needs every linear's output size to be a multiple of 64).", False),
+))
+
+IMATRIX = Section("imatrix", "`imatrix:`", (
+    "llama-imatrix over a calibration text, once per base GGUF a quant uses (plain or AWQ). Quants of 4 bits "
+    "and fewer use it unless they say `imatrix: false`; others only with `imatrix: true`."
+), (
+    Field("calibration", "path to a text file", REQUIRED,
+          "Calibration text (relative paths: to the recipe file); refused if it has the same SHA256 as a gates "
+          "text. It must hold `ctx x chunks` tokens.", "../data/botchan-calib.txt"),
+    Field("calibration_sha256", "string: SHA256, 64 lowercase hex", None,
+          "Pin of the calibration text: a different SHA256 is refused."),
+    Field("ctx", "int >= 16", 512, "Context length of each chunk.", 256),
+    Field("chunks", "int >= 1", 32, "Number of chunks.", 8),
+))
+
+DRAFT = Section("draft", "`draft:`", (
+    "A draft model for speculative decoding: exactly one of `source` (built beside the main model as the recipe "
+    "`<name>-draft`, by the same stages, into `artifacts/<name>-draft/`) or `gguf` (an existing file, checked, "
+    "not rebuilt). Each (main, draft) pair gets llama.cpp's vocabulary compatibility check, a measured "
+    "acceptance rate per draft length and a ready `llama-server` line. Draft files are not split."
+), (
+    Field("source", "map (see `draft.source`)", Note("one of `source` or `gguf` is required"),
+          "The draft's checkpoint, with the keys of `source:`.", {"repo": "org/small-model", "revision": SHA}),
+    Field("gguf", "path to a GGUF file", Note("one of `source` or `gguf` is required"),
+          "An existing draft GGUF (relative paths: to the recipe file); its header is checked.",
+          "../drafts/small-Q4_0.gguf"),
+    Field("outtype", "`f16` | `bf16`", Note("the recipe's `outtype`"),
+          "The draft's unquantized type; only with `source`.", "bf16"),
+    Field("quants", "non-empty list of quant", Note("required with `source`"),
+          "The draft's quants, as `quants[]` but without `split`, per-quant `gates`, AWQ or importance matrix; "
+          "only with `source`.", ["Q4_0"]),
+    Field("pairs", "list of `[main quant, draft quant]`", Note("every main quant x every draft quant"),
+          "The pairs checked and measured, by file key (`TYPE[_VARIANT]`; aliases and the old `TYPE-variant` resolved). The main side may "
+          "also be the base (`F16`); with `gguf`, the draft side is `gguf`.", [["Q8_0", "Q4_0"]]),
+    Field("n_max", "int 1..64, or list of them", [4, 8],
+          "Draft lengths measured (`llama-speculative-simple --spec-draft-n-max`); the best one goes into the "
+          "deployment line.", [2, 4]),
+    Field("eval_text", "path to a text file", Note("the first eval set's text (required without `gates:`)"),
+          "Text the acceptance prompts are taken from (relative paths: to the recipe file).", "../data/code.txt"),
+    Field("prompts", "int >= 1", 3, "Number of prompts, passages spread over the text.", 2),
+    Field("n_predict", "int >= 8", 96, "Tokens generated per prompt.", 64),
+    Field("min_acceptance", "number 0..1", None,
+          "Gate on the acceptance rate at the best draft length; none: measured, not gated.", 0.5),
+))
+
+DRAFT_SOURCE = Section("draft.source", "`draft.source:`", (
+    "The draft's checkpoint: the same keys and rules as `source:`."
+), _SOURCE_FIELDS)
+
+PUBLISH = Section("publish", "`publish:`", (
+    "Where `ggufpipe hub-publish` (an explicit command, never part of a build) uploads the artifact folder, in "
+    "one commit; and whether the publish stage writes an Ollama `Modelfile.<QUANT>` beside each model file."
+), (
+    Field("hf_repo", "string: Hugging Face repo id `org/name`", REQUIRED,
+          "The model repository uploaded to (created when missing).", "my-org/SmolLM2-135M-Instruct-GGUF"),
+    Field("revision", "string: branch name", "main",
+          "Branch to commit to (created from `main` when missing); a commit SHA is refused.", "staging"),
+    Field("private", "bool", False,
+          "Visibility when the repository is created; an existing repository is left as it is.", True),
+    Field("path_in_repo", "string: folder path", "",
+          "Folder in the repository the files go to (`\"\"` or null: the root); leading and trailing `/` are "
+          "dropped; no `..` or hidden segments.", "gguf/v1"),
+    Field("ollama", "bool", True, "Write `Modelfile.<QUANT>` for every (unsplit) model file, and the Hub's repo-root "
+          "Ollama files: `params` (stop = the verified end-of-generation texts) for a chat model, `template` and "
+          "`system` only where Ollama's ChatML template reproduces the verified renders "
+          "([publishing](publishing.md)).", False),
+    Field("ollama_template", "string (Go template)", None,
+          "TEMPLATE of every Modelfile instead of the one derived from the GGUF's chat template; only with "
+          "`ollama: true`, and without `\"\"\"`.", "{{ .Prompt }}"),
+))
+
+SPLIT = Section("split", "`split:`", (
+    "Publish a model file as llama-gguf-split shards `<name>-<KEY>/<name>-<KEY>-0000i-of-0000N.gguf`. Given at "
+    "the top level it applies to every model file (base, quants, MTP draft); a quant's own `split:` overrides "
+    "it, and `split: false` there publishes that quant whole."
+), (
+    Field("max_size", "string: `<N>M` or `<N>G`", REQUIRED,
+          "Most tensor data per shard, as `llama-gguf-split --split-max-size`: a whole number of M (10^6 bytes) "
+          "or G (10^9 bytes). The first shard also carries the metadata; a tensor larger than it is refused.",
+          "2G"),
+))
+
+SECTIONS: tuple[Section, ...] = (TOP, SOURCE, QUANT, QUANT_GATES, EVAL_SET, AWQ, IMATRIX, DRAFT, DRAFT_SOURCE,
+                                 PUBLISH, SPLIT, CONFORMANCE)
+
+
+def section(path: str) -> Section:
+    for s in SECTIONS:
+        if s.path == path:
+            return s
+    raise KeyError(path)
+
+
+def keys(path: str) -> set[str]:
+    """The keys allowed in the mapping at ``path`` ("" for the top level)."""
+    return section(path).keys

@@ -1,0 +1,56 @@
+"""Stage bench: ``llama-bench`` once per quant — prompt processing and generation tokens/s on this
+build box (same threads for all). Build-box figures, for the report; not a quality gate."""
+
+from __future__ import annotations
+
+import json
+import platform
+from pathlib import Path
+
+from pipeline.errors import PipelineError
+from pipeline.fsutil import write_json_atomic
+from pipeline.tools import Toolchain, find_toolchain, run_tool, tail
+
+PROMPT_TOKENS = 256
+GEN_TOKENS = 64
+REPETITIONS = 3
+
+
+def parse_bench_json(output: str) -> dict:
+    lines = output.splitlines()
+    try:  # the JSON array sits between a line "[" and a line "]" (logs go around it)
+        first = lines.index("[")
+        last = len(lines) - 1 - lines[::-1].index("]")
+        rows = json.loads("\n".join(lines[first:last + 1]))
+    except ValueError:
+        rows = None
+    if not rows:
+        raise PipelineError(f"llama-bench printed no JSON results: {tail(output)}")
+    out = {}
+    for row in rows:
+        if row.get("n_prompt", 0) > 0 and row.get("n_gen", 0) == 0:
+            out["pp_tokens_per_s"] = round(float(row["avg_ts"]), 2)
+            out["pp_tokens"] = int(row["n_prompt"])
+        elif row.get("n_gen", 0) > 0 and row.get("n_prompt", 0) == 0:
+            out["tg_tokens_per_s"] = round(float(row["avg_ts"]), 2)
+            out["tg_tokens"] = int(row["n_gen"])
+    if "pp_tokens_per_s" not in out or "tg_tokens_per_s" not in out:
+        raise PipelineError(f"llama-bench results lack the pp or tg test: {sorted(out)}")
+    return out
+
+
+def bench(gguf: str | Path, record: str | Path, threads: int = 2, log: str | Path | None = None,
+          tc: Toolchain | None = None) -> dict:
+    """Entry function: tokens/s of one GGUF on this machine, written to ``record``."""
+    tc = tc or find_toolchain()
+    args = ["-m", gguf, "-p", str(PROMPT_TOKENS), "-n", str(GEN_TOKENS), "-t", str(threads),
+            "-r", str(REPETITIONS), "-o", "json"]
+    res = run_tool(tc, "llama-bench", args, Path(log) if log else None)
+    rec = {
+        **parse_bench_json(res.output),
+        "threads": threads,
+        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+        "label": "build-box figures (CPU, this machine), not device speed",
+    }
+    write_json_atomic(record, rec)
+    return rec

@@ -1,0 +1,320 @@
+"""The stage: run the four checks, the record, the entry function and ``python -m pipeline.stages.conformance``. (see pipeline/stages/conformance/__init__.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import PipelineError
+from pipeline.fsutil import write_json_atomic
+from pipeline.stages.conformance.common import (
+    DEFAULT_CHUNKS,
+    HELPER,
+    THRESHOLDS,
+    added_token_probes,
+    eval_slice_probe,
+    load_conversations,
+    load_probes,
+    run_helper,
+    tokenizer_requests,
+)
+from pipeline.stages.conformance.eog import check_eog, turn_end_token
+from pipeline.stages.conformance.logits import check_logits
+from pipeline.stages.conformance.template import check_chat_template, plan_chat_template
+from pipeline.stages.conformance.tokenizer import check_tokenizer
+from pipeline.tools import Toolchain, find_toolchain
+
+# --------------------------------------------------------------------------- the stage
+
+
+def _settings(recipe) -> dict | None:
+    """The recipe's ``conformance`` setting (pipeline/recipe/ ``Conformance``): None when it opts out."""
+    conf = getattr(recipe, "conformance", None)
+    if conf is False or (conf is not None and getattr(conf, "enabled", True) is False):
+        return None
+    if isinstance(conf, dict):
+        return {"chunks": int(conf.get("chunks", DEFAULT_CHUNKS)), "text": conf.get("text")}
+    return {"chunks": int(getattr(conf, "chunks", DEFAULT_CHUNKS)), "text": getattr(conf, "text", None)}
+
+
+def _log(log: Path | None, line: str) -> None:
+    if log:
+        with open(log, "a", encoding="utf-8") as fh:
+            fh.write(line.rstrip("\n") + "\n")
+
+
+def load_hf_tokenizer(hf_dir: Path, trust_remote_code: bool, what: str):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(hf_dir), trust_remote_code=trust_remote_code)
+    except Exception as exc:  # one line for whatever the loader raises
+        first = exc
+    # a folder without tokenizer.json whose fast tokenizer must be converted from the slow one, and the conversion
+    # fails here (transformers 4.56's sentencepiece protobuf wants a newer protobuf than the pinned one): the slow
+    # tokenizer is HF's reference implementation as well
+    try:
+        return AutoTokenizer.from_pretrained(str(hf_dir), trust_remote_code=trust_remote_code, use_fast=False)
+    except Exception:
+        raise PipelineError(f"{what}: the HF tokenizer in {hf_dir} cannot be loaded: {type(first).__name__}: "
+                            f"{' '.join(str(first).split())[:300]}") from None
+
+
+def _sig(x: float | None, digits: int = 6) -> float | None:
+    """``x`` to ``digits`` significant digits: the record's compact numbers do not change with the last bits of a
+    float32 sum (threads); the exact values are in ``details``."""
+    if x is None or not math.isfinite(x) or x == 0:
+        return x
+    return round(x, digits - 1 - int(math.floor(math.log10(abs(x)))))
+
+
+def compact(name: str, c: dict) -> dict:
+    """What the manifest and the report show of one check: verdict, one-line ``summary``, the numbers, and
+    ``not_run`` (the reason) for a check that could not run. Stable across rebuilds (no seconds, no diffs)."""
+    out: dict[str, Any] = {"passed": c["passed"]}
+    if name == "tokenizer":
+        mm = {m: v["mismatches"] for m, v in c["modes"].items()}
+        out.update(probes=c["probes"], mismatches=mm, hf_tokenizer=c["hf_tokenizer"],
+                   summary=f"{c['probes']} probes x {len(mm)} modes: "
+                           + ", ".join(f"({m}) {v} mismatch{'es' if v != 1 else ''}" for m, v in mm.items()))
+    elif name == "logits":
+        if not c.get("run"):
+            out["not_run"] = c.get("note", "not run")
+        else:
+            keys = ("top1", "kld_mean", "kld_p99", "kld_max", "ln_ppl_ratio", "ppl_hf", "ppl_llama")
+            out.update({k: _sig(c[k]) for k in keys}, positions=c["positions"], chunks=c["chunks"],
+                       clamped_targets=c["clamped_targets"], thresholds=dict(THRESHOLDS))
+            out["summary"] = (f"top-1 {c['top1']:.4f}, mean KLD {c['kld_mean']:.3g}, p99 KLD {c['kld_p99']:.3g}, "
+                              f"ln(PPL HF / PPL llama.cpp) {c['ln_ppl_ratio']:+.2g} on {c['positions']} positions "
+                              f"of {c['chunks']} chunks (HF float32 vs the GGUF)")
+            if "awq" in c:
+                a = c["awq"]
+                out["awq"] = {k: _sig(a[k]) for k in ("top1", "kld_mean", "kld_p99", "ln_ppl_ratio")}
+                out["awq"]["gated"] = False
+                out["summary"] += (f"; AWQ-folded vs HF (not gated): top-1 {a['top1']:.4f}, mean KLD "
+                                   f"{a['kld_mean']:.3g}, p99 KLD {a['kld_p99']:.3g}")
+    elif name == "chat_template":
+        if c.get("note"):
+            out["not_run"] = c["note"]
+        else:
+            convs = c.get("conversations", [])
+            counts = {k: sum(1 for r in convs if pred(r)) for k, pred in (
+                ("identical", lambda r: r.get("verdict") == "identical"),
+                ("rejected_by_both", lambda r: r.get("verdict") == "rejected by both"),
+                ("skipped", lambda r: "skipped" in r))}
+            out.update(conversations=len(convs), **counts, now_dependent=bool(c.get("now_dependent")))
+            out["summary"] = (f"{len(convs)} conversations: {counts['identical']} identical (text and ids)"
+                              + (f", {counts['rejected_by_both']} rejected by both" if counts["rejected_by_both"] else "")
+                              + (f", {counts['skipped']} skipped (no tools in the HF template)" if counts["skipped"] else "")
+                              + (f", {len(convs) - sum(counts.values())} differ" if len(convs) > sum(counts.values()) else ""))
+    elif name == "eog":
+        te = c.get("turn_end") or {}
+        out.update(eog=c["eog"], hf_eos_ids=c["hf_eos_ids"], hf_eos_source=c["hf_eos_source"],
+                   gguf_eos=c.get("gguf_eos"), turn_end=te.get("text"), turn_end_id=te.get("id"))
+        out["summary"] = (f"EOG {c['eog']}; HF eos_token_id {c['hf_eos_ids']} ({c['hf_eos_source']})"
+                          + (f"; turn end {te['text']!r} ({te['id']})" if "id" in te else ""))
+    return out
+
+
+def _not_run(note: str) -> dict:
+    return {"passed": True, "run": False, "note": note, "failures": [], "warnings": [], "seconds": 0.0}
+
+
+def run(recipe, base_gguf, hf_dir, logits_file, base_record, out_record, log=None, tc: Toolchain | None = None,
+        awq_base=None) -> dict:
+    """Entry function: every check of the base GGUF ``base_gguf`` against the HF folder ``hf_dir``; writes
+    ``out_record`` (JSON, atomically) and returns it. ``logits_file``/``base_record``: eval-base's logits and
+    record of the first eval set (None: no logit check). ``awq_base``: the AWQ-folded HF folder, measured against
+    ``hf_dir`` (recorded, not gated).
+
+    The record: ``passed``, ``failures`` and ``warnings`` (one line each), ``checks`` (per check: ``passed``, a
+    one-line ``summary`` or ``not_run``, the numbers; what the manifest shows), ``details`` (per check: every
+    number, the full tokenizer diffs, both renders and id sequences of every conversation, MemAvailable: bulky, and
+    not for the manifest), ``seconds`` (per check and in all: volatile), ``thresholds``, ``vocab`` (llama.cpp's
+    view of the GGUF), ``toolchain``, ``python``."""
+    from pipeline.provenance import python_versions
+
+    t0 = time.monotonic()
+    name = recipe.name
+    what = f"{recipe.path}: conformance"
+    log = Path(log) if log else None
+    if log:
+        log.parent.mkdir(parents=True, exist_ok=True)
+    settings = _settings(recipe)
+    if settings is None:
+        rec = {"recipe": name, "passed": True, "skipped": "the recipe opts out (conformance: false)", "failures": [],
+               "warnings": [], "checks": {}}
+        write_json_atomic(out_record, rec)
+        _log(log, f"[conformance] {name}: skipped: the recipe opts out")
+        return rec
+    base_gguf, hf_dir = Path(base_gguf), Path(hf_dir)
+    for p, label in ((base_gguf, "base GGUF"), (hf_dir / "config.json", "HF folder's config.json")):
+        if not p.is_file():
+            raise PipelineError(f"{what}: the {label} {p} is missing")
+    for p, label in ((logits_file, "base logits"), (base_record, "eval-base record")):
+        if p is not None and not Path(p).is_file():
+            raise PipelineError(f"{what}: the {label} {p} is missing (run eval-base first)")
+    if awq_base is not None and not (Path(awq_base) / "config.json").is_file():
+        raise PipelineError(f"{what}: the AWQ-folded folder {awq_base} has no config.json")
+    tc = tc or find_toolchain()
+    trust = bool(recipe.source.trust_remote_code)
+
+    # HF side first: the tokenizer once, the probes, the renders (their texts go to the helper to tokenize)
+    t = time.monotonic()
+    tok = load_hf_tokenizer(hf_dir, trust, what)
+    override = getattr(recipe, "chat_template_override", None)
+    if override is not None:  # the fix path: the recipe's template is the model's, on both sides
+        tok.chat_template = Path(override).read_text(encoding="utf-8")
+    eval_sets = getattr(recipe, "eval_sets", ())
+    eval_text = eval_sets[0].text if eval_sets else settings.get("text")
+    probes = load_probes() + added_token_probes(tok) + eval_slice_probe(eval_text)
+    conversations = load_conversations()
+    from pipeline.gguf import read_header
+
+    gguf_template = read_header(base_gguf).metadata.get("tokenizer.chat_template")
+    plan = plan_chat_template(tok, gguf_template if isinstance(gguf_template, str) else None, conversations)
+    turn_end = turn_end_token(tok, conversations.get("date_string", "")) if plan["hf_template"] else None
+    hf_side = time.monotonic() - t
+
+    # llama.cpp side: one helper process for every request
+    tok_reqs = tokenizer_requests(probes)
+    requests = [{"op": "vocab"}, *tok_reqs, *plan["requests"]]
+    t = time.monotonic()
+    answers = run_helper(tc, base_gguf, requests, log)
+    helper_seconds = time.monotonic() - t
+    vocab = answers[0]
+    if "error" in vocab or "eog" not in vocab:
+        raise PipelineError(f"{what}: {HELPER} gave no vocabulary facts for {base_gguf}: {vocab}")
+
+    details: dict[str, dict] = {}
+    details["tokenizer"] = check_tokenizer(name, tok, probes, answers[1:1 + len(tok_reqs)])
+    details["chat_template"] = check_chat_template(name, tok, plan, answers[1 + len(tok_reqs):], vocab)
+    details["eog"] = check_eog(name, tok, hf_dir, vocab, turn_end)
+    if logits_file is None:
+        details["logits"] = _not_run("not run: the recipe has no eval text")
+    else:
+        base_ppl = json.loads(Path(base_record).read_text()).get("ppl") if base_record else None
+        details["logits"] = check_logits(name, hf_dir, logits_file, bool(vocab.get("add_bos")), vocab.get("bos"),
+                                         settings["chunks"], trust, awq_base, base_ppl,
+                                         n_tokens=vocab.get("n_tokens"))
+    failures = [f for c in details.values() for f in c["failures"]]
+    warnings = [w for c in details.values() for w in c.get("warnings", [])]
+    seconds = {k: c.get("seconds", 0.0) for k, c in details.items()}
+    lg = details["logits"]
+    for key in ("load_seconds", "hf_seconds"):  # volatile numbers stay out of the details
+        if key in lg:
+            seconds[f"logits_{key.removesuffix('_seconds')}"] = lg.pop(key)
+    if "awq" in lg:
+        seconds["logits_awq"] = lg["awq"].pop("seconds", 0.0)
+    seconds.update(hf_side=round(hf_side, 3), helper=round(helper_seconds, 3), total=round(time.monotonic() - t0, 3))
+    rec = {
+        "recipe": name,
+        "passed": not failures,
+        "failures": failures,
+        "warnings": warnings,
+        "checks": {k: compact(k, c) for k, c in details.items()},
+        "thresholds": dict(THRESHOLDS),
+        "chunks": settings["chunks"],
+        # torch's threads: the float32 sums of the HF side depend on them (the stage fixes them: eval_threads)
+        "threads": sys.modules["torch"].get_num_threads() if "torch" in sys.modules else None,
+        "gguf": base_gguf.name,
+        "vocab": {k: vocab.get(k) for k in ("type", "n_tokens", "bos", "eos", "eot", "eom", "add_bos", "add_eos",
+                                            "eog")},
+        "helper_requests": len(requests),
+        "toolchain": tc.describe(),
+        "python": python_versions(),
+        "details": {k: {kk: vv for kk, vv in c.items() if kk not in ("failures", "warnings", "seconds")}
+                    for k, c in details.items()},
+        "seconds": seconds,
+    }
+    write_json_atomic(out_record, rec)
+    for line in failures:
+        _log(log, line)
+    for line in warnings:
+        _log(log, f"warning: {line}")
+    for k, c in rec["checks"].items():
+        _log(log, f"[conformance] {name}: {k}: {'pass' if c['passed'] else 'FAIL'}: "
+                  f"{c.get('summary') or c.get('not_run', '')} ({seconds[k]:.2f}s)")
+    _log(log, f"[conformance] {name}: {'passed' if rec['passed'] else 'FAILED'} ({seconds['total']:.1f}s, "
+              f"helper {seconds['helper']:.2f}s for {len(requests)} requests)")
+    return rec
+
+
+def run_stage(recipe, layout, threads: int = 2, tc: Toolchain | None = None, log: str | os.PathLike | None = None) -> dict:
+    """The Snakemake stage (``ggufpipe stage conformance``): :func:`run` on the recipe's paths. The base logits are
+    eval-base's of the first eval set (recomputed first when ``ggufpipe clean-logits`` emptied them); a recipe
+    without eval sets (a built draft) gets its own, from ``conformance.text`` at ctx 512, in its scratch folder,
+    removed afterwards. ``log``: the job log (default ``layout.log(name, "conformance")``)."""
+    import shutil
+
+    from pipeline.recipe import EvalSet
+    from pipeline.stages.evaluate import eval_base, restore_base_logits
+
+    name = recipe.name
+    log = Path(log or layout.log(name, "conformance"))
+    log.parent.mkdir(parents=True, exist_ok=True)
+    record = layout.conformance_record(name)
+    settings = _settings(recipe)
+    if settings is None:
+        return run(recipe, layout.base_gguf(recipe), layout.hf(name), None, None, record, log, tc)
+    tc = tc or find_toolchain()
+    import torch
+
+    torch.set_num_threads(threads)  # fixed (eval_threads), not --cores: the numbers stay bit-identical
+    base = layout.base_gguf(recipe)
+    awq = layout.hf_awq(name) if "awq" in recipe.bases else None
+    if recipe.eval_sets:
+        es = recipe.eval_sets[0]
+        logits, base_record = layout.base_logits(name, es.name), layout.base_record(name, es.name)
+        if Path(logits).is_file():
+            restore_base_logits(tc, es, base, logits, base_record, threads, log, f"{name}: conformance")
+        return run(recipe, base, layout.hf(name), logits, base_record, record, log, tc, awq)
+    text = settings.get("text")
+    if text is None:
+        return run(recipe, base, layout.hf(name), None, None, record, log, tc, awq)
+    scratch = Path(layout.conformance_dir(name))
+    es = EvalSet(name="conformance", text=Path(text), ctx=512, chunks=settings["chunks"])
+    try:
+        eval_base(name, es, base, scratch / "base.logits", scratch / "base.json", threads, log, tc)
+        return run(recipe, base, layout.hf(name), scratch / "base.logits", scratch / "base.json", record, log, tc,
+                   awq)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m pipeline.stages.conformance RECIPE BASE_GGUF HF_DIR OUT [--logits F --base-record R]``: one run by hand."""
+    import argparse
+
+    from pipeline.recipe import load_recipe
+
+    ap = argparse.ArgumentParser(prog="python -m pipeline.stages.conformance", description=__doc__.splitlines()[0])
+    ap.add_argument("recipe")
+    ap.add_argument("base_gguf")
+    ap.add_argument("hf_dir")
+    ap.add_argument("out")
+    ap.add_argument("--logits")
+    ap.add_argument("--base-record")
+    ap.add_argument("--awq")
+    ap.add_argument("--log")
+    args = ap.parse_args(argv)
+    try:
+        rec = run(load_recipe(args.recipe), args.base_gguf, args.hf_dir, args.logits, args.base_record, args.out,
+                  args.log, awq_base=args.awq)
+    except PipelineError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    for line in rec["failures"]:
+        print(line)
+    for k, c in rec["checks"].items():
+        print(f"{k}: {'pass' if c['passed'] else 'FAIL'}: {c.get('summary') or c.get('not_run', '')}")
+    return 0 if rec["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,156 @@
+"""Stages for draft models (speculative decoding): vocab check, measured acceptance, top-1 agreement.
+
+* :func:`vocab_check` applies llama.cpp's compatibility rule (:mod:`pipeline.stages.vocab`) to one
+  (main quant, draft quant) pair and records the verdict with a readable diff;
+* :func:`acceptance` runs real greedy speculative decoding (``llama-speculative-simple``) on prompts
+  taken from the draft-eval text, for each configured draft length, and records drafted / accepted
+  tokens, the acceptance rate and the decode speed; the best draft length goes into the deployment
+  line of the manifest;
+* top-1 agreement of draft vs main comes from the KLD machinery (``eval_quant`` of the draft against
+  the main model's base logits): its "same top p".
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+from pathlib import Path
+
+from pipeline.errors import PipelineError
+from pipeline.fsutil import sha256_file, write_json_atomic
+from pipeline.stages.vocab import check_pair, describe_failure
+from pipeline.tools import Toolchain, find_toolchain, run_tool, tail
+
+PROMPT_CHARS = 1500
+
+
+def vocab_check(main_gguf: str | Path, draft_gguf: str | Path, record: str | Path) -> dict:
+    """Entry function: llama.cpp's vocab rule on one pair; the verdict is recorded, not raised
+    (the gate stage fails the build, so every pair's diff is reported at once)."""
+    result = check_pair(main_gguf, draft_gguf)
+    result["main_file"], result["draft_file"] = Path(main_gguf).name, Path(draft_gguf).name
+    if not result["compatible"]:
+        result["message"] = describe_failure(result, Path(main_gguf).name, Path(draft_gguf).name)
+        print(result["message"], flush=True)
+    write_json_atomic(record, result)
+    return result
+
+
+def prompts_from_text(text: str, n: int, chars: int = PROMPT_CHARS) -> list[str]:
+    """``n`` deterministic, non-overlapping passages spread over the text, cut at line starts."""
+    if len(text) < n * chars:
+        raise PipelineError(f"draft eval text has {len(text)} characters; {n} prompts of {chars} need {n * chars}")
+    out = []
+    step = len(text) // n
+    for i in range(n):
+        start = text.find("\n", i * step)
+        start = i * step if start < 0 or start > i * step + chars else start + 1
+        out.append(text[start:start + chars])
+    return out
+
+
+_STAT = {key: re.compile(rf"{key}\s*=\s*([0-9.]+)") for key in ("n_drafted", "n_accept", "n_predict")}
+_DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([0-9.]+) seconds, speed:\s+([0-9.]+) t/s")
+
+
+def parse_speculative(output: str) -> dict:
+    if "vocabs are not compatible" in output or "vocab type must match" in output:
+        raise PipelineError("llama-speculative-simple refused the pair: the target and draft vocabs are not compatible")
+    stats = {}
+    for key, rx in _STAT.items():
+        m = rx.search(output)
+        if not m:
+            raise PipelineError(f"llama-speculative-simple printed no {key}: {tail(output)}")
+        stats[key] = int(float(m.group(1)))
+    m = _DECODED.search(output)
+    if not m:
+        raise PipelineError(f"llama-speculative-simple printed no decode speed: {tail(output)}")
+    stats["decode_seconds"] = float(m.group(2))
+    return stats
+
+
+def acceptance(main_gguf: str | Path, draft_gguf: str | Path, vocab_record: str | Path, text: str | Path,
+               n_max: tuple[int, ...], prompts: int, n_predict: int, record: str | Path, threads: int = 2,
+               log: str | Path | None = None, tc: Toolchain | None = None) -> dict:
+    """Entry function: measured acceptance of one compatible pair (skipped for incompatible ones)."""
+    tc = tc or find_toolchain()
+    vocab = json.loads(Path(vocab_record).read_text())
+    text = Path(text)
+    base = {"eval_text": text.name, "text_sha256": sha256_file(text), "prompts": prompts, "n_predict": n_predict,
+            "threads": threads}
+    if not vocab["compatible"]:
+        rec = {**base, "skipped": "vocabularies are incompatible"}
+        write_json_atomic(record, rec)
+        return rec
+    passages = prompts_from_text(text.read_text(encoding="utf-8"), prompts)
+    by_n: dict[str, dict] = {}
+    timings: dict[str, float] = {}  # decode tokens/s on the build box: volatile, kept apart
+    with tempfile.TemporaryDirectory(prefix="ggufpipe-spec-") as tmpd:
+        files = []
+        for i, p in enumerate(passages):
+            f = Path(tmpd) / f"prompt{i}.txt"
+            f.write_text(p, encoding="utf-8")
+            files.append(f)
+        for n in n_max:
+            drafted = accepted = predicted = 0
+            seconds = 0.0
+            for f in files:
+                res = run_tool(tc, "llama-speculative-simple", [
+                    "-m", main_gguf, "-md", draft_gguf, "--spec-type", "draft-simple", "-f", f, "-n", str(n_predict),
+                    "--spec-draft-n-max", str(n), "--temp", "0", "--seed", "1", "-t", str(threads), "-c", "2048",
+                ], Path(log) if log else None, check=False)
+                if res.returncode != 0:
+                    raise PipelineError(f"llama-speculative-simple failed on {Path(main_gguf).name} + "
+                                        f"{Path(draft_gguf).name} (exit {res.returncode}): {tail(res.output)}")
+                st = parse_speculative(res.output)
+                drafted += st["n_drafted"]
+                accepted += st["n_accept"]
+                predicted += st["n_predict"]
+                seconds += st["decode_seconds"]
+            by_n[str(n)] = {"drafted": drafted, "accepted": accepted, "generated": predicted,
+                            "acceptance_rate": round(accepted / drafted, 4) if drafted else 0.0}
+            timings[str(n)] = round(predicted / seconds, 2) if seconds else 0.0
+    # Best draft length by a deterministic cost model (not by noisy timings): tokens per target step
+    # (generated / steps, steps = generated - accepted) over the relative cost of a step, 1 + n * c, with c
+    # the draft/main size ratio as the per-token cost of the draft.
+    c = Path(draft_gguf).stat().st_size / Path(main_gguf).stat().st_size
+    for n, v in by_n.items():
+        steps = max(1, v["generated"] - v["accepted"])
+        v["tokens_per_step"] = round(v["generated"] / steps, 4)
+        v["est_speedup"] = round(v["tokens_per_step"] / (1 + int(n) * c), 4)
+    best = max(by_n, key=lambda k: (by_n[k]["est_speedup"], -int(k)))
+    rec = {**base, "by_n_max": by_n, "best_n_max": int(best), "acceptance_rate": by_n[best]["acceptance_rate"],
+           "drafted": by_n[best]["drafted"], "accepted": by_n[best]["accepted"], "draft_cost_ratio": round(c, 4),
+           "label": "greedy llama-speculative-simple; best n_max by estimated speedup "
+                    "(tokens per target step / (1 + n_max * draft/main size))",
+           "build_box_decode_tokens_per_s": timings}
+    write_json_atomic(record, rec)
+    return rec
+
+
+def agreement(recipe_name: str, draft_gguf: str | Path, main_base: str | Path, es, base_logits: str | Path,
+              base_record: str | Path, record: str | Path, threads: int = 2, log: str | Path | None = None,
+              tc: Toolchain | None = None) -> dict:
+    """Entry function: top-1 agreement of the draft with the main model's unquantized file over the
+    first eval set ("same top p" of a KL-divergence run of the draft against the main base logits)."""
+    from pipeline.gguf.vocab_defaults import effective_vocab
+    from pipeline.stages.evaluate import eval_quant
+
+    n_main, n_draft = effective_vocab(main_base)["n_tokens"], effective_vocab(draft_gguf)["n_tokens"]
+    if n_main != n_draft:
+        rec = {"eval_set": es.name, "skipped": f"vocab sizes differ ({n_main} vs {n_draft}): no common logits"}
+        write_json_atomic(record, rec)
+        return rec
+    with tempfile.TemporaryDirectory(prefix="ggufpipe-agree-") as tmpd:
+        ev = eval_quant(recipe_name, f"draft {Path(draft_gguf).name}", es, draft_gguf, base_logits, base_record,
+                        Path(tmpd) / "eval.json", threads=threads, log=log, tc=tc, base_gguf=main_base)
+    m = ev["metrics"]
+    rec = {"eval_set": es.name, "text_sha256": ev["text_sha256"], "scored_tokens": ev["scored_tokens"],
+           "top1_agreement": m["same_top_p"], "kld_mean": m["kld_mean"], "ppl_ratio": m["ppl_ratio"]}
+    write_json_atomic(record, rec)
+    return rec
+
+
+def deployment_line(main_file: str, draft_file: str, n_max: int) -> str:
+    return f"llama-server -m {main_file} -md {draft_file} --spec-type draft-simple --spec-draft-n-max {n_max}"

@@ -1,0 +1,363 @@
+"""Stages eval-base and eval: llama-perplexity runs, strict parsing of their statistics, gate verdicts.
+
+* :func:`eval_base` runs ``llama-perplexity --kl-divergence-base`` on the F16/BF16 GGUF once per
+  recipe and eval set, saving the base logits.
+* :func:`eval_quant` runs ``llama-perplexity --kl-divergence`` for one quant against those logits
+  with the same context, chunks, batch and threads, parses the full statistics and compares them
+  with the gate thresholds.
+
+llama-perplexity exits 0 in several failures (missing or corrupt base file, inconsistent
+vocabulary, too few tokens); the runner detects them from the tool's error lines and fails loudly.
+The parser fails, never returns zeros, when a statistic is missing or its format changed.
+
+llama-perplexity b11312 can also lose its last output lines at exit while exiting 0: its logger is a
+thread that ``main`` does not join (common/log.cpp leaks the singleton on purpose), so lines still
+queued when the process ends are never written. :func:`run_perplexity` re-runs it, at most
+:data:`TRUNCATION_RETRIES` times and logged, for exactly that symptom: exit 0, no error line, the run
+started (its chunk count is printed) and the last line it prints is missing. (pipeline/tools.py also
+runs it with passive OpenMP waiting, which makes the symptom rare.)
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from pipeline.errors import PipelineError
+from pipeline.fsutil import atomic_output, sha256_file, write_json_atomic
+from pipeline.recipe import EvalSet, scored_tokens
+from pipeline.tools import Toolchain, ToolResult, find_toolchain, run_tool, tail
+
+TRUNCATION_RETRIES = 2
+
+_PPL_RE = re.compile(r"Final estimate: PPL = ([0-9.]+) \+/- ([0-9.]+)")
+_ERROR_LINE = re.compile(r"^\s*(?:\d+\.\d+\.\d+\.\d+ )?E ((?:\w+: )?.+?)\s*$", re.M)
+_CHUNKS_RE = re.compile(r"(?:calculating perplexity|computing) over (\d+) chunks, n_ctx=(\d+)")
+
+# name -> (regex on the statistics section, group) ; all required
+_NUM = r"(-?[0-9.]+(?:e[-+]?\d+)?)"
+STATISTICS = {
+    "ppl_q": rf"^Mean PPL\(Q\)\s*:\s*{_NUM}",
+    "ppl_base": rf"^Mean PPL\(base\)\s*:\s*{_NUM}",
+    "ln_ppl_ratio": rf"^Mean ln\(PPL\(Q\)/PPL\(base\)\)\s*:\s*{_NUM}",
+    "ppl_ratio": rf"^Mean PPL\(Q\)/PPL\(base\)\s*:\s*{_NUM}",
+    "ppl_diff": rf"^Mean PPL\(Q\)-PPL\(base\)\s*:\s*{_NUM}",
+    "kld_mean": rf"^Mean\s+KLD:\s*{_NUM}",
+    "kld_max": rf"^Maximum KLD:\s*{_NUM}",
+    "kld_p99_9": rf"^99\.9%\s+KLD:\s*{_NUM}",
+    "kld_p99": rf"^99\.0%\s+KLD:\s*{_NUM}",
+    "kld_p95": rf"^95\.0%\s+KLD:\s*{_NUM}",
+    "kld_median": rf"^Median\s+KLD:\s*{_NUM}",
+    "kld_min": rf"^Minimum KLD:\s*{_NUM}",
+    "rms_dp": rf"^RMS Δp\s*:\s*{_NUM}\s*±\s*[0-9.]+\s*%",
+    "same_top_p": rf"^Same top p:\s*{_NUM}\s*±\s*[0-9.]+\s*%",
+}
+PERCENT = {"rms_dp", "same_top_p"}  # printed in %, stored as fractions
+METRICS = {  # gate threshold -> (metric, direction)
+    "max_ppl_ratio": ("ppl_ratio", "max"),
+    "max_kld_mean": ("kld_mean", "max"),
+    "max_kld_p99": ("kld_p99", "max"),
+    "min_same_top_p": ("same_top_p", "min"),
+}
+
+def tool_errors(output: str) -> list[str]:
+    return [m.group(1) for m in _ERROR_LINE.finditer(output)]
+
+
+def has_final_estimate(output: str) -> bool:
+    """The last line a plain or ``--kl-divergence-base`` run prints is there."""
+    return _PPL_RE.search(output) is not None
+
+
+def has_kld_statistics_end(output: str) -> bool:
+    """The last line a ``--kl-divergence`` run prints (``Same top p``) is there."""
+    return re.search(STATISTICS["same_top_p"], output, re.M) is not None
+
+
+def lost_final_lines(res: ToolResult, complete: Callable[[str], bool]) -> bool:
+    """The symptom of b11312's unjoined logger: exit 0, no error line, the run started, its last line missing."""
+    return (res.returncode == 0 and not tool_errors(res.output) and _CHUNKS_RE.search(res.output) is not None
+            and not complete(res.output))
+
+
+def run_perplexity(tc: Toolchain, args: list, log: Path | None, complete: Callable[[str], bool],
+                   what: str) -> ToolResult:
+    """llama-perplexity, re-run (at most TRUNCATION_RETRIES times, logged) while its output lost its final lines."""
+    for attempt in range(1, TRUNCATION_RETRIES + 2):
+        res = run_tool(tc, "llama-perplexity", args, log, check=False)
+        if attempt > TRUNCATION_RETRIES or not lost_final_lines(res, complete):
+            return res
+        note = (f"{what}: llama-perplexity exited 0 but its output lost its final lines (unjoined logger thread "
+                f"of b11312): re-run {attempt} of at most {TRUNCATION_RETRIES}")
+        print(f"warning: {note}", file=sys.stderr, flush=True)
+        if log:
+            with open(log, "a", encoding="utf-8") as fh:
+                fh.write(f"[{note}]\n")
+    return res
+
+
+def parse_kld_statistics(output: str) -> dict:
+    """All statistics of a ``--kl-divergence`` run; PipelineError if any is missing."""
+    if "====== KL divergence statistics ======" not in output:
+        raise PipelineError("llama-perplexity printed no KL divergence statistics (format changed or run failed)")
+    out = {}
+    missing = []
+    for key, rx in STATISTICS.items():
+        m = re.search(rx, output, re.M)
+        if not m:
+            missing.append(key)
+            continue
+        val = float(m.group(1))
+        out[key] = round(val / 100.0, 8) if key in PERCENT else val
+    if missing:
+        raise PipelineError(f"llama-perplexity output lacks {', '.join(missing)} (format changed?)")
+    return out
+
+
+def _check_chunks(output: str, es: EvalSet, what: str) -> None:
+    m = _CHUNKS_RE.search(output)
+    if not m:
+        raise PipelineError(f"{what}: llama-perplexity did not say how many chunks it evaluated: {tail(output)}")
+    got, ctx = int(m.group(1)), int(m.group(2))
+    if ctx != es.ctx:
+        raise PipelineError(f"{what}: llama-perplexity ran with n_ctx={ctx}, expected {es.ctx}")
+    if got < es.chunks:
+        raise PipelineError(
+            f"{what}: eval text {es.text} is too short: it holds {got} chunks of {es.ctx} tokens, "
+            f"the eval set asks for {es.chunks}; use a longer text or fewer chunks"
+        )
+
+
+def _common_args(es: EvalSet, threads: int) -> list[str]:
+    return ["-c", str(es.ctx), "--chunks", str(es.chunks), "-b", str(es.ctx), "-t", str(threads)]
+
+
+def _fail_on_tool_errors(res, what: str) -> None:
+    errors = tool_errors(res.output)
+    if errors:
+        raise PipelineError(f"{what}: llama-perplexity failed: {errors[0]}" + (f" ({errors[1]})" if len(errors) > 1 else ""))
+    if res.returncode != 0:
+        raise PipelineError(f"{what}: llama-perplexity exited {res.returncode}: {tail(res.output)}")
+
+
+def check_text(es: EvalSet, what: str) -> str:
+    """The eval text's SHA256; refuse a missing file or one whose SHA256 differs from the pin."""
+    if not es.text.is_file():
+        raise PipelineError(f"{what}: eval text {es.text} does not exist")
+    digest = sha256_file(es.text)
+    if es.text_sha256 and digest != es.text_sha256:
+        raise PipelineError(f"{what}: eval text {es.text} has SHA256 {digest}, the recipe pins {es.text_sha256}")
+    return digest
+
+
+def count_tokens(tc: Toolchain, model: str | Path, text: str | Path, log: Path | None = None) -> int:
+    """Tokens of ``text`` under ``model``'s vocabulary (llama-tokenize; loads the vocab only)."""
+    res = run_tool(tc, "llama-tokenize", ["-m", model, "-f", text, "--show-count", "--ids", "--log-disable"], None)
+    m = re.search(r"Total number of tokens: (\d+)", res.output)
+    if not m:
+        raise PipelineError(f"llama-tokenize printed no token count for {text}: {tail(res.output)}")
+    if log:
+        with open(log, "a", encoding="utf-8") as fh:
+            fh.write(f"[{text}: {m.group(1)} tokens]\n")
+    return int(m.group(1))
+
+
+def eval_base(recipe_name: str, es: EvalSet, base_gguf: str | Path, out_logits: str | Path, record: str | Path,
+              threads: int = 2, log: str | Path | None = None, tc: Toolchain | None = None) -> dict:
+    """Entry function: base logits of the unquantized GGUF on one eval set (run once per set)."""
+    tc = tc or find_toolchain()
+    what = f"{recipe_name}: eval set {es.name}: base"
+    digest = check_text(es, what)
+    # The text's token count (for the record, and a clear "too short" error) comes from llama-tokenize run
+    # beside llama-perplexity, on the core that perplexity leaves idle while it loads and tokenizes: run
+    # first, it added 0.2-0.4 s to every build. A text too short for the eval set is refused with the
+    # count (perplexity's own failure, or the logits it wrote, are then discarded).
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(1, thread_name_prefix="count-tokens") as pool:
+        counting = pool.submit(count_tokens, tc, base_gguf, es.text)
+        try:
+            res, m = _write_base_logits(tc, es, base_gguf, out_logits, threads, log, what,
+                                        lambda: _check_length(counting.result(), es, what))
+        except PipelineError:
+            _check_length(counting.result(), es, what)  # the count's message, when that is why it failed
+            raise
+    n_tokens = counting.result()
+    if log:
+        with open(log, "a", encoding="utf-8") as fh:
+            fh.write(f"[{es.text}: {n_tokens} tokens]\n")
+    rec = {
+        "eval_set": es.name,
+        "text": es.text.name,
+        "text_sha256": digest,
+        "text_tokens": n_tokens,
+        "ctx": es.ctx,
+        "chunks": es.chunks,
+        "scored_tokens": scored_tokens(es.ctx, es.chunks),
+        "threads": threads,
+        "ppl": float(m.group(1)),
+        "ppl_stderr": float(m.group(2)),
+        "seconds": round(res.seconds, 1),
+    }
+    write_json_atomic(record, rec)
+    return rec
+
+
+def _check_length(n_tokens: int, es: EvalSet, what: str) -> None:
+    if n_tokens < es.ctx * es.chunks:
+        raise PipelineError(
+            f"{what}: eval text {es.text} is too short: {n_tokens} tokens, ctx {es.ctx} x {es.chunks} chunks needs "
+            f"{es.ctx * es.chunks}; use a longer text or fewer chunks"
+        )
+
+
+def _write_base_logits(tc: Toolchain, es: EvalSet, base_gguf, out_logits, threads: int, log, what: str,
+                       check_before_rename: Callable[[], None] | None = None):
+    with atomic_output(out_logits) as tmp:
+        res = run_perplexity(tc, ["-m", base_gguf, "-f", es.text, *_common_args(es, threads), "--kl-divergence-base",
+                                  tmp], Path(log) if log else None, has_final_estimate, what)
+        if check_before_rename:
+            check_before_rename()
+        _fail_on_tool_errors(res, what)
+        _check_chunks(res.output, es, what)
+        m = _PPL_RE.search(res.output)
+        if not m:
+            raise PipelineError(f"{what}: llama-perplexity printed no final estimate: {tail(res.output)}")
+    return res, m
+
+
+def restore_base_logits(tc: Toolchain, es: EvalSet, base_gguf, base_logits, base_record, threads: int, log,
+                        what: str) -> bool:
+    """Recompute base logits that :func:`clean_logits` emptied (a 0-byte stub with the original mtime):
+    once, under a lock, with the stub's mtime kept so that Snakemake sees no change; the recomputed
+    base PPL must equal the recorded one. False when the logits were there."""
+    import fcntl
+    import json
+    import os
+
+    base_logits = Path(base_logits)
+    if base_logits.stat().st_size > 0:
+        return False
+    if base_gguf is None or not Path(base_gguf).is_file():
+        raise PipelineError(f"{what}: base logits {base_logits} were cleaned and the base GGUF {base_gguf} "
+                            "to recompute them is missing")
+    with open(base_logits.parent / ".base.logits.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        st = base_logits.stat()
+        if st.st_size > 0:  # another job restored them meanwhile
+            return False
+        _, m = _write_base_logits(tc, es, base_gguf, base_logits, threads, log, f"{what}: restoring base logits")
+        os.utime(base_logits, ns=(st.st_atime_ns, st.st_mtime_ns))
+    want = json.loads(Path(base_record).read_text())["ppl"]
+    if float(m.group(1)) != want:
+        raise PipelineError(f"{what}: recomputed base logits give PPL {m.group(1)}, {base_record} says {want}: "
+                            "the base GGUF or tools changed; run eval-base again (snakemake -R eval_base)")
+    return True
+
+
+def verdict(metrics: dict, thresholds: dict) -> list[dict]:
+    """Failed gates as dicts {threshold, metric, value, limit}; empty when all pass."""
+    failures = []
+    for name, limit in sorted(thresholds.items()):
+        metric, direction = METRICS[name]
+        value = metrics[metric]
+        if (direction == "max" and value > limit) or (direction == "min" and value < limit):
+            failures.append({"threshold": name, "metric": metric, "value": value, "limit": limit})
+    return failures
+
+
+def failure_message(recipe_name: str, quant: str, eval_set: str, f: dict) -> str:
+    op = ">" if f["threshold"].startswith("max_") else "<"
+    return (f"gate failed: recipe {recipe_name}, quant {quant}, eval set {eval_set}: "
+            f"{f['metric']} = {f['value']:.6g} {op} {f['threshold']} {f['limit']:.6g}")
+
+
+def eval_quant(recipe_name: str, quant_key: str, es: EvalSet, quant_gguf: str | Path, base_logits: str | Path,
+               base_record: str | Path, record: str | Path, threads: int = 2, log: str | Path | None = None,
+               tc: Toolchain | None = None, base_gguf: str | Path | None = None) -> dict:
+    """Entry function: KL-divergence statistics of one quant vs the base logits (recomputed first from
+    ``base_gguf`` when ``ggufpipe clean-logits`` emptied them).
+
+    Thresholds are applied by the publish stage (:func:`verdict`), so changing a threshold re-judges
+    without re-running llama-perplexity, and one bad quant does not stop the others."""
+    import json
+
+    tc = tc or find_toolchain()
+    what = f"{recipe_name}: eval set {es.name}: {quant_key}"
+    base = json.loads(Path(base_record).read_text())
+    if not Path(base_logits).is_file():
+        raise PipelineError(f"{what}: base logits {base_logits} are missing (run eval-base first)")
+    restore_base_logits(tc, es, base_gguf, base_logits, base_record, threads, log, what)
+    res = run_perplexity(tc, ["-m", quant_gguf, *_common_args(es, threads), "--kl-divergence-base", base_logits,
+                              "--kl-divergence"], Path(log) if log else None, has_kld_statistics_end, what)
+    _fail_on_tool_errors(res, what)
+    _check_chunks(res.output, es, what)
+    try:
+        metrics = parse_kld_statistics(res.output)
+    except PipelineError as exc:
+        raise PipelineError(f"{what}: {exc}") from None
+    rec = {
+        "eval_set": es.name,
+        "text": base["text"],
+        "text_sha256": base["text_sha256"],
+        "ctx": es.ctx,
+        "chunks": es.chunks,
+        "scored_tokens": base["scored_tokens"],
+        "threads": threads,
+        "metrics": metrics,
+        "seconds": round(res.seconds, 1),
+    }
+    write_json_atomic(record, rec)
+    return rec
+
+
+def perplexity(tc: Toolchain, model: str | Path, text: str | Path, ctx: int, chunks: int, threads: int = 2,
+               log: str | Path | None = None) -> tuple[float, float]:
+    """Plain perplexity of ``model`` on ``text`` (used by tests and checks)."""
+    args = ["-m", model, "-f", text, "-c", str(ctx), "--chunks", str(chunks), "-t", str(threads), "-b", str(ctx)]
+    res = run_perplexity(tc, args, Path(log) if log else None, has_final_estimate, f"perplexity of {model}")
+    errors = tool_errors(res.output)
+    if errors:
+        raise PipelineError(f"llama-perplexity on {model}: {errors[0]}")
+    m = _PPL_RE.search(res.output)
+    if res.returncode != 0 or not m:
+        raise PipelineError(f"llama-perplexity on {model} printed no final estimate (exit {res.returncode}): "
+                            f"{tail(res.output)}")
+    return float(m.group(1)), float(m.group(2))
+
+
+def clean_logits(work: str | Path, names: list[str] | None = None, dry_run: bool = False) -> list[tuple[Path, int]]:
+    """Empty the base logits (``<work>/<name>/eval/<set>/base.logits``), the largest intermediates, to
+    0-byte stubs that keep their mtime; return (path, bytes freed) of each. Snakemake sees no change
+    (nothing re-runs); an eval that needs them later (a quant added) recomputes them first, once
+    (:func:`restore_base_logits`). Deleting them instead would make Snakemake re-run eval-base and
+    then every eval of the set. Refused while a Snakemake run holds the project's lock."""
+    import os
+
+    work = Path(work)
+    locks = work.resolve().parent / ".snakemake" / "locks"
+    if locks.is_dir() and any(locks.iterdir()):
+        raise PipelineError(f"{locks} is not empty: a Snakemake run is using {work}; clean the logits after it ends "
+                            "(or `snakemake --unlock` if a run was killed)")
+    found = sorted(work.glob("*/eval/*/base.logits"))
+    if names:
+        found = [p for p in found if p.parts[-4] in set(names)]
+    out = []
+    for p in found:
+        st = p.stat()
+        if st.st_size == 0:
+            continue
+        if not dry_run:
+            os.truncate(p, 0)
+            os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+        out.append((p, st.st_size))
+    return out
+
+
+def gate_messages(manifest: dict) -> list[str]:
+    """One line per failed check of a manifest: quant gates, lost MTP heads, draft vocab / acceptance."""
+    msgs = ([f["message"] for e in manifest.get("rejected", []) for f in e.get("failures", [])]
+            + [f["message"] for f in manifest.get("failures", [])])
+    return list(dict.fromkeys(msgs))  # once each: a failed conformance rejects every file with one reason

@@ -1,0 +1,79 @@
+"""Stage imatrix: ``llama-imatrix`` over the recipe's calibration text, once per base GGUF.
+
+The importance matrix is computed on the base file the quants are made from (the plain F16, or the
+AWQ-scaled one: AWQ's folded scales change the activations the matrix weighs). The calibration
+text is handed to the tool under its bare file name (run from a scratch folder), so that the
+dataset name the imatrix records, and that llama-quantize copies into every quant
+(``quantize.imatrix.dataset``), does not depend on where the build box keeps the recipe.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from pipeline.errors import PipelineError
+from pipeline.fsutil import atomic_output, sha256_file, write_json_atomic
+from pipeline.gguf import read_header
+from pipeline.recipe import Recipe
+from pipeline.stages.evaluate import count_tokens
+from pipeline.tools import Toolchain, find_toolchain, run_tool, tail
+
+
+def imatrix_facts(path: str | Path) -> dict:
+    """What an imatrix GGUF says about itself: datasets, chunks, chunk size, entries (tensors)."""
+    r = read_header(path)
+    datasets = r.get("imatrix.datasets")
+    return {
+        "datasets": list(datasets) if isinstance(datasets, (list, tuple)) else [datasets] if datasets else [],
+        "chunk_count": r.get("imatrix.chunk_count"),
+        "chunk_size": r.get("imatrix.chunk_size"),
+        "entries": sum(1 for t in r.tensors if t.name.endswith(".in_sum2")),
+    }
+
+
+def imatrix(recipe: Recipe, base: str, base_gguf: str | Path, out: str | Path, record: str | Path,
+            log: str | Path | None = None, threads: int = 2, tc: Toolchain | None = None) -> dict:
+    """Entry function: compute the importance matrix of ``base_gguf`` into ``out`` (GGUF format)."""
+    tc = tc or find_toolchain()
+    cfg = recipe.imatrix
+    if cfg is None:
+        raise PipelineError(f"{recipe.path}: imatrix: the recipe has no imatrix section")
+    base_gguf, out, record = Path(base_gguf).resolve(), Path(out), Path(record)
+    log = Path(log) if log else None
+    if not base_gguf.is_file():
+        raise PipelineError(f"{recipe.path}: imatrix: {base_gguf} is missing (run convert first)")
+    text = cfg.calibration
+    if not text.is_file():
+        raise PipelineError(f"{recipe.path}: imatrix.calibration: {text} does not exist")
+    n_tokens = count_tokens(tc, base_gguf, text, log)
+    need = cfg.ctx * cfg.chunks
+    if n_tokens < need:
+        raise PipelineError(f"{recipe.path}: imatrix.calibration: {text.name} has {n_tokens} tokens, fewer than ctx x "
+                            f"chunks = {cfg.ctx} x {cfg.chunks} = {need}; use a longer text or lower imatrix.chunks")
+    with tempfile.TemporaryDirectory(prefix="ggufpipe-imatrix-") as scratch, atomic_output(out) as tmp:
+        (Path(scratch) / text.name).symlink_to(text)
+        args = ["-m", base_gguf, "-f", text.name, "-o", tmp.resolve(), "--output-format", "gguf", "-c", cfg.ctx,
+                "--chunks", cfg.chunks, "-b", cfg.ctx, "-t", max(1, threads), "-ofreq", 1 << 30]
+        res = run_tool(tc, "llama-imatrix", args, log, check=False, cwd=scratch)
+        if res.returncode != 0 or not tmp.is_file():
+            raise PipelineError(f"{recipe.path}: imatrix ({base}): llama-imatrix failed: {tail(res.output)}"
+                                + (f" [log: {log}]" if log else ""))
+        facts = imatrix_facts(tmp)
+    if facts["chunk_count"] != cfg.chunks:
+        raise PipelineError(f"{recipe.path}: imatrix ({base}): llama-imatrix processed {facts['chunk_count']} chunks, "
+                            f"not the {cfg.chunks} asked for")
+    rec = {
+        "base": base,
+        "params": cfg.describe(),
+        "calibration_sha256": sha256_file(text),
+        "calibration_tokens": n_tokens,
+        "sha256": sha256_file(out),
+        "facts": facts,
+        "tool": "llama-imatrix",
+        "toolchain": tc.describe(),
+        "threads": threads,
+        "seconds": round(res.seconds, 1),
+    }
+    write_json_atomic(record, rec)
+    return rec

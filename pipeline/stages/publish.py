@@ -1,0 +1,394 @@
+"""Stage publish: gate verdicts -> published GGUFs, ``manifest.json``, metrics, report and card.
+
+A quant is published (hard-linked from ``work/`` into ``artifacts/<name>/``) only when it passed
+every gate of every eval set; a quant that failed is listed under ``rejected`` with the reasons and
+never appears in ``artifacts`` — no manifest entry marks it good and no file of it sits in the
+artifact folder. The quants that passed are published all the same; :func:`check_gates` (the
+workflow's last job) then fails the build, naming recipe, quant, eval set, metric, value and
+threshold. With ``publish.ollama`` in the recipe, an Ollama ``Modelfile.<KEY>`` is written beside each
+published model file (pipeline/distribution/hub.py) and listed with its SHA256 under ``ollama``.
+
+The manifest is deterministic: identical inputs give identical manifests apart from the ``build``
+section (timestamp and build-box speed figures). ``build_id`` is derived from the inputs (recipe
+file, source commit and file hashes, tool versions), so one set of inputs always names the same
+version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+
+from pipeline.errors import PipelineError
+from pipeline.fsutil import atomic_output, hashing_ahead, sha256_file, write_json_atomic
+from pipeline.gguf import general_metadata, read_facts
+from pipeline.layout import Layout, plain_name
+from pipeline.provenance import source_files_digest
+from pipeline.recipe import Recipe
+from pipeline.recipe.naming import label_of_key
+from pipeline.stages.evaluate import failure_message, gate_messages, verdict
+from pipeline.stages.mtp import MTP_KEYS, lost_heads, mtp_facts
+from pipeline.stages.publish_sections import (
+    CONFORMANCE_REJECTED,
+    _calibration_inputs,
+    _conformance_section,
+    _draft_section,
+    _load,
+    _mtp_draft_entry,
+    _mtp_section,
+    _overrides_entry,
+    _tokenizer_keys,
+)
+from pipeline.stages.split import model_path
+
+# 2: the conformance section (the base against the HF model), a failed conformance rejects every file, each
+#    artifact's tokenizer_sha256, vocab_overrides; build_id covers the schema version.
+# 3: file names by the Hub-native rule (`<name>-<TYPE>_<VARIANT>.gguf`, `<name>-mtp-F16_MTP.gguf`) and each
+#    artifact's `label` (pipeline/recipe/naming.py).
+SCHEMA_VERSION = 3
+
+
+def _canonical(obj) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+
+
+def build_id(recipe: Recipe, source: dict, tools: dict, calibration: dict | None = None) -> str:
+    inputs = {"schema_version": SCHEMA_VERSION, "recipe": recipe.sha256, "source": source, "tools": tools}
+    if calibration:  # the calibration texts' SHA256s (a text may change while the recipe does not)
+        inputs["calibration"] = calibration
+    digest = hashlib.sha256(_canonical(inputs)).hexdigest()
+    return f"{recipe.name}-{digest[:12]}"
+
+
+def timestamp() -> str:
+    epoch = os.environ.get("SOURCE_DATE_EPOCH")
+    t = int(epoch) if epoch and epoch.isdigit() else int(time.time())
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+def _link(src: Path, dst: Path) -> None:
+    """Publish ``src`` at ``dst`` atomically (hard link when possible, else copy)."""
+    import shutil
+
+    if dst.exists() and os.path.samefile(src, dst):
+        return
+    with atomic_output(dst) as tmp:
+        try:
+            os.link(src, tmp)
+        except OSError:
+            shutil.copyfile(src, tmp)
+
+
+def artifact_key(name: str, artifact: str) -> str:
+    """``<KEY>`` of ``<name>-<KEY>.gguf`` or of the split folder ``<name>-<KEY>``."""
+    return artifact.removeprefix(f"{name}-").removesuffix(".gguf")
+
+
+def artifact_sources(layout: Layout, name: str, entry: dict) -> list[tuple[Path, Path, int]]:
+    """``(built file in work/, published path, size)`` for every file of a manifest artifact: the GGUF, or
+    each shard of a split file (from ``work/<name>/split/<name>-<KEY>/`` into ``artifacts/<name>/<name>-<KEY>/``)."""
+    dest = layout.art_dir(name) / plain_name(entry["file"], "artifact file")
+    s = entry.get("split")
+    if not s:
+        return [(layout.built(name, entry["file"]), dest, entry["size_bytes"])]
+    src = layout.split_dir(name, artifact_key(name, entry["file"]))
+    return [(src / sh["file"], dest / plain_name(sh["file"], "shard file"), sh["size_bytes"]) for sh in s["shards"]]
+
+
+def link_artifact(layout: Layout, name: str, entry: dict) -> Path:
+    """Publish one manifest artifact into ``artifacts/<name>/`` by hard link: the GGUF, or the folder of a
+    split file's shards (holding nothing else)."""
+    import shutil
+
+    dest = layout.check_art_dir(name) / plain_name(entry["file"], "artifact file")
+    files = artifact_sources(layout, name, entry)
+    if entry.get("split"):
+        if dest.exists() and not dest.is_dir():
+            dest.unlink()
+        dest.mkdir(parents=True, exist_ok=True)
+        want = {d.name for _, d, _ in files}
+        for p in dest.iterdir():  # shards of an earlier split (another max_size), leftovers
+            if p.name not in want:
+                shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+    elif dest.is_dir() and not dest.is_symlink():
+        shutil.rmtree(dest)
+    for src, dst, _size in files:
+        _link(src, dst)
+    return dest
+
+
+def _split_entry(recipe: Recipe, layout: Layout, key: str, entry: dict) -> dict:
+    """The manifest entry of file ``key`` as published: unchanged when whole; for a split file the folder
+    ``<name>-<KEY>`` with its shards (name, SHA256, size, tensors), the facts of the whole model (quant
+    type, bpw, tensor and parameter counts, read from the whole file) and that file's SHA256 (``unsplit``:
+    what eval and bench measured; kept in work/, not published)."""
+    from pipeline.gguf import file_type_name
+    from pipeline.stages.split import read_shards
+
+    # the label both the Hub and llama.cpp's `-hf <repo>:<LABEL>` read from the file name (pipeline/recipe/naming.py)
+    entry = {**entry, "label": label_of_key(key)}
+    cfg = recipe.split_for(key)
+    if cfg is None:
+        return entry
+    folder = layout.split_dir(recipe.name, key)
+    stem = f"{recipe.name}-{key}"
+    try:
+        shards = read_shards(folder, stem, entry["tensor_count"])
+        first = file_type_name(shards[0][1]["file_type"])
+        if first != entry["quant_type"]:
+            raise PipelineError(f"{shards[0][0]}: general.file_type says {first}, the whole file {entry['quant_type']}")
+    except PipelineError as exc:
+        raise PipelineError(f"{exc}: not the shards of {layout.built(recipe.name, entry['file'])}; re-run the split "
+                            "stage (`snakemake --forcerun split`)") from None
+    recs = [{"file": p.name, "sha256": sha256_file(p), "size_bytes": p.stat().st_size, "tensor_count": h["tensor_count"]}
+            for p, h in shards]
+    out = {"file": stem, "quant_type": entry["quant_type"], "size_bytes": sum(r["size_bytes"] for r in recs),
+           "split": {**cfg.describe(), "tool": "llama-gguf-split", "count": len(recs), "shards": recs,
+                     "unsplit": {k: entry[k] for k in ("file", "sha256", "size_bytes")}}}
+    out.update({k: v for k, v in entry.items() if k not in ("file", "quant_type", "sha256", "size_bytes")})
+    return out
+
+
+IMATRIX_KEYS = ("quantize.imatrix.file", "quantize.imatrix.dataset", "quantize.imatrix.entries_count",
+                "quantize.imatrix.chunks_count")
+
+
+def _calibration(recipe: Recipe, layout: Layout, q, gguf_path: Path, seconds: dict) -> tuple[dict, list[dict]]:
+    """A quant's ``calibration`` entry (AWQ params, imatrix settings and SHA256s) and the failures
+    of its cross-check against the GGUF's own ``quantize.imatrix.*`` keys."""
+    from pipeline.gguf import read_header
+
+    out: dict = {}
+    failures: list[dict] = []
+    if q.awq:
+        a = _load(layout.awq_record(recipe.name))
+        out["awq"] = {**a["params"], "calibration_sha256": a["calibration_sha256"], "device": a["device"],
+                      "threads": a.get("threads"), "autoawq": a["autoawq"]}
+        seconds["awq"] = a["seconds"]
+    meta = read_header(gguf_path).metadata
+    keys = {k: meta[k] for k in IMATRIX_KEYS if k in meta}
+    if q.imatrix:
+        m = _load(layout.imatrix_record(recipe.name, q.base))
+        imx_file = layout.imatrix(recipe.name, q.base)
+        out["imatrix"] = {**m["params"], "base": q.base, "file": imx_file.name, "sha256": m["sha256"],
+                          "calibration_sha256": m["calibration_sha256"], "entries": m["facts"]["entries"],
+                          "threads": m.get("threads")}
+        seconds[f"imatrix_{q.base}"] = m["seconds"]
+        want = {"quantize.imatrix.file": imx_file.name, "quantize.imatrix.dataset": m["params"]["calibration"],
+                "quantize.imatrix.entries_count": m["facts"]["entries"],
+                "quantize.imatrix.chunks_count": m["facts"]["chunk_count"]}
+        bad = {k: (keys.get(k), v) for k, v in want.items() if keys.get(k) != v}
+        if bad:
+            failures.append({"check": "calibration", "message": (
+                f"imatrix record mismatch: recipe {recipe.name}, quant {q.key}: the GGUF says "
+                + ", ".join(f"{k}={g!r} where {w!r} was expected" for k, (g, w) in bad.items()))})
+    elif keys:
+        failures.append({"check": "calibration", "message": (
+            f"imatrix record mismatch: recipe {recipe.name}, quant {q.key} was to be made without an importance "
+            f"matrix but its GGUF has {', '.join(sorted(keys))}")})
+    return out, failures
+
+
+GATE_METRICS = ("ppl_q", "ppl_ratio", "ln_ppl_ratio", "kld_mean", "kld_median", "kld_p99", "kld_max", "rms_dp",
+                "same_top_p")
+
+
+def build_manifest(recipe: Recipe, layout: Layout) -> tuple[dict, dict]:
+    """(manifest, metrics) from the stage records and the files; writes nothing."""
+    name = recipe.name
+    fetched = _load(layout.fetch_record(name))
+    converted = _load(layout.convert_record(recipe))
+    source = dict(fetched["source"])
+    source["files_sha256"] = source_files_digest(fetched["files"])
+    tools = {**converted["toolchain"], "python": converted.get("python", {})}
+    tools.pop("origin", None)
+
+    base_path = layout.base_gguf(recipe)
+    base = read_facts(base_path)
+    if base.quant_type != recipe.outtype.upper():
+        raise PipelineError(f"{base_path}: general.file_type says {base.quant_type}, recipe asks for {recipe.outtype.upper()}")
+
+    eval_sets, eval_base, metrics_out, eval_threads = [], {}, {}, {}
+    for es in recipe.eval_sets:
+        rec = _load(layout.base_record(name, es.name))
+        eval_sets.append({"name": es.name, "text": rec["text"], "text_sha256": rec["text_sha256"], "ctx": es.ctx,
+                          "chunks": es.chunks, "scored_tokens": rec["scored_tokens"]})
+        eval_threads[es.name] = rec["threads"]  # follows --cores (results do not): build section
+        eval_base[es.name] = {"ppl": rec["ppl"], "ppl_stderr": rec["ppl_stderr"]}
+    if eval_base:
+        metrics_out[base.quant_type] = {s: {"ppl": v["ppl"]} for s, v in eval_base.items()}
+
+    base_mtp = mtp_facts(base_path)
+    artifacts = [{**base.as_dict(), "role": "base"}]
+    if base_mtp["tensors"]:
+        artifacts[0]["mtp"] = {k: base_mtp[k] for k in MTP_KEYS}
+    artifacts[0] = _split_entry(recipe, layout, base.quant_type, artifacts[0])
+    converted_mode = converted.get("mtp", {}).get("mode", "keep")
+    if converted_mode != recipe.mtp:
+        raise PipelineError(f"{layout.convert_record(recipe)}: converted with mtp: {converted_mode}, the recipe asks for "
+                            f"mtp: {recipe.mtp}: re-run the convert stage")
+    if recipe.mtp == "separate":
+        artifacts.append(_split_entry(recipe, layout, recipe.mtp_key, _mtp_draft_entry(recipe, layout)))
+    rejected = []
+    calib_seconds: dict = {}
+    for q in recipe.quants:
+        work_path = layout.quant(recipe, q.key)
+        rec = _load(layout.quant_record(name, q.key))
+        facts = read_facts(work_path)
+        facts.file = recipe.file_for(q.key)
+        if facts.quant_type != q.type:
+            raise PipelineError(f"{work_path}: general.file_type says {facts.quant_type}, recipe asks for {q.type}")
+        entry = {**facts.as_dict(), "role": "quant", "requested": rec["quant"]}
+        calibration, failures = _calibration(recipe, layout, q, work_path, calib_seconds)
+        if calibration:
+            entry["calibration"] = calibration
+        per_set, thresholds = {}, {}
+        for es in recipe.eval_sets:
+            ev = _load(layout.eval_record(name, es.name, q.key))
+            per_set[es.name] = {k: ev["metrics"][k] for k in GATE_METRICS}
+            thresholds[es.name] = recipe.thresholds(q.key, es.name)
+            failures += [{**f, "eval_set": es.name, "check": "gate",
+                          "message": failure_message(name, q.key, es.name, f)}
+                         for f in verdict(ev["metrics"], thresholds[es.name])]
+        if base_mtp["tensors"]:
+            q_mtp = mtp_facts(work_path)
+            entry["mtp"] = {k: q_mtp[k] for k in MTP_KEYS}
+            lost = lost_heads(base_mtp, q_mtp)
+            if lost:
+                failures.append({"check": "mtp", "lost": lost, "message": (
+                    f"MTP heads lost: recipe {name}, quant {q.key} lacks {len(lost)} of the {base_mtp['tensors']} "
+                    f"nextn tensors of the {base.quant_type} file (first: {lost[0]})")})
+        if recipe.eval_sets:
+            entry["metrics"] = per_set
+            entry["gate"] = {"passed": not failures, "thresholds": thresholds}
+            metrics_out[q.key] = {s: {**{k: v[k] for k in ("ppl_q", "ppl_ratio", "kld_mean", "kld_p99", "same_top_p")},
+                                      "gate_passed": not failures} for s, v in per_set.items()}
+        entry = _split_entry(recipe, layout, q.key, entry)
+        if failures:
+            entry["failures"] = failures
+            rejected.append(entry)
+        else:
+            artifacts.append(entry)
+
+    _tokenizer_keys(recipe, layout, artifacts, rejected)
+    conformance, conformance_failures, conformance_seconds = _conformance_section(recipe, layout)
+    if conformance_failures:  # the reference itself is not the HF model: no file of the recipe is published
+        for e in artifacts:
+            e["failures"] = [*e.get("failures", []), {"check": "conformance", "message": CONFORMANCE_REJECTED}]
+        rejected, artifacts = artifacts + rejected, []
+
+    paths = {artifact_key(name, e["file"]): model_path(e) for e in artifacts + rejected}
+    draft, draft_failures, draft_timings = _draft_section(recipe, layout, paths) if recipe.draft else (None, [], {})
+
+    bench = {}
+    if recipe.bench:  # keyed by the published name (file, or folder of a split file)
+        for key in [recipe.outtype.upper()] + [q.key for q in recipe.quants]:
+            fname = recipe.artifact_for(key)
+            b = _load(layout.bench_record(name, key))
+            bench[fname] = {k: b[k] for k in ("pp_tokens_per_s", "tg_tokens_per_s", "pp_tokens", "tg_tokens", "threads")}
+    build = {"timestamp": timestamp()}
+    if eval_threads:
+        build["eval_threads"] = eval_threads
+    if calib_seconds:
+        build["calibration_seconds"] = calib_seconds
+    if draft_timings:
+        build["draft_decode_tokens_per_s"] = draft_timings
+    if conformance_seconds:
+        build["conformance_seconds"] = conformance_seconds
+    if bench:
+        build["bench"] = bench
+        build["bench_label"] = "llama-bench on the build box (CPU), not device speed"
+
+    manifest = {
+        "schema_version": SCHEMA_VERSION,
+        "name": name,
+        "build_id": build_id(recipe, source, tools, _calibration_inputs(recipe)),
+        "recipe": {"name": name, "file": recipe.path.name, "sha256": recipe.sha256},
+        "source": source,
+        "tools": tools,
+        "gguf_metadata": general_metadata(base_path),
+        "base_quant_type": base.quant_type,
+        "eval_sets": eval_sets,
+        "eval_base": eval_base,
+        "conformance": conformance,
+        "artifacts": artifacts,
+        "rejected": rejected,
+    }
+    if converted.get("vocab_overrides"):
+        manifest["vocab_overrides"] = _overrides_entry(converted["vocab_overrides"])
+    if recipe.mtp != "keep":
+        manifest["mtp"] = _mtp_section(recipe, converted, artifacts)
+    if draft is not None:
+        manifest["draft"] = draft
+    if draft is not None or conformance_failures:
+        manifest["failures"] = conformance_failures + draft_failures
+    manifest["build"] = build
+    return manifest, metrics_out
+
+
+def publish(recipe: Recipe, layout: Layout) -> dict:
+    """Entry function: publish passing quants; write metrics, report, plot, card, Modelfiles and manifest."""
+    import shutil
+
+    from pipeline.stages.card import write_card
+    from pipeline.stages.hubfiles import publish_modelfiles
+    from pipeline.stages.report import write_report
+    from pipeline.stages.split import SHARD_RE
+
+    name = recipe.name
+    layout.check_art_dir(name)  # before anything is written: never through a symlink out of artifacts/
+    # The GGUFs' SHA256s (0.5 s of CPU for the demo's 630 MB) by two helper threads, beside this one's header
+    # parsing: publish runs alone at the end of a build.
+    ggufs = [layout.base_gguf(recipe)] + [layout.quant(recipe, q.key) for q in recipe.quants]
+    if recipe.mtp == "separate":
+        ggufs.append(layout.mtp_gguf(recipe))
+    with hashing_ahead(ggufs, workers=2):
+        manifest, metrics = build_manifest(recipe, layout)
+    # A manifest never lists a file that differs from it: the old one goes before any published file
+    # changes, so a publish killed between linking and writing the new one leaves none (the rerun writes it).
+    layout.manifest(name).unlink(missing_ok=True)
+    for e in manifest["artifacts"]:  # base, passing quants, an MTP draft (files, or folders of shards)
+        link_artifact(layout, name, e)
+    keep = {e["file"] for e in manifest["artifacts"]}
+    for stale in layout.art_dir(name).glob(f"{name}-*"):
+        if stale.name in keep:  # else: quants removed from the recipe or now failing, split or no longer split
+            continue
+        if stale.suffix == ".gguf" and not stale.is_dir():
+            stale.unlink()
+        elif stale.is_dir() and not stale.is_symlink() and all(SHARD_RE.match(p.name) for p in stale.iterdir()):
+            shutil.rmtree(stale)
+    write_json_atomic(layout.metrics(name), metrics)
+    (layout.art_dir(name) / "report.png").unlink(missing_ok=True)  # the plot of earlier versions (now report.svg)
+    write_report(manifest, layout.report(name), layout.plot(name))
+    manifest = publish_modelfiles(recipe, manifest, layout.art_dir(name), layout)  # `publish.ollama`: Modelfile.<KEY>
+    write_card(manifest, layout.card(name))
+    write_json_atomic(layout.manifest(name), manifest)  # last: the manifest marks the folder complete
+    return manifest
+
+
+def check_gates(manifest_path: str | Path, ok_path: str | Path) -> None:
+    """Entry function: fail (one line per failed gate) when any quant was rejected; else touch ``ok_path``."""
+    manifest = _load(Path(manifest_path))
+    folder = Path(manifest_path).parent
+    for e in manifest["artifacts"]:
+        files = [(folder / e["file"] / s["file"], s["size_bytes"]) for s in e["split"]["shards"]] if e.get("split") \
+            else [(folder / e["file"], e["size_bytes"])]
+        for path, size in files:
+            if not path.is_file() or path.stat().st_size != size:
+                raise PipelineError(f"{path} is missing or differs from {manifest_path}: re-publish with "
+                                    "`snakemake --forcerun publish`")
+    msgs = gate_messages(manifest)
+    if msgs:
+        quants = sum(e.get("role") == "quant" for e in manifest["artifacts"])
+        raise PipelineError("; ".join(msgs) + f" ({quants} quant(s) published)")
+    from pipeline.fsutil import write_text_atomic
+
+    write_text_atomic(ok_path, manifest["build_id"] + "\n")
+
+
+def strip_volatile(manifest: dict) -> dict:
+    """The manifest without its ``build`` section: equal for identical builds."""
+    return {k: v for k, v in manifest.items() if k != "build"}

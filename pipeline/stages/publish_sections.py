@@ -1,0 +1,164 @@
+"""The manifest's sections beyond the file entries (pipeline/stages/publish.py builds the manifest): the conformance
+verdict and the tokenizer keys every file carries, vocabulary overrides, the MTP heads and their draft, and the
+draft model's pairs with their deployment lines."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from pipeline.errors import PipelineError
+from pipeline.fsutil import sha256_file
+from pipeline.gguf import read_facts
+from pipeline.layout import Layout
+from pipeline.recipe import Recipe
+from pipeline.stages.draft import deployment_line
+from pipeline.stages.mtp import MTP_KEYS, mtp_facts
+from pipeline.stages.split import model_path
+
+
+def _load(path: Path) -> dict:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise PipelineError(f"publish: cannot read stage record {path}: {exc}") from None
+
+
+CONFORMANCE_REJECTED = "not published: the base GGUF failed conformance (see the manifest's conformance section)"
+
+
+def _conformance_section(recipe: Recipe, layout: Layout) -> tuple[dict, list[dict], dict]:
+    """(the manifest's ``conformance`` section, recipe-level failures, volatile seconds) from the stage record."""
+    if not recipe.conformance.enabled:
+        return {"skipped": "the recipe opts out (conformance: false)"}, [], {}
+    rec = _load(layout.conformance_record(recipe.name))
+    # the verdict, each check's numbers and the thresholds; the diffs and renders stay in the record
+    section = {k: rec[k] for k in ("passed", "checks", "thresholds", "chunks", "threads", "warnings") if k in rec}
+    failures = [{"check": "conformance", "message": m} for m in rec.get("failures", [])]
+    if not rec.get("passed") and not failures:
+        failures = [{"check": "conformance", "message": f"conformance: recipe {recipe.name}: failed "
+                                                       f"(see {layout.conformance_record(recipe.name)})"}]
+    return section, failures, rec.get("seconds", {})
+
+
+def _tokenizer_keys(recipe: Recipe, layout: Layout, artifacts: list[dict], rejected: list[dict]) -> None:
+    """Each model file's ``tokenizer_sha256`` (its tokenizer.* keys, chat templates included, byte for byte); a
+    file whose keys differ from the base's is rejected."""
+    from pipeline.gguf import tokenizer_sha256
+
+    base = tokenizer_sha256(layout.base_gguf(recipe))
+    for entry in list(artifacts) + rejected:
+        path = layout.built(recipe.name, entry["file"] if not entry.get("split") else entry["file"] + ".gguf")
+        if entry.get("role") == "mtp-draft":
+            path = layout.mtp_gguf(recipe)
+        entry["tokenizer_sha256"] = digest = tokenizer_sha256(path)
+        if digest != base and entry in artifacts and entry.get("role") != "mtp-draft":
+            entry["failures"] = [{"check": "tokenizer_keys", "message": (
+                f"tokenizer keys differ: recipe {recipe.name}, {entry['file']} does not carry the "
+                f"{recipe.outtype.upper()} file's tokenizer.* keys byte for byte")}]
+            artifacts.remove(entry)
+            rejected.append(entry)
+
+
+def _overrides_entry(overrides: dict) -> dict:
+    """The fix-path keys as the manifest records them: the chat template by SHA256 and size."""
+    out = {k: v for k, v in overrides.items() if k != "chat_template"}
+    if "chat_template" in overrides:
+        text = overrides["chat_template"].encode("utf-8")
+        out["chat_template"] = {"sha256": hashlib.sha256(text).hexdigest(), "bytes": len(text)}
+    return out
+
+
+def _calibration_inputs(recipe: Recipe) -> dict:
+    out = {}
+    for key, cfg in (("awq", recipe.awq), ("imatrix", recipe.imatrix)):
+        if cfg is not None and any(getattr(q, key) for q in recipe.quants):
+            out[key] = {**cfg.describe(), "calibration_sha256": sha256_file(cfg.calibration)}
+    return out
+
+
+def _mtp_draft_entry(recipe: Recipe, layout: Layout) -> dict:
+    """The artifact entry of the MTP-head draft exported by ``mtp: separate``."""
+    path = layout.mtp_gguf(recipe)
+    rec = _load(layout.mtp_record(recipe))
+    facts = read_facts(path)
+    if facts.quant_type != recipe.outtype.upper():
+        raise PipelineError(f"{path}: general.file_type says {facts.quant_type}, recipe asks for {recipe.outtype.upper()}")
+    heads = mtp_facts(path)
+    if not heads["tensors"]:
+        raise PipelineError(f"{path}: holds no nextn (MTP) tensors: re-run the convert-mtp stage")
+    return {**facts.as_dict(), "role": "mtp-draft", "converter_args": rec["converter_args"],
+            "mtp": {k: heads[k] for k in MTP_KEYS}}
+
+
+def _mtp_section(recipe: Recipe, converted: dict, artifacts: list[dict]) -> dict:
+    """The manifest's ``mtp`` section (recipe ``mtp: strip`` or ``separate``): what was done to the
+    multi-token-prediction heads on purpose, and how to use an exported MTP draft."""
+    out: dict = {"mode": recipe.mtp, "converter_args": converted["mtp"]["converter_args"]}
+    if recipe.mtp == "strip":
+        out["note"] = "multi-token-prediction heads left out of every file on purpose (recipe mtp: strip)"
+    else:
+        out["note"] = ("multi-token-prediction heads left out of the model files and published alone as a draft "
+                       "for llama.cpp's --spec-type draft-mtp (recipe mtp: separate)")
+        draft = next(e for e in artifacts if e["role"] == "mtp-draft")
+        out["draft_file"] = draft["file"]
+        out["deploy"] = [mtp_deployment_line(model_path(e), model_path(draft)) for e in artifacts if e["role"] != "mtp-draft"]
+    return out
+
+
+def mtp_deployment_line(main_file: str, mtp_file: str) -> str:
+    return f"llama-server -m {main_file} -md {mtp_file} --spec-type draft-mtp"
+
+
+def _draft_section(recipe: Recipe, layout: Layout, paths: dict[str, str] | None = None) -> tuple[dict, list[dict], dict]:
+    """The manifest's ``draft`` section: files, the vocab verdict and measured acceptance per pair,
+    top-1 agreement, deployment lines; plus recipe-level failures and the volatile timings. ``paths``:
+    what llama.cpp is given for each main key (a split file's first shard; default: the file name)."""
+    d, name = recipe.draft, recipe.name
+    info: dict = {"eval_text": d.eval_text.name, "n_max": list(d.n_max), "min_acceptance": d.min_acceptance}
+    if d.source is not None:
+        dm = _load(layout.manifest(recipe.draft_name))
+        info.update(recipe=recipe.draft_name, folder=f"../{recipe.draft_name}", build_id=dm["build_id"],
+                    source=dm["source"], files=[{k: a[k] for k in ("file", "quant_type", "sha256", "size_bytes")}
+                                                for a in dm["artifacts"]])
+        draft_file = {q.key: recipe.draft_recipe().file_for(q.key) for q in d.quants}
+        published = {a["file"] for a in dm["artifacts"]}
+        why = {r["file"]: (r.get("failures") or [{}])[0].get("message", "rejected") for r in dm.get("rejected", [])}
+    else:
+        info["gguf"] = {"file": d.gguf.name, "sha256": sha256_file(d.gguf), "size_bytes": d.gguf.stat().st_size}
+        draft_file = {"gguf": d.gguf.name}
+    failures, timings, pairs = [], {}, []
+    for mkey, dkey in d.pairs:
+        main_file = recipe.artifact_for(mkey)
+        v = _load(layout.vocab_record(name, mkey, dkey))
+        a = _load(layout.spec_record(name, mkey, dkey))
+        pair = {"main": main_file, "draft": draft_file[dkey], "compatible": v["compatible"], "rule": v["rule"],
+                "reason": v["reason"], "diff": v["diff"], "warnings": v["warnings"]}
+        label = f"{main_file} + {draft_file[dkey]}"
+        if d.source is not None and draft_file[dkey] not in published:
+            # a deployment line never names a file that was not published (e.g. the draft failed conformance)
+            failures.append({"check": "draft_published", "message": (
+                f"draft not published: recipe {name}, {label}: {draft_file[dkey]} was not published by recipe "
+                f"{recipe.draft_name} ({why.get(draft_file[dkey], 'not in its manifest')})")})
+            pair["published"] = False
+            pairs.append(pair)
+            continue
+        if not v["compatible"]:
+            failures.append({"check": "draft_vocab", "message": v["message"]})
+        else:
+            timings[label] = a.pop("build_box_decode_tokens_per_s", {})
+            pair["acceptance"] = a
+            pair["deploy"] = deployment_line((paths or {}).get(mkey, main_file), draft_file[dkey], a["best_n_max"])
+            if d.min_acceptance is not None and a["acceptance_rate"] < d.min_acceptance:
+                failures.append({"check": "draft_acceptance", "message": (
+                    f"draft acceptance too low: recipe {name}, {label}: acceptance {a['acceptance_rate']:.4f} "
+                    f"< min_acceptance {d.min_acceptance:g} (n_max {a['best_n_max']})")})
+        pairs.append(pair)
+    info["pairs"] = pairs
+    if recipe.eval_sets:
+        info["top1_agreement"] = {draft_file[k]: _load(layout.agreement_record(name, k))
+                                  for k in sorted({dk for _, dk in d.pairs})}
+    return info, failures, timings
+
+

@@ -1,0 +1,83 @@
+"""Stage quantize: one ``llama-quantize`` run per requested quant, from the F16/BF16 GGUF."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from pipeline.errors import PipelineError
+from pipeline.fsutil import atomic_output, sha256_file, write_json_atomic
+from pipeline.recipe import Recipe
+from pipeline.tools import Toolchain, find_toolchain, run_tool, tail
+
+# Free space below which a failed write is taken for a full disk (writes fail only once it is all but gone).
+FULL_DISK_BYTES = 16 << 20
+
+
+def free_bytes(folder: Path) -> int:
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return -1
+    return st.f_bavail * st.f_frsize
+
+
+def explain_failure(output: str, out_gguf: Path | None = None) -> str:
+    if "requires an importance matrix" in output or "requires an imatrix" in output:
+        return "this quant type needs an importance matrix (add an imatrix to the recipe)"
+    # llama-quantize writes with std::ofstream: a full disk shows as "basic_ios::clear: iostream error"
+    write_failed = re.search(r"No space left on device|failed to write|write error|iostream error", output, re.I)
+    if write_failed and out_gguf is not None:
+        free = free_bytes(out_gguf.parent)
+        if "No space left" in output or 0 <= free < FULL_DISK_BYTES:
+            return (f"no space left on device writing {out_gguf} ({free} bytes free in {out_gguf.parent}); "
+                    "free some space or put work/ on a larger disk")
+        return f"cannot write {out_gguf}: {write_failed.group(0)}"
+    if write_failed:
+        return "no space left on device while writing the quant"
+    m = re.search(r"invalid (?:output tensor|token embedding|tensor) type[^\n]*|[^\n]*unknown ggml type[^\n]*", output, re.I)
+    if m:
+        return m.group(0).strip()
+    return tail(output)
+
+
+def quantize(recipe: Recipe, key: str, base_gguf: str | Path, out_gguf: str | Path, record: str | Path,
+             log: str | Path | None = None, threads: int = 1, tc: Toolchain | None = None,
+             imatrix: str | Path | None = None) -> dict:
+    """Entry function: quantize ``base_gguf`` to ``out_gguf`` as the recipe's quant ``key``
+    (with the importance matrix ``imatrix`` when the quant uses one)."""
+    tc = tc or find_toolchain()
+    q = recipe.quant(key)
+    base_gguf, out_gguf, record = Path(base_gguf).resolve(), Path(out_gguf), Path(record)
+    if not base_gguf.is_file():
+        raise PipelineError(f"{recipe.path}: quantize {key}: {base_gguf} is missing (run convert first)")
+    if q.imatrix and imatrix is None:
+        raise PipelineError(f"{recipe.path}: quantize {key}: this quant uses the importance matrix, none was given")
+    args = q.quantize_args()
+    cwd = None
+    if q.imatrix:
+        imatrix = Path(imatrix).resolve()
+        if not imatrix.is_file():
+            raise PipelineError(f"{recipe.path}: quantize {key}: importance matrix {imatrix} is missing (run imatrix first)")
+        # run beside the matrix and name it bare: llama-quantize records the name it was given in the
+        # GGUF (quantize.imatrix.file), which must not depend on the build folder
+        args += ["--imatrix", imatrix.name]
+        cwd = imatrix.parent
+    with atomic_output(out_gguf) as tmp:
+        res = run_tool(tc, "llama-quantize", [*args, base_gguf, tmp.resolve(), q.type, str(max(1, threads))],
+                       Path(log) if log else None, check=False, cwd=cwd)
+        if res.returncode != 0 or not tmp.is_file():
+            raise PipelineError(f"{recipe.path}: quantize {key}: llama-quantize failed: "
+                                f"{explain_failure(res.output, out_gguf)}" + (f" [log: {log}]" if log else ""))
+    rec = {
+        "quant": q.describe(),
+        "base": q.base,
+        "tool": "llama-quantize",
+        "toolchain": tc.describe(),
+        "seconds": round(res.seconds, 1),
+    }
+    if q.imatrix:
+        rec["imatrix_sha256"] = sha256_file(imatrix)
+    write_json_atomic(record, rec)
+    return rec

@@ -1,0 +1,273 @@
+"""Human-readable outputs of a recipe: report (markdown table + size-vs-KLD plot) and model card."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from pipeline.fsutil import write_text_atomic
+from pipeline.recipe.naming import hub_label
+from pipeline.stages.split import model_path
+
+MIB = 1024 * 1024
+
+
+def _fmt(v, spec: str) -> str:
+    return "–" if v is None else format(v, spec)
+
+
+def _file_cell(e: dict) -> str:
+    """A file, or a split file's folder with its shard count."""
+    s = e.get("split")
+    return f"`{e['file']}/` ({s['count']} shards, max {s['max_size']})" if s else f"`{e['file']}`"
+
+
+def _rows(manifest: dict, eval_set: str | None):
+    bench = manifest.get("build", {}).get("bench", {})
+    entries = [(e, True) for e in manifest["artifacts"] if e.get("role") != "mtp-draft"] + \
+        [(e, False) for e in manifest.get("rejected", [])]
+    for e, published in entries:
+        m = (e.get("metrics") or {}).get(eval_set, {}) if eval_set else {}
+        b = bench.get(e["file"], {})
+        if e.get("role") == "base":
+            verdict = "reference"
+        elif not eval_set:
+            verdict = "published (no gates)"
+        else:
+            verdict = "pass" if published else "FAIL: " + "; ".join(
+                f"{f['metric']} {f['value']:.4g} vs {f['threshold']} {f['limit']:.4g}"
+                for f in e.get("failures", []) if f.get("eval_set") == eval_set)
+        yield e, m, b, verdict
+
+
+def label(entry: dict) -> str | None:
+    """The Hub's label of a model file (pipeline/recipe/naming.py ``hub_label``; a split file: its first shard's)."""
+    return hub_label(model_path(entry) if (entry.get("split") or {}).get("shards") else entry["file"])
+
+
+def markdown_table(manifest: dict, eval_set: str | None, speed: bool = True, labels: bool = False) -> str:
+    """The quality table; ``labels``: the Hub label first (the card), in place of the quant type (the report)."""
+    head = ["label" if labels else "quant", "file", "size MiB", "bpw", "PPL", "PPL ratio", "mean KLD", "99% KLD",
+            "same top p"]
+    if speed:
+        head += ["pp t/s", "tg t/s"]
+    head.append("gate")
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for e, m, b, verdict in _rows(manifest, eval_set):
+        is_base = e.get("role") == "base"
+        ppl = m.get("ppl_q") if not is_base else (manifest.get("eval_base", {}).get(eval_set, {}) or {}).get("ppl")
+        quant = e["quant_type"] + (f" ({e['requested']['variant']})" if e.get("requested", {}).get("variant") else "")
+        cells = [(f"`{lab}`" if (lab := label(e)) else quant) if labels else quant,
+                 _file_cell(e), f"{e['size_bytes'] / MIB:.1f}", f"{e['bits_per_weight']:.2f}",
+                 _fmt(ppl, ".3f"), "1" if is_base else _fmt(m.get("ppl_ratio"), ".4f"),
+                 "0" if is_base else _fmt(m.get("kld_mean"), ".5f"), "0" if is_base else _fmt(m.get("kld_p99"), ".4f"),
+                 "100%" if is_base else (_fmt(m["same_top_p"] * 100, ".2f") + "%" if "same_top_p" in m else "–")]
+        if speed:
+            cells += [_fmt(b.get("pp_tokens_per_s"), ".1f"), _fmt(b.get("tg_tokens_per_s"), ".1f")]
+        cells.append(verdict)
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot_points(manifest: dict) -> list[tuple]:
+    """What the plot shows: (eval set index, eval set, label, size MiB, mean KLD, published) per quant and set."""
+    out = []
+    for i, es in enumerate(es["name"] for es in manifest.get("eval_sets", [])):
+        for e, m, _b, _v in _rows(manifest, es):
+            if e.get("role") == "base" or "kld_mean" not in m:
+                continue
+            out.append((i, es, e["file"].removeprefix(manifest["name"] + "-").removesuffix(".gguf"),
+                        e["size_bytes"] / MIB, max(m["kld_mean"], 1e-6), e in manifest["artifacts"]))
+    return out
+
+
+# matplotlib's tab10, the colours of the eval sets
+COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+          "#17becf")
+
+
+def _nice_step(span: float, n: int = 6) -> float:
+    raw = span / n
+    mag = 10 ** math.floor(math.log10(raw))
+    return next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
+
+
+def _num(v: float) -> str:
+    return f"{v:.6g}"
+
+
+def render_plot(manifest: dict, width: int = 700, height: int = 450) -> str:
+    """SVG text: file size (MiB, linear) against mean KLD (log) per quant and eval set, the usual Pareto
+    picture; a failed quant is a red x. Drawn here, not with matplotlib, whose import alone took 0.4 s of
+    every publish; the output is plain text, byte-identical for identical inputs."""
+    from xml.sax.saxutils import escape
+
+    points = plot_points(manifest)
+    left, right, top, bottom = 78, width - 20, 40, height - 50
+    xs = [p[3] for p in points] or [0.0, 1.0]
+    ys = [p[4] for p in points] or [1e-3, 1e-1]
+    x0, x1 = min(xs), max(xs)
+    pad = (x1 - x0) * 0.06 or max(abs(x0) * 0.05, 1.0)
+    x0, x1 = x0 - pad, x1 + pad
+    step = _nice_step(x1 - x0)
+    l0, l1 = math.log10(min(ys)), math.log10(max(ys))
+    lpad = (l1 - l0) * 0.08 or 0.15
+    l0, l1 = l0 - lpad, l1 + lpad
+
+    def px(x: float) -> float:
+        return left + (x - x0) / (x1 - x0) * (right - left)
+
+    def py(y: float) -> float:
+        return bottom - (math.log10(y) - l0) / (l1 - l0) * (bottom - top)
+
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+           f'viewBox="0 0 {width} {height}" font-family="DejaVu Sans, Arial, sans-serif" font-size="12">',
+           f'<rect width="{width}" height="{height}" fill="white"/>']
+    grid = 'stroke="#000" stroke-opacity="0.12"'
+    # x: linear ticks
+    t = math.ceil(x0 / step) * step
+    while t <= x1 + 1e-9:
+        x = round(px(t), 2)
+        out.append(f'<line x1="{x}" y1="{top}" x2="{x}" y2="{bottom}" {grid}/>')
+        out.append(f'<text x="{x}" y="{bottom + 17}" text-anchor="middle">{_num(round(t, 9))}</text>')
+        t += step
+    # y: log ticks, decades labelled; 2x and 5x too when the range holds fewer than two decades, and more
+    # under 1.2 decades
+    decades = range(math.floor(l0), math.ceil(l1) + 1)
+    labelled = {1}
+    if sum(1 for d in decades if l0 <= d <= l1) < 2:
+        labelled = {1, 2, 3, 4, 5, 6, 8} if l1 - l0 < 1.2 else {1, 2, 5}
+    for d in decades:
+        for m in range(1, 10):
+            v = m * 10.0 ** d
+            if not l0 <= math.log10(v) <= l1:
+                continue
+            y = round(py(v), 2)
+            out.append(f'<line x1="{left}" y1="{y}" x2="{right}" y2="{y}" {grid}'
+                       + ('' if m == 1 else ' stroke-dasharray="2,3"') + '/>')
+            if m in labelled:
+                lab = f'{m}×10' if m > 1 else '10'
+                out.append(f'<text x="{left - 6}" y="{y + 4}" text-anchor="end">{lab}'
+                           f'<tspan dy="-6" font-size="9">{d}</tspan></text>')
+    out.append(f'<rect x="{left}" y="{top}" width="{right - left}" height="{bottom - top}" fill="none" stroke="#000"/>')
+    mid = (min(xs) + max(xs)) / 2
+    for i, _es, label, x, y, published in points:
+        cx, cy = round(px(x), 2), round(py(y), 2)
+        if published:
+            out.append(f'<circle cx="{cx}" cy="{cy}" r="4.5" fill="{COLORS[i % len(COLORS)]}"/>')
+        else:
+            out.append(f'<path d="M{cx - 4},{cy - 4}L{cx + 4},{cy + 4}M{cx - 4},{cy + 4}L{cx + 4},{cy - 4}" '
+                       'stroke="red" stroke-width="2"/>')
+        end = x > mid  # labels of the right half extend to the left, inside the axes
+        anchor = ' text-anchor="end"' if end else ""
+        out.append(f'<text x="{cx - 6 if end else cx + 6}" y="{cy - 6}" font-size="10"{anchor}>{escape(label)}</text>')
+    base = manifest.get("base_quant_type", "F16")
+    out.append(f'<text x="{(left + right) / 2}" y="{top - 14}" text-anchor="middle" font-size="14">'
+               f'{escape(manifest["name"])}: size vs quality (x = failed gate)</text>')
+    out.append(f'<text x="{(left + right) / 2}" y="{height - 12}" text-anchor="middle">file size (MiB)</text>')
+    out.append(f'<text transform="translate(18,{(top + bottom) / 2}) rotate(-90)" text-anchor="middle">'
+               f'mean KL divergence vs {escape(base)} (log)</text>')
+    sets = list(dict.fromkeys((i, es) for i, es, *_ in points))
+    if sets:
+        w, h = 12 + 8 * max(len("eval set"), *(len(es) for _, es in sets)) + 18, 24 + 16 * len(sets)
+        lx, ly = right - w - 8, top + 8
+        out.append(f'<rect x="{lx}" y="{ly}" width="{w}" height="{h}" fill="white" stroke="#ccc" rx="3"/>')
+        out.append(f'<text x="{lx + w / 2}" y="{ly + 15}" text-anchor="middle">eval set</text>')
+        for k, (i, es) in enumerate(sets):
+            yy = ly + 30 + 16 * k
+            out.append(f'<circle cx="{lx + 12}" cy="{yy - 4}" r="4.5" fill="{COLORS[i % len(COLORS)]}"/>')
+            out.append(f'<text x="{lx + 24}" y="{yy}" font-size="11">{escape(es)}</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def eval_desc(manifest: dict) -> str:
+    out = []
+    for es in manifest.get("eval_sets", []):
+        out.append(f"- **{es['name']}**: `{es['text']}` (SHA256 `{es['text_sha256'][:16]}…`), ctx {es['ctx']}, "
+                   f"{es['chunks']} chunks ({es['scored_tokens']} scored tokens); KLD against the "
+                   f"{manifest.get('base_quant_type', 'F16')} file with `llama-perplexity --kl-divergence`")
+    return "\n".join(out)
+
+
+def draft_table(manifest: dict) -> str:
+    d = manifest.get("draft")
+    if not d:
+        return ""
+    agree = d.get("top1_agreement", {})
+    lines = [f"Draft-eval text `{d['eval_text']}`; draft lengths measured: {', '.join(map(str, d['n_max']))}.", "",
+             "| main | draft | vocab | acceptance | best n_max | top-1 agreement | deploy |", "|---|---|---|---|---|---|---|"]
+    for p in d["pairs"]:
+        a = p.get("acceptance") or {}
+        ag = agree.get(p["draft"], {})
+        vocab = "compatible" + (f" ({len(p['warnings'])} warning(s))" if p["warnings"] else "") if p["compatible"] \
+            else f"INCOMPATIBLE ({p['rule']}): {p['reason']}"
+        lines.append(f"| `{p['main']}` | `{p['draft']}` | {vocab} | "
+                     f"{_fmt(a.get('acceptance_rate'), '.3f')} ({a.get('accepted', '–')}/{a.get('drafted', '–')}) | "
+                     f"{a.get('best_n_max', '–')} | {_fmt(ag.get('top1_agreement'), '.4f')} | "
+                     f"`{p.get('deploy', '–')}` |")
+    return "\n".join(lines)
+
+
+def mtp_text(manifest: dict) -> str:
+    """What the build did with multi-token-prediction heads (recipe ``mtp: strip | separate``)."""
+    m = manifest.get("mtp")
+    if not m:
+        return ""
+    if m["mode"] == "strip":
+        return "Multi-token-prediction (MTP) heads were left out of every file on purpose (recipe `mtp: strip`)."
+    d = next(e for e in manifest["artifacts"] if e.get("role") == "mtp-draft")
+    lines = [f"The multi-token-prediction (MTP) heads are not in the model files: they are published alone as "
+             f"{_file_cell(d)} ({d['quant_type']}, {d['size_bytes'] / MIB:.1f} MiB, {d['mtp']['tensors']} nextn tensors "
+             f"on layer(s) {', '.join(map(str, d['mtp']['layers']))}), a draft for llama.cpp's speculative decoding "
+             "with any of the files above:", "", "```sh", *m["deploy"], "```"]
+    return "\n".join(lines)
+
+
+def conformance_text(manifest: dict) -> str:
+    """The conformance verdict of the base file against the HF model, a line per check (recipe ``conformance:``)."""
+    c = manifest.get("conformance")
+    if not c:
+        return ""
+    if c.get("skipped"):
+        return f"Not checked against the Hugging Face model: {c['skipped']}."
+    verdict = "passed" if c.get("passed") else "**failed: no file is published**"
+    lines = [f"The {manifest.get('base_quant_type', 'F16')} file against the Hugging Face model it was converted "
+             f"from, before any quant is measured against it: {verdict}.", "", "| check | verdict | measured |",
+             "|---|---|---|"]
+    for name, check in c.get("checks", {}).items():
+        mark = "not run" if check.get("not_run") else ("pass" if check.get("passed") else "FAIL")
+        lines.append(f"| {name} | {mark} | {check.get('summary') or check.get('not_run') or ''} |")
+    for w in c.get("warnings", []):
+        lines += ["", f"Warning: {w}"]
+    overrides = manifest.get("vocab_overrides")
+    if overrides:
+        parts = [f"chat template (SHA256 {overrides['chat_template']['sha256'][:16]}…)"] if "chat_template" in overrides else []
+        parts += [f"end-of-generation ids {overrides['eos_token_ids']}"] if "eos_token_ids" in overrides else []
+        parts += [f"add_bos {str(overrides['add_bos']).lower()}"] if "add_bos" in overrides else []
+        lines += ["", f"Written into every file by the recipe (fix path): {', '.join(parts)}."]
+    return "\n".join(lines)
+
+
+def write_report(manifest: dict, out_md: str | Path, out_svg: str | Path) -> None:
+    """report.md and its plot (report.svg)."""
+    write_text_atomic(out_svg, render_plot(manifest))
+    parts = [f"# {manifest['name']}: quantization report", "",
+             f"Build `{manifest['build_id']}` · llama.cpp b{manifest['tools']['llama_cpp_build']} · "
+             f"built {manifest['build']['timestamp']}", ""]
+    sets = [es["name"] for es in manifest.get("eval_sets", [])] or [None]
+    if manifest.get("eval_sets"):
+        parts += ["Eval sets:", eval_desc(manifest), ""]
+    for es in sets:
+        if es:
+            parts += [f"## Eval set `{es}`", ""]
+        parts += [markdown_table(manifest, es, speed=True), ""]
+    if manifest.get("conformance"):
+        parts += ["## Conformance", "", conformance_text(manifest), ""]
+    if manifest.get("mtp"):
+        parts += ["## MTP heads", "", mtp_text(manifest), ""]
+    if manifest.get("draft"):
+        parts += ["## Draft model (speculative decoding)", "", draft_table(manifest), ""]
+    parts += ["pp/tg t/s: `llama-bench` prompt processing / generation tokens/s on the build box (CPU), same "
+              "threads for all quants: build-box figures, not device speed.", "", f"![size vs mean KLD]({Path(out_svg).name})", ""]
+    write_text_atomic(out_md, "\n".join(parts))
