@@ -1,7 +1,7 @@
 # ggufpipe workflow: HF weights -> F16 GGUF -> llama-quantize per quant -> KLD gates -> publish.
 # This file is the DAG's overview: configuration, wildcards, the default target and one rule file per domain
 # (rules/*.smk). Every rule runs one stage entry function through `python -m pipeline.cli stage`: its
-# command line (stage_shell), log (stage_log) and arguments come from the stage registry (pipeline/cli.py,
+# command line (stage_shell), log (stage_log) and arguments come from the stage registry (pipeline/cli/stage.py,
 # STAGES), every path from pipeline/layout.py; config keys are documented in pipeline/workflow.py.
 #
 #   fetch -> convert (+ convert_mtp) ------------------------> quantize -> eval, bench -> publish -> gate

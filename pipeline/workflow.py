@@ -198,7 +198,7 @@ class Workflow:
         return self.recipes[name].sha256  # thresholds, eval sets, bench...: any recipe change re-publishes
 
 
-# Where a rule's shell sends the stage's own output (``Stage.output`` in pipeline/cli.py's registry).
+# Where a rule's shell sends the stage's own output (``Stage.output`` in pipeline/cli/stage.py's registry).
 OUTPUT_SHELL = {"console": "", "log": " > {log:q} 2>&1", "tee": " 2>&1 | tee {log:q}"}
 
 
@@ -215,7 +215,7 @@ def stage_shell(rule: str) -> str:
 
 
 def stage_log(layout: Layout, rule: str) -> str:
-    """The log pattern of a rule, ``work/{name}/logs/<stem>.log``: the path its stage writes (cli.cmd_stage)."""
+    """The log pattern of a rule, ``work/{name}/logs/<stem>.log``: the path its stage writes (pipeline/cli/stage.py cmd_stage)."""
     from pipeline.cli import STAGES
 
     return str(layout.log("{name}", STAGES[rule].log))

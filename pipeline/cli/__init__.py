@@ -1,0 +1,62 @@
+"""``ggufpipe``: the command line. Thin wrappers over the stage entry functions, one
+module per command (``pipeline/cli/<command>.py``, each with ``register(sub)``); ``ggufpipe stage`` and the stage
+registry the Snakefile's rules are built from are in ``pipeline/cli/stage.py``.
+
+Errors are printed as one line (``error: ...``) with exit status 1, never as a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import importlib
+import os
+import sys
+
+from pipeline.cli.stage import STAGES, Stage, stage_for  # noqa: F401  (the registry: pipeline/workflow.py)
+from pipeline.errors import PipelineError
+
+ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES}
+# the commands in --help order, one module each
+COMMANDS = ('install_tools', 'setup_demo', 'validate', 'build', 'clean_logits', 'dvc_matrix', 'dvc_link', 'ci', 'rebuild_check', 'info', 'verify', 'hub_publish', 'stage')
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="ggufpipe", description="Model-preparation build pipeline for llama.cpp")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for name in COMMANDS:
+        importlib.import_module(f"pipeline.cli.{name}").register(sub)
+
+    args = ap.parse_args(argv)
+    try:
+        args.func(args)
+    except PipelineError as exc:
+        _note_failure(args, str(exc))
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+    except OSError as exc:
+        if exc.errno not in ENVIRONMENT_ERRNOS:
+            _note_failure(args, f"{type(exc).__name__}: {exc}")
+            raise
+        # the machine, not the pipeline: a full disk, a read-only or forbidden folder. One line, no traceback.
+        msg = f"{exc.filename}: {exc.strerror}" if exc.filename else str(exc.strerror or exc)
+        _note_failure(args, msg)
+        print(f"error: {msg}", file=sys.stderr)
+        return 1
+    except Exception as exc:
+        _note_failure(args, f"{type(exc).__name__}: {exc}")
+        raise
+    return 0
+
+
+def _note_failure(args, message: str) -> None:
+    """A failing stage tells `ggufpipe ci` what failed (only when it runs under it)."""
+    if args.cmd == "stage" and os.environ.get("GGUFPIPE_CI_ERRORS"):
+        from pipeline.distribution.ci_summary import note_stage_failure
+
+        note_stage_failure(args, message)
+
+
