@@ -18,7 +18,8 @@ from pipeline.errors import PipelineError
 
 ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES}
 # the commands in --help order, one module each
-COMMANDS = ('install_tools', 'setup_demo', 'validate', 'build', 'clean_logits', 'dvc_matrix', 'dvc_link', 'ci', 'rebuild_check', 'info', 'verify', 'hub_publish', 'stage')
+COMMANDS = ("install_tools", "setup_demo", "validate", "build", "clean_logits", "dvc_matrix", "dvc_link", "ci",
+            "rebuild_check", "info", "verify", "hub_publish", "stage")
 
 
 def main(argv: list[str] | None = None) -> int:
