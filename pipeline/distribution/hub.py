@@ -4,18 +4,6 @@ and Ollama beside the GGUFs: pipeline/stages/hubfiles.py).
 Uploading is an explicit action (``ggufpipe hub-publish --recipe R [--dry-run]``), never part of a build.
 It needs a ``publish:`` section in the recipe (pipeline/recipe/) and a finished build of that recipe.
 
-- :func:`modelfiles` / :func:`write_modelfiles`: one Ollama ``Modelfile.<KEY>`` per published model file
-  (``FROM ./<name>-<KEY>.gguf``), written by the publish stage when ``publish.ollama`` is on (the default)
-  and listed with its SHA256 in the manifest's ``ollama`` section. They are deterministic derived
-  artifacts, like the model card: git-tracked, usable with ``ollama create`` without the Hub, and
-  vouched for by the manifest like the GGUFs.
-- :func:`publish_modelfiles` also writes the Hub's own Ollama files at the repo root, which ``ollama run
-  hf.co/<repo>:<LABEL>`` reads (huggingface.co/docs/hub/ollama): ``params`` (JSON, ``{"stop": [...]}``: the
-  end-of-generation texts llama.cpp stops on, as the conformance stage verified them) for every chat model;
-  ``template`` (a Go template) only for ChatML, and only where Ollama's ChatML template renders every conversation
-  the conformance stage verified exactly as the model's template does; ``system`` (the ChatML template's built-in
-  default system prompt) beside it. It also adds the manifest's ``hub`` section: what the model card's front
-  matter, usage lines and prompt format say (:func:`hub_section`).
 - :func:`upload_plan`: the exact files one Hub commit gets (local path, path in repo, SHA256, size), in a
   fixed order. Every GGUF is checked against the manifest first (size, SHA256, header, quant type: the
   same check as ``ggufpipe verify``) and so is every Modelfile and Hub file; the manifest must come from the recipe as
