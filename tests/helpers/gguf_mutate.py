@@ -130,9 +130,15 @@ def seed_files(folder: Path) -> dict[str, Path]:
         "tokenizer.ggml.eos_token_id": KV(GGUFValueType.UINT32, 2),
         "tokenizer.chat_template": KV(GGUFValueType.STRING, "{{ messages }}"),
     })
+    # an MTP block where the installed gguf-py names its tensors (the pinned one does; PyPI's 0.19.0 of the light
+    # venv, `make test-fast`, does not): the "kinds" seed has a hand-written nextn tensor either way
+    from gguf.constants import MODEL_ARCH, MODEL_TENSOR, MODEL_TENSORS
+
+    eh_proj = getattr(MODEL_TENSOR, "NEXTN_EH_PROJ", None)
+    nextn = 1 if eh_proj is not None and eh_proj in MODEL_TENSORS.get(MODEL_ARCH.EXAONE4, ()) else 0
     return {
         "tiny": tiny_llama(folder / "tiny.gguf", tok, n_layer=1, n_embd=16, n_head=2, n_head_kv=1, n_ff=32,
-                           nextn_layers=1, tie_embeddings=True),
+                           nextn_layers=nextn, tie_embeddings=True),
         "kinds": write_kinds(folder / "kinds.gguf"),
         "vocab": write_vocab(folder / "vocab.gguf", 3000),
     }
