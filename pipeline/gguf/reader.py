@@ -43,6 +43,8 @@ from pipeline.gguf.types import (
     STRING,
     UINT32,
     file_type_name,
+    ggml_type_name,
+    tensor_nbytes,
 )
 
 _U32, _U64, _I64 = struct.Struct("<I"), struct.Struct("<Q"), struct.Struct("<q")
@@ -74,7 +76,7 @@ class TensorInfo:
 
     @property
     def type_name(self) -> str:
-        return GGML_TYPES[self.ggml_type][0]
+        return ggml_type_name(self.ggml_type)
 
 
 @dataclass
@@ -353,14 +355,14 @@ def _parse(buf: Any, path: Path, size: int) -> GGUFHeader:
         gtype, pos = unpack(_U32, pos)
         if gtype not in GGML_TYPES:
             raise bad(f"tensor {name!r} has ggml type {gtype}, unknown to llama.cpp b11312")
-        tname, blck, tsize = GGML_TYPES[gtype]
+        tname, blck, _ = GGML_TYPES[gtype]
         if shape and shape[0] % blck:
             raise bad(f"tensor {name!r} of type {tname} has {shape[0]} elements per row, not a multiple of {blck}")
         n_el = 1
         for ne in shape:
             n_el *= ne
         rel, pos = unpack(_U64, pos)
-        infos.append((name, tuple(shape), gtype, rel, n_el, n_el // blck * tsize))
+        infos.append((name, tuple(shape), gtype, rel, n_el, tensor_nbytes(gtype, tuple(shape))))
 
     data_offset = pos
     if infos and pos % alignment:

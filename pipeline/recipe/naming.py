@@ -34,7 +34,7 @@ whose names would collide, in one line naming both entries.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 # GGMLFileQuantizationType of @huggingface/tasks 0.21.54 (src/gguf.ts), in declaration order: the order of the
@@ -77,16 +77,6 @@ def mtp_key(outtype: str) -> str:
 def label_of_key(key: str) -> str:
     """The label a file key carries: the key itself, less the ``mtp-`` marker."""
     return key[len(MTP_MARK):] if key.startswith(MTP_MARK) else key
-
-
-def legacy_key(key: str, variants: Iterable[str] = ()) -> str | None:
-    """The pre-#16 spelling of a key (``Q4_K_M-imat``, ``mtp-F16``), for references written before the rename."""
-    if key.startswith(MTP_MARK) and key.endswith(MTP_SUFFIX):
-        return key[: -len(MTP_SUFFIX)]
-    for v in variants:
-        if key.endswith("_" + v.upper()):
-            return f"{key[: -len(v) - 1]}-{v.lower()}"
-    return None
 
 
 # --------------------------------------------------------------------------- the Hub

@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import struct
 from pathlib import Path
 
 from pipeline.fsutil import sha256_file, write_text_atomic
@@ -191,32 +190,19 @@ def publish_modelfiles(recipe, manifest: dict, folder: str | Path, layout=None) 
 
 
 def gguf_strings(path: str | Path, key: str, ids: list[int] | None = None) -> dict[int, str] | None:
-    """Entries of the string array ``key`` of a GGUF (all, or those at ``ids``), decoded with the standard library
-    from the bytes the header reader located (gguf's reader decodes every vocabulary entry: seconds); None when the
-    key is missing or not an array of strings."""
-    from pipeline.gguf import read_header
+    """Entries of the string array ``key`` of a GGUF (all, or those at ``ids``), decoded as UTF-8 (errors
+    replaced); None when the key is missing or not an array of strings. The header reader reads the array on
+    demand, undecoded (gguf-py's reader decodes every vocabulary entry: seconds)."""
+    from pipeline.gguf import ArrayValue, read_header
+    from pipeline.gguf.types import STRING
 
-    span = read_header(path).kv_spans.get(key)
-    if span is None:
+    r = read_header(path)
+    value = r.metadata.get(key)
+    if not isinstance(value, ArrayValue) or value.elem_type != STRING:
         return None
-    with open(path, "rb") as fh:
-        fh.seek(span[0])
-        buf = fh.read(span[1] - span[0])
-    u32, u64 = struct.Struct("<I"), struct.Struct("<Q")
-    pos = u64.size + u64.unpack_from(buf, 0)[0]  # the key
-    vtype, elem = u32.unpack_from(buf, pos)[0], u32.unpack_from(buf, pos + 4)[0]
-    if vtype != 9 or elem != 8:  # GGUF_TYPE_ARRAY of GGUF_TYPE_STRING
-        return None
-    count, pos = u64.unpack_from(buf, pos + 8)[0], pos + 16
-    want = None if ids is None else {i for i in ids if 0 <= i < count}
-    last = count - 1 if want is None else max(want, default=-1)
-    out = {}
-    for i in range(last + 1):
-        n = u64.unpack_from(buf, pos)[0]
-        if want is None or i in want:
-            out[i] = buf[pos + 8:pos + 8 + n].decode("utf-8", "replace")
-        pos += 8 + n
-    return out
+    strings = r.array(key, raw_strings=True)
+    wanted = range(len(strings)) if ids is None else sorted({i for i in ids if 0 <= i < len(strings)})
+    return {i: strings[i].decode("utf-8", "replace") for i in wanted}
 
 
 def _front_matter(text: str) -> dict:

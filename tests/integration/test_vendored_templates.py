@@ -46,14 +46,8 @@ from typing import Any
 
 import pytest
 
-from pipeline.stages.conformance import (
-    HELPER,
-    _text_diff,
-    _variants,
-    clean_piece,
-    load_conversations,
-    plan_chat_template,
-)
+from pipeline.stages.conformance import HELPER, clean_piece, load_conversations, plan_chat_template
+from pipeline.stages.conformance.template import _text_diff, _variants
 from pipeline.tools import (
     SDIST_FILE,
     SDIST_NAME,

@@ -42,71 +42,25 @@ PipelineError only when it cannot measure (a missing file, an HF folder that doe
 
 from __future__ import annotations
 
-from pipeline.stages.conformance.common import (  # noqa: F401
-    CONVERSATIONS_FILE,
-    DATA,
+# The package's API (modules: ``common``, one per check: ``tokenizer``, ``logits``, ``template``, ``eog``, and
+# ``stage``); everything else is imported from its module.
+from pipeline.stages.conformance.common import (
     DEFAULT_CHUNKS,
-    EVAL_SLICE_CHARS,
-    GIB,
     HELPER,
-    MAX_FULL_DIFFS,
-    MAX_LINES_PER_KIND,
-    MODES,
-    PROBES_FILE,
-    ROOT,
     THRESHOLDS,
-    TURN_END_MARK,
-    _hf_piece,
-    _window,
-    added_token_probes,
     clean_piece,
-    describe_diff,
-    eval_slice_probe,
     fail_line,
-    first_difference,
-    hf_encode,
     load_conversations,
     load_probes,
-    run_helper,
-    tokenizer_requests,
 )
-from pipeline.stages.conformance.eog import (  # noqa: F401
-    check_eog,
-    hf_eos_ids,
-    turn_end_token,
-)
-from pipeline.stages.conformance.logits import (  # noqa: F401
-    _awq_against_hf,
-    _load_hf_model,
-    _logit_failures,
-    _scored_logits,
-    _summarise,
-    check_logits,
-    compare_distributions,
-    hf_parameter_count,
-    mem_available,
-    percentile,
-)
-from pipeline.stages.conformance.stage import (  # noqa: F401
-    _log,
-    _not_run,
-    _settings,
-    _sig,
-    compact,
-    load_hf_tokenizer,
-    main,
-    run,
-    run_stage,
-)
-from pipeline.stages.conformance.template import (  # noqa: F401
-    _merge_system,
-    _template_sources,
-    _text_diff,
-    _variants,
-    check_chat_template,
-    hf_render,
-    plan_chat_template,
-)
-from pipeline.stages.conformance.tokenizer import (  # noqa: F401
-    check_tokenizer,
-)
+from pipeline.stages.conformance.eog import check_eog
+from pipeline.stages.conformance.logits import check_logits, compare_distributions
+from pipeline.stages.conformance.stage import compact, main, run, run_stage
+from pipeline.stages.conformance.template import check_chat_template, plan_chat_template
+from pipeline.stages.conformance.tokenizer import check_tokenizer
+
+__all__ = [
+    "DEFAULT_CHUNKS", "HELPER", "THRESHOLDS", "check_chat_template", "check_eog", "check_logits", "check_tokenizer",
+    "clean_piece", "compact", "compare_distributions", "fail_line", "load_conversations", "load_probes", "main",
+    "plan_chat_template", "run", "run_stage",
+]
