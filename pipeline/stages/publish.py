@@ -48,7 +48,8 @@ from pipeline.stages.split import model_path
 #    artifact's tokenizer_sha256, vocab_overrides; build_id covers the schema version.
 # 3: file names by the Hub-native rule (`<name>-<TYPE>_<VARIANT>.gguf`, `<name>-mtp-F16_MTP.gguf`) and each
 #    artifact's `label` (pipeline/recipe/naming.py).
-SCHEMA_VERSION = 3
+# 4: the conformance section's fifth check, `hparams` (the GGUF's architecture keys against the HF config, #15).
+SCHEMA_VERSION = 4
 
 
 def _canonical(obj) -> bytes:

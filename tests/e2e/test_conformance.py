@@ -20,7 +20,7 @@ def test_demo_build_records_conformance(demo_build):
     folder = demo_build / "artifacts" / NAME
     m = json.loads((folder / "manifest.json").read_text())
     c = m["conformance"]
-    assert c["passed"] is True and set(c["checks"]) == {"tokenizer", "chat_template", "eog", "logits"}, c
+    assert c["passed"] is True and set(c["checks"]) == {"tokenizer", "chat_template", "eog", "hparams", "logits"}, c
     assert all(check["passed"] for check in c["checks"].values()), c
     lg = c["checks"]["logits"]
     assert lg["top1"] >= THRESHOLDS["min_top1"] and lg["kld_mean"] <= THRESHOLDS["max_kld_mean"] / 10, lg

@@ -19,6 +19,7 @@ from helpers import dvc_jobs_run as jobs_run
 from helpers import dvc_recipe as recipe
 
 from pipeline.fsutil import sha256_file
+from pipeline.stages.publish import SCHEMA_VERSION
 
 OLD_RULE = "93f1b23"  # the last commit that names a quant variant `<TYPE>-<variant>` (pipeline/recipe/naming.py)
 QUANTS = "[Q8_0, {type: Q8_0, variant: pure, pure: true}]"
@@ -93,7 +94,7 @@ def test_rename_through_build_and_older_tags_still_pull_and_verify(dvc_env):
     print(f"jobs at the rename: {jobs}")
     m = box.manifest(NAME)
     after = {a["file"]: a for a in m["artifacts"]}
-    assert m["schema_version"] == 3, m["schema_version"]
+    assert m["schema_version"] == SCHEMA_VERSION, m["schema_version"]
     assert after[NEW.name]["label"] == "Q8_0_PURE" and after[f"{NAME}-Q8_0.gguf"]["label"] == "Q8_0", sorted(after)
     assert OLD.name not in after and not (box.path / OLD).exists() and (box.path / NEW).is_file()
     # the same llama-quantize arguments on the same F16: the same bytes under the new name (no file name or label

@@ -313,6 +313,7 @@ def test_tools_template_and_turn_end(built, toolchain, tmp_path, turn_end):
     cfg = json.loads((b.hf / "tokenizer_config.json").read_text())
     (hf / "tokenizer_config.json").write_text(json.dumps({**cfg, "chat_template": template}))
     gguf = tiny_llama(tmp_path / "v.gguf", b.gguf, {"tokenizer.chat_template": template})  # the demo's tokenizer
+    _tiny_hf_config(hf, gguf)
     rec = conformance.run(b.recipe, gguf, hf, None, None, tmp_path / "c.json", None, toolchain)
     show(f"tools template, turn end {turn_end}", rec)
     ct = rec["checks"]["chat_template"]
@@ -327,6 +328,58 @@ def test_tools_template_and_turn_end(built, toolchain, tmp_path, turn_end):
             "conformance: recipe smollm2-135m: end of generation: the template ends an assistant turn with "
             "'<file_sep>' (id 5), not an end-of-generation token of the GGUF (EOG: 0 '<|endoftext|>', "
             "2 '<|im_end|>', 4 '<reponame>')"]
+
+
+def _tiny_hf_config(hf, gguf) -> None:
+    """config.json of ``hf`` with the hyperparameters tiny_llama wrote into ``gguf`` (tests of the other checks on a
+    tiny model carrying a real tokenizer: the hyperparameter check compares the two)."""
+    from pipeline.gguf import read_header
+
+    md = read_header(gguf).metadata
+    cfg = json.loads((hf / "config.json").read_text())
+    cfg.update(hidden_size=md["llama.embedding_length"], num_attention_heads=md["llama.attention.head_count"],
+               num_key_value_heads=md["llama.attention.head_count_kv"], rope_theta=md["llama.rope.freq_base"],
+               rms_norm_eps=md["llama.attention.layer_norm_rms_epsilon"],
+               max_position_embeddings=md["llama.context_length"])
+    (hf / "config.json").write_text(json.dumps(cfg))
+
+
+# A template without special tokens of its own, for the SentencePiece Llama (add_bos true); BOS is the only special
+BOS_TEMPLATE = ("{%- for m in messages %}{{ m.role + ': ' + m.content + '\\n' }}{%- endfor %}"
+                "{%- if add_generation_prompt %}{{ 'assistant:' }}{%- endif %}")
+
+
+@pytest.mark.parametrize("prefix", ["{{ bos_token }}", "{{ bos_token }}{{ bos_token }}"])
+def test_bos_token_in_template_with_add_bos(built, toolchain, tmp_path, prefix):
+    """A template that writes ``{{ bos_token }}`` for a vocabulary that adds BOS (Llama 3's and Mistral's setup):
+    llama.cpp's chat path strips one leading BOS text before tokenizing with add_special (common/chat.cpp:958-964),
+    so its model input has one BOS, equal to HF's: a warning (for clients that render the template themselves),
+    not a failure. A template that writes it twice keeps a double BOS after that strip: fails in one line."""
+    from helpers.gguf_factory import tiny_llama
+
+    b = built["spm-identity"]
+    template = prefix + BOS_TEMPLATE
+    hf = tmp_path / "hf"
+    shutil.copytree(b.hf, hf)
+    cfg = json.loads((hf / "tokenizer_config.json").read_text())
+    (hf / "tokenizer_config.json").write_text(json.dumps({**cfg, "chat_template": template}))
+    gguf = tiny_llama(tmp_path / "v.gguf", b.gguf, {"tokenizer.chat_template": template})
+    _tiny_hf_config(hf, gguf)
+    rec = conformance.run(b.recipe, gguf, hf, None, None, tmp_path / "c.json", None, toolchain)
+    show(f"template {prefix!r} + add_bos", rec)
+    ct = rec["checks"]["chat_template"]
+    assert rec["vocab"]["add_bos"] is True and rec["checks"]["hparams"]["passed"], rec["checks"]
+    convs = rec["details"]["chat_template"]["conversations"]
+    rendered = [c for c in convs if "skipped" not in c]
+    assert rendered and all(c["hf_ids"][:1] == [1] for c in rendered), rendered
+    if prefix.count("bos_token") == 1:
+        assert ct["passed"] and ct["identical"] == len(rendered), convs
+        assert all(c["llama_ids"][:2] != [1, 1] for c in rendered)
+        assert [w for w in rec["warnings"] if "chat template: the template writes the BOS text '<s>'" in w], rec
+    else:
+        assert not ct["passed"] and all(c["llama_ids"][:2] == [1, 1] for c in rendered), convs
+        assert ("conformance: recipe tiny-spm-identity: chat template: conversation system-user: double BOS at the "
+                "start of llama.cpp's input ids ([1, 1, ") in " ".join(rec["failures"]), rec["failures"]
 
 
 # Mistral's own SentencePiece tokenizers, shipped by mistral-common on PyPI: real tokenizers of a registry package
@@ -374,6 +427,11 @@ def test_real_registry_tokenizers_agree(toolchain, tmp_path):
             assert rec["vocab"]["type"] == "spm" and rec["checks"]["tokenizer"]["hf_tokenizer"] == "LlamaTokenizer"
             assert rec["passed"], rec["failures"]
             assert rec["checks"]["tokenizer"]["mismatches"] == {"a": 0, "b": 0, "c": 0}
+            # a config transformers wrote (not one written from a GGUF, as the demo's): every key the converter
+            # carries equal, rope base 10000 and eps 1e-6 included
+            hp = rec["details"]["hparams"]
+            assert hp["source"] == "transformers" and len(hp["compared"]) == 6, hp
+            assert all(r["equal"] for r in hp["compared"]), hp
 
 
 # ------------------------------------------------------------------ broken conversions of the demo (the thresholds
@@ -434,8 +492,10 @@ def test_swapped_tensors_fail_logit_fidelity(built, toolchain, tmp_path):
 
 
 def test_rope_freq_base_scaled_fails_logit_fidelity(built, toolchain, tmp_path):
-    """llama.rope.freq_base x 1.1 (subtle: the model still writes fluent text): the logit check still fails it, on
-    top-1 agreement; the measured margins are printed (KLD stays inside its fixed thresholds at ctx 512)."""
+    """llama.rope.freq_base x 1.1 (subtle: the model still writes fluent text): the hyperparameter check fails it on
+    the value itself (relative difference 0.1 against a tolerance of 1e-6: 1e5x outside), and the logit check still
+    fails it, on top-1 agreement; the measured margins are printed (KLD stays inside its fixed thresholds at ctx
+    512: the rope error grows with the position)."""
     from pipeline.gguf import read_header
 
     base = read_header(built["demo"].gguf).metadata["llama.rope.freq_base"]
@@ -447,6 +507,12 @@ def test_rope_freq_base_scaled_fails_logit_fidelity(built, toolchain, tmp_path):
     lg = rec["checks"]["logits"]
     assert not rec["passed"] and not lg["passed"] and lg["top1"] < conformance.THRESHOLDS["min_top1"], lg
     assert any("logit fidelity: top-1 agreement" in f for f in rec["failures"]), rec["failures"]
+    hp = rec["details"]["hparams"]
+    assert not rec["checks"]["hparams"]["passed"] and rec["checks"]["hparams"]["compared"]["llama.rope.freq_base"] is False
+    bad = [r for r in hp["compared"] if not r["equal"]]
+    assert [r["key"] for r in bad] == ["llama.rope.freq_base"] and bad[0]["relative_difference"] > 1e4 * hp["tolerance"]
+    assert ("conformance: recipe smollm2-135m: hyperparameters: llama.rope.freq_base = 110000 in the GGUF, "
+            "rope_theta = 100000 in the HF config (relative difference 0.1, tolerance 1e-06)") in rec["failures"]
 
 
 def test_missing_generation_config_falls_back_and_passes(built, toolchain, tmp_path):

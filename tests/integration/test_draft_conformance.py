@@ -135,6 +135,7 @@ def test_unbroken_draft_passes_and_publishes(drafts, toolchain):
         "tokenizer",
         "chat_template",
         "eog",
+        "hparams",
         "logits",
     }
     assert rec["checks"]["tokenizer"]["mismatches"] == {"a": 0, "b": 0, "c": 0}

@@ -1,6 +1,6 @@
 """Stage conformance: prove that the base GGUF is the Hugging Face model it was converted from (issue #15).
 
-Four checks, each comparing the HF side (transformers on the fetched folder; remote code only when the recipe
+Five checks, each comparing the HF side (transformers on the fetched folder; remote code only when the recipe
 opts in) with the llama.cpp side (the ``ggufpipe-conformance`` helper of the pinned build: llama.cpp's own
 tokenizer, chat-template engine and EOG set, on the GGUF loaded vocab-only; one process for all requests):
 
@@ -28,6 +28,8 @@ tokenizer, chat-template engine and EOG set, on the GGUF loaded vocab-only; one 
 4. **end of generation**: every id of HF ``generation_config.json`` ``eos_token_id`` (``config.json``'s when
    that file is absent) and the template's turn-end token must be in llama.cpp's EOG set; a GGUF EOS that HF
    never stops on is a warning.
+5. **hyperparameters**: the GGUF's ``<arch>.*`` keys that change the computation (rope bases and scaling factor,
+   norm epsilon, head counts, embedding length) equal to the HF config's (hparams.py).
 
 Dates: both engines get ``date_string`` = the pinned date of conversations.json. llama.cpp b11312's
 ``strftime_now`` reads the wall clock (common/jinja/value.cpp:422-433: ``std::time(nullptr)`` when the Jinja
@@ -42,7 +44,7 @@ PipelineError only when it cannot measure (a missing file, an HF folder that doe
 
 from __future__ import annotations
 
-# The package's API (modules: ``common``, one per check: ``tokenizer``, ``logits``, ``template``, ``eog``, and
+# The package's API (modules: ``common``, one per check: ``tokenizer``, ``logits``, ``template``, ``eog``, ``hparams``, and
 # ``stage``); everything else is imported from its module.
 from pipeline.stages.conformance.common import (
     DEFAULT_CHUNKS,
@@ -54,13 +56,14 @@ from pipeline.stages.conformance.common import (
     load_probes,
 )
 from pipeline.stages.conformance.eog import check_eog
+from pipeline.stages.conformance.hparams import check_hparams
 from pipeline.stages.conformance.logits import check_logits, compare_distributions
 from pipeline.stages.conformance.stage import compact, main, run, run_stage
 from pipeline.stages.conformance.template import check_chat_template, plan_chat_template
 from pipeline.stages.conformance.tokenizer import check_tokenizer
 
 __all__ = [
-    "DEFAULT_CHUNKS", "HELPER", "THRESHOLDS", "check_chat_template", "check_eog", "check_logits", "check_tokenizer",
+    "DEFAULT_CHUNKS", "HELPER", "THRESHOLDS", "check_chat_template", "check_eog", "check_hparams", "check_logits", "check_tokenizer",
     "clean_piece", "compact", "compare_distributions", "fail_line", "load_conversations", "load_probes", "main",
     "plan_chat_template", "run", "run_stage",
 ]

@@ -1,4 +1,4 @@
-"""The stage: run the four checks, the record, the entry function and ``python -m pipeline.stages.conformance``. (see pipeline/stages/conformance/__init__.py)."""
+"""The stage: run the five checks, the record, the entry function and ``python -m pipeline.stages.conformance``. (see pipeline/stages/conformance/__init__.py)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from pipeline.stages.conformance.common import (
     tokenizer_requests,
 )
 from pipeline.stages.conformance.eog import check_eog, turn_end_token
+from pipeline.stages.conformance.hparams import check_hparams
 from pipeline.stages.conformance.logits import check_logits
 from pipeline.stages.conformance.template import check_chat_template, plan_chat_template
 from pipeline.stages.conformance.tokenizer import check_tokenizer
@@ -118,6 +119,13 @@ def compact(name: str, c: dict) -> dict:
                    gguf_eos=c.get("gguf_eos"), turn_end=te.get("text"), turn_end_id=te.get("id"))
         out["summary"] = (f"EOG {c['eog']}; HF eos_token_id {c['hf_eos_ids']} ({c['hf_eos_source']})"
                           + (f"; turn end {te['text']!r} ({te['id']})" if "id" in te else ""))
+    elif name == "hparams":
+        cmp = c["compared"]
+        out.update(compared={r["key"]: r["equal"] for r in cmp}, source=c["source"])
+        bad = [r["key"] for r in cmp if not r["equal"]]
+        out["summary"] = (f"{len(cmp)} keys compared with the HF config ({c['source']}): "
+                          + (f"{len(bad)} differ ({', '.join(bad)})" if bad else "all equal")
+                          + (f"; {len(c['not_compared'])} not compared" if c["not_compared"] else ""))
     return out
 
 
@@ -176,7 +184,8 @@ def run(recipe, base_gguf, hf_dir, logits_file, base_record, out_record, log=Non
     conversations = load_conversations()
     from pipeline.gguf import read_header
 
-    gguf_template = read_header(base_gguf).metadata.get("tokenizer.chat_template")
+    metadata = read_header(base_gguf).metadata
+    gguf_template = metadata.get("tokenizer.chat_template")
     plan = plan_chat_template(tok, gguf_template if isinstance(gguf_template, str) else None, conversations)
     turn_end = turn_end_token(tok, conversations.get("date_string", "")) if plan["hf_template"] else None
     hf_side = time.monotonic() - t
@@ -195,6 +204,7 @@ def run(recipe, base_gguf, hf_dir, logits_file, base_record, out_record, log=Non
     details["tokenizer"] = check_tokenizer(name, tok, probes, answers[1:1 + len(tok_reqs)])
     details["chat_template"] = check_chat_template(name, tok, plan, answers[1 + len(tok_reqs):], vocab)
     details["eog"] = check_eog(name, tok, hf_dir, vocab, turn_end)
+    details["hparams"] = check_hparams(name, metadata, hf_dir, trust)
     if logits_file is None:
         details["logits"] = _not_run("not run: the recipe has no eval text")
     else:
