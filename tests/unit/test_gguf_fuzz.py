@@ -145,3 +145,38 @@ def test_huge_counts_refused_before_allocating(seeds):
             assert err is not None and "truncated GGUF" in err, (f, err)
     with pytest.raises(PipelineError, match="input.gguf: truncated GGUF"):
         read_header(folder / "input.gguf")
+
+
+def _crafted(path, n_tensors: int, n_keys: int, array_keys: bool = False, dims: tuple[int, ...] = (0,)):
+    """A header of ``n_keys`` tiny keys (uint8 values, or empty uint32 arrays) and ``n_tensors`` empty F32 tensors,
+    written byte by byte (GGUFWriter would take minutes for tens of thousands of entries)."""
+    import struct
+
+    def s(b: bytes) -> bytes:
+        return struct.pack("<Q", len(b)) + b
+
+    out = [b"GGUF", struct.pack("<Iqq", 3, n_tensors, n_keys)]
+    for i in range(n_keys):
+        value = struct.pack("<IIQ", 9, 4, 0) if array_keys else struct.pack("<IB", 0, 1)
+        out.append(s(f"k{i}".encode()) + value)
+    for i in range(n_tensors):
+        out.append(s(f"t{i}".encode()) + struct.pack("<I", len(dims)) + struct.pack(f"<{len(dims)}q", *dims)
+                   + struct.pack("<IQ", 0, 0))
+    data = b"".join(out)
+    path.write_bytes(data + b"\0" * (-len(data) % 32))
+    return path
+
+
+@pytest.mark.parametrize("n_tensors,n_keys,array_keys,dims", [
+    (0, 40_000, False, (0,)), (0, 8_000, True, (0,)), (16_000, 0, False, (0,)),
+    (8_000, 0, False, (0, 1_000_003, 1_000_003, 1_000_003)), (0, 12_000, False, (0,)), (2_000, 0, False, (0,))])
+def test_many_tiny_entries_stay_in_the_memory_bound(tmp_path, n_tensors, n_keys, array_keys, dims):
+    """Headers of tens of thousands of tiny entries (Python objects of a fixed size each, far more than their
+    bytes): each parses within 4 x size + 1 MiB, or is refused in one line before its objects are made (the
+    reader charges each entry its measured cost, pipeline/gguf/reader.py). 12,000 keys and 2,000 tensors parse."""
+    path = _crafted(tmp_path / "crafted.gguf", n_tensors, n_keys, array_keys, dims)
+    err = parse_bounded(path)  # raises Crash past 1 s or past the memory bound
+    if n_keys == 12_000 or n_tensors == 2_000:
+        assert err is None
+    else:
+        assert err is not None and "would take more memory than the reader allows a file of this size" in err, err
