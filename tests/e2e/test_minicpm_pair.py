@@ -224,5 +224,6 @@ def test_tokenizer_side_conformance_passes_without_hf_model(pair_build, toolchai
     hp = checks["hparams"]
     assert hp["source"] == "config.json" and all(hp["compared"].values()), hp
     assert {f"minicpm.{k}" for k in ("rope.freq_base", "attention.head_count", "attention.head_count_kv",
-                                     "embedding_length")} <= set(hp["compared"]), hp
+                                     "embedding_length", "embedding_scale", "residual_scale", "logit_scale")
+            } <= set(hp["compared"]), hp
     assert checks["logits"]["not_run"].startswith("not run")

@@ -74,3 +74,23 @@ def test_unknown_architecture_reads_config_json_per_layer_type_and_text_config(t
     md["x.rope.freq_base_swa"] = 1e5
     rec = check_hparams("r", md, tmp_path)
     assert not rec["passed"] and "rope_parameters.rope_theta = 10000" in rec["failures"][0], rec
+
+
+def test_minicpm_scales(tmp_path):
+    """MiniCPM's embedding, residual and logit scales, derived as its modeling code does (config.json: transformers
+    4.56 has no MiniCPM class); a residual scale computed without the square root fails."""
+    cfg = {"model_type": "minicpm", "architectures": ["MiniCPMForCausalLM"], "hidden_size": 256,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 4, "scale_emb": 12,
+           "scale_depth": 1.4, "dim_model_base": 32, "rms_norm_eps": 1e-5, "rope_theta": 10000.0}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    md = {"general.architecture": "minicpm", "minicpm.embedding_scale": 12.0, "minicpm.residual_scale": 0.7,
+          "minicpm.logit_scale": 8.0, "minicpm.embedding_length": 256, "minicpm.attention.head_count": 4,
+          "minicpm.attention.head_count_kv": 2, "minicpm.rope.freq_base": 10000.0,
+          "minicpm.attention.layer_norm_rms_epsilon": 9.999999747378752e-06}
+    rec = check_hparams("r", md, tmp_path)
+    assert rec["passed"] and len(rec["compared"]) == 8, rec
+    md["minicpm.residual_scale"] = 1.4 / 4
+    rec = check_hparams("r", md, tmp_path)
+    assert rec["failures"] == ["conformance: recipe r: hyperparameters: minicpm.residual_scale = 0.35 in the GGUF, "
+                               "scale_depth / sqrt(num_hidden_layers) = 0.7 in the HF config (relative difference 0.5, "
+                               "tolerance 1e-06)"], rec

@@ -38,7 +38,28 @@ KEYS: tuple[tuple[str, tuple[str, ...], str], ...] = (
     ("attention.head_count_kv", ("num_key_value_heads",), "int"),
     ("embedding_length", ("hidden_size",), "int"),
     ("context_length", ("max_position_embeddings",), "warn"),
+    # MiniCPM's three scales (its modeling code: embeddings x scale_emb, each residual branch x scale_depth /
+    # sqrt(layers), the last hidden state / (hidden_size / dim_model_base) before lm_head; conversion/minicpm.py:21-31)
+    ("embedding_scale", ("scale_emb",), "float"),
+    ("residual_scale", ("=scale_depth / sqrt(num_hidden_layers)",), "float"),
+    ("logit_scale", ("=hidden_size / dim_model_base",), "float"),
 )
+
+
+def _num(cfg: dict, key: str) -> float | None:
+    v = cfg.get(key)
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+# values the model's code derives from config keys ("=" paths of KEYS): None when a key is missing or zero
+DERIVED = {
+    "scale_depth / sqrt(num_hidden_layers)": lambda c: (
+        _num(c, "scale_depth") / _num(c, "num_hidden_layers") ** 0.5
+        if _num(c, "scale_depth") is not None and _num(c, "num_hidden_layers") else None),
+    "hidden_size / dim_model_base": lambda c: (
+        _num(c, "hidden_size") / _num(c, "dim_model_base")
+        if _num(c, "hidden_size") is not None and _num(c, "dim_model_base") else None),
+}
 
 
 def hf_config(hf_dir: str | Path, trust_remote_code: bool = False) -> tuple[dict, str]:
@@ -67,7 +88,9 @@ def _rope(cfg: dict, which: str) -> dict:
 
 def hf_value(cfg: dict, paths: tuple[str, ...]) -> tuple[Any, str | None]:
     for path in paths:
-        if path.startswith("rope:"):
+        if path.startswith("="):
+            v, where = DERIVED[path[1:]](cfg), path[1:]
+        elif path.startswith("rope:"):
             which, key = path[5:].split(".", 1)
             v = _rope(cfg, which).get(key)
             where = f"{'rope_parameters' if 'rope_parameters' in cfg else 'rope_scaling'}.{key}"
@@ -99,7 +122,7 @@ def check_hparams(recipe_name: str, metadata: dict, hf_dir: str | Path, trust_re
         h, where = hf_value(cfg, paths)
         if g is None or h is None:
             if g is not None or h is not None:
-                not_compared.append({"key": full, "hf": where or paths[0].removeprefix("rope:"),
+                not_compared.append({"key": full, "hf": where or paths[0].removeprefix("rope:").removeprefix("="),
                                      "why": "not in the GGUF" if g is None else "not in the HF config"})
             continue
         if isinstance(g, list) or not isinstance(g, (int, float)):
