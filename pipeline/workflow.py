@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 from pipeline.errors import PipelineError
+from pipeline.fsutil import sha256_file
 from pipeline.layout import Layout
 from pipeline.recipe import Recipe, load_recipe, load_recipes
 from pipeline.tools import find_toolchain
@@ -132,6 +133,8 @@ class Workflow:
     def quant_params(self, name: str, key: str) -> str:
         q = self.recipes[name].quant(key)
         extra = (q.base, q.imatrix) if (q.awq or q.imatrix) else ()  # unchanged for plain quants
+        if q.tensor_types_file:  # the map's content, not only its path (recipes without one: unchanged)
+            extra += (sha256_file(q.tensor_types_file),)
         return repr((q.type, q.quantize_args(), self.toolchain.build_number, self.toolchain.commit, *extra))
 
     def awq_params(self, name: str) -> str:

@@ -60,7 +60,7 @@ def is_pipeline_path(rel: str) -> bool:
 
 def referenced_paths(recipe: Recipe) -> list[Path]:
     """Files and folders a recipe reads besides itself (absolute): eval and calibration texts, a given
-    draft GGUF, a local source folder."""
+    draft GGUF, a local source folder, tensor-type maps."""
     refs = [es.text for es in recipe.eval_sets]
     if recipe.draft is not None:
         refs.append(recipe.draft.eval_text)
@@ -69,6 +69,7 @@ def referenced_paths(recipe: Recipe) -> list[Path]:
     for section in (recipe.awq, recipe.imatrix):
         if section is not None:
             refs.append(section.calibration)
+    refs += [q.tensor_types_file for q in recipe.quants if q.tensor_types_file]
     for src in (recipe.source, recipe.draft.source if recipe.draft else None):
         if src is not None and src.path:
             refs.append(Path(src.path).expanduser())  # as the fetch stage reads it (relative to the cwd)

@@ -120,7 +120,7 @@ def _recorded_settings(m: dict) -> dict:
 def preflight(m: dict, recipe_path: Path, hub_cache: str | None) -> tuple[list[str], object, Path | None]:
     """(refusals, the recipe, hub cache): every way the inputs here differ from the recorded ones."""
     from pipeline.provenance import python_versions
-    from pipeline.recipe import load_recipe
+    from pipeline.recipe import load_recipe, naming
     from pipeline.tools import find_toolchain
 
     errors: list[str] = []
@@ -183,6 +183,13 @@ def preflight(m: dict, recipe_path: Path, hub_cache: str | None) -> tuple[list[s
                 if not torch.cuda.is_available():
                     errors.append("awq: the manifest's AWQ ran on CUDA and torch sees no GPU here (AWQ on CUDA and "
                                   "on the CPU give different weights)")
+    maps = {q.key: q.tensor_types_file for q in recipe.quants if q.tensor_types_file}
+    for e in m["artifacts"] + m.get("rejected", []):
+        rec, key = e.get("tensor_types_file"), e.get("requested", {}).get("variant")
+        key = naming.quant_label(e.get("requested", {}).get("type", ""), key)
+        if rec and key in maps and sha256_file(maps[key]) != rec["sha256"]:
+            errors.append(f"quant {key}: tensor_types_file {maps[key]} differs from the recorded map (SHA256 "
+                          f"{rec['sha256'][:16]}…)")
 
     return errors, recipe, cache
 

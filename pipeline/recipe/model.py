@@ -196,6 +196,8 @@ class Quant:
     output_tensor_type: str | None = None
     token_embedding_type: str | None = None
     tensor_types: tuple[str, ...] = ()
+    tensor_types_file: Path | None = None  # llama-quantize --tensor-type-file (pipeline/recipe/tensor_map.py)
+    tensor_map: tuple[tuple[str, str, int], ...] = ()  # its entries: (pattern, TYPE, line)
     pure: bool = False
     leave_output_tensor: bool = False
     gates: tuple[tuple[str, tuple[tuple[str, float], ...]], ...] = ()  # (eval set or "*", thresholds)
@@ -213,7 +215,8 @@ class Quant:
         """The Snakemake wildcard value, file-name suffix and label: TYPE[_VARIANT] (pipeline/recipe/naming.py)."""
         return naming.quant_label(self.type, self.variant)
 
-    def quantize_args(self) -> list[str]:
+    def quantize_args(self, map_name: bool = False) -> list[str]:
+        """llama-quantize's options; ``map_name``: the map file by its name (records), not its path."""
         args: list[str] = []
         if self.pure:
             args.append("--pure")
@@ -225,13 +228,25 @@ class Quant:
             args += ["--token-embedding-type", self.token_embedding_type]
         for tt in self.tensor_types:
             args += ["--tensor-type", tt]
+        if self.tensor_types_file:
+            args += ["--tensor-type-file", self.tensor_types_file.name if map_name else str(self.tensor_types_file)]
         return args
+
+    def tensor_patterns(self) -> list[tuple[str, str, str]]:
+        """Every ``--tensor-type`` pattern in llama-quantize's order (first match wins): (pattern, TYPE, where)."""
+        out = []
+        for j, tt in enumerate(self.tensor_types):
+            pattern, _, qtype = tt.partition("=")
+            out.append((pattern.lower(), qtype.upper(), f"tensor_types[{j}]"))
+        name = self.tensor_types_file.name if self.tensor_types_file else ""
+        out += [(pattern, qtype, f"tensor_types_file {name} line {line}") for pattern, qtype, line in self.tensor_map]
+        return out
 
     def describe(self) -> dict:
         out: dict[str, Any] = {"type": self.type}
         if self.variant:
             out["variant"] = self.variant
-        args = self.quantize_args()
+        args = self.quantize_args(map_name=True)
         if args:
             out["llama_quantize_args"] = args
         if self.awq:

@@ -50,6 +50,7 @@ from pipeline.recipe.model import (
     scored_tokens,
 )
 from pipeline.recipe.quant_types import gguf_file_types, key_ref
+from pipeline.recipe.tensor_map import read_map
 
 # --------------------------------------------------------------------------- helpers
 
@@ -195,6 +196,8 @@ def _parse_quant(ctx: _Ctx, item, where: str, known, build, set_names: set[str])
         kw["tensor_types"] = tuple(
             ctx.string(t, f"{where}.tensor_types[{j}]", TENSOR_TYPE_RE, "'pattern=type'") for j, t in enumerate(tts)
         )
+    if "tensor_types_file" in d:
+        kw.update(_tensor_types_file(ctx, d, f"{where}.tensor_types_file"))
     for key in ("pure", "leave_output_tensor"):
         if key in d:
             kw[key] = ctx.boolean(d[key], f"{where}.{key}")
@@ -206,6 +209,20 @@ def _parse_quant(ctx: _Ctx, item, where: str, known, build, set_names: set[str])
     if "split" in d:
         kw["split"] = _parse_split(ctx, d["split"], f"{where}.split", allow_false=True)
     return Quant(type=qtype, variant=variant, **kw)
+
+
+def _tensor_types_file(ctx: _Ctx, d: dict, where: str) -> dict:
+    """``tensor_types_file``: the map's path and entries (pipeline/recipe/tensor_map.py)."""
+    for flag in ("token_embedding_type", "output_tensor_type"):
+        if flag in d:
+            ctx.fail(where, f"not with `{flag}`: llama-quantize applies {flag} before any pattern "
+                            "(src/llama-quant.cpp:721-740), so a map entry for that tensor would silently not apply")
+    path = _text_path(ctx, d["tensor_types_file"], where, "tensor type map")
+    try:
+        entries = read_map(path)
+    except ValueError as exc:
+        ctx.fail(where, str(exc))
+    return {"tensor_types_file": path, "tensor_map": entries}
 
 
 def _parse_split(ctx: _Ctx, value, where: str, allow_false: bool = False) -> Split | None:

@@ -191,6 +191,13 @@ QUANT = Section("quants[]", "`quants[]`: each quant", (
           "llama-quantize `--token-embedding-type` (lower-cased).", "q8_0"),
     Field("tensor_types", "list of `pattern=type`", [], "llama-quantize `--tensor-type`, once per entry.",
           ["attn_v=q8_0"]),
+    Field("tensor_types_file", "path of a map file", None,
+          "llama-quantize `--tensor-type-file`: `pattern=type` entries separated by spaces or newlines (relative "
+          "to the recipe's folder). Patterns are regexes searched anywhere in the tensor name, the first match wins "
+          "(after `tensor_types`): write them anchored and escaped (`^blk\\.0\\.attn_v\\.weight$=q8_0`). Refused "
+          "with `token_embedding_type` or `output_tensor_type` (which take precedence over any pattern), and at "
+          "quantize time a pattern that matches no tensor or is shadowed by an earlier one "
+          "(docs/quantization.md#tensor-type-maps).", "../maps/q4-attn.map"),
     Field("pure", "bool", False, "llama-quantize `--pure`.", True),
     Field("leave_output_tensor", "bool", False, "llama-quantize `--leave-output-tensor`.", True),
     Field("gates", "thresholds, or map of eval set name to thresholds (see `quants[].gates`)",

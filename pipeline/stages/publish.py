@@ -243,6 +243,9 @@ def build_manifest(recipe: Recipe, layout: Layout) -> tuple[dict, dict]:
         if facts.quant_type != q.type:
             raise PipelineError(f"{work_path}: general.file_type says {facts.quant_type}, recipe asks for {q.type}")
         entry = {**facts.as_dict(), "role": "quant", "requested": rec["quant"]}
+        for k in ("tensor_types", "tensor_types_file"):  # the per-type histogram, what differs from the recipe, bytes
+            if k in rec:
+                entry[k] = rec[k]
         calibration, failures = _calibration(recipe, layout, q, work_path, calib_seconds)
         if calibration:
             entry["calibration"] = calibration

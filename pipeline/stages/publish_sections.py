@@ -75,6 +75,9 @@ def _calibration_inputs(recipe: Recipe) -> dict:
     for key, cfg in (("awq", recipe.awq), ("imatrix", recipe.imatrix)):
         if cfg is not None and any(getattr(q, key) for q in recipe.quants):
             out[key] = {**cfg.describe(), "calibration_sha256": sha256_file(cfg.calibration)}
+    maps = {q.key: sha256_file(q.tensor_types_file) for q in recipe.quants if q.tensor_types_file}
+    if maps:  # tensor-type map files (quants[].tensor_types_file): only recipes with maps, build_ids unchanged
+        out["tensor_types_files"] = maps
     return out
 
 

@@ -8,7 +8,9 @@ from pathlib import Path
 
 from pipeline.errors import PipelineError
 from pipeline.fsutil import atomic_output, sha256_file, write_json_atomic
+from pipeline.gguf.reader import read_header
 from pipeline.recipe import Recipe
+from pipeline.stages.quant_plan import check_patterns, check_written, parse_dry_run, plan, predict_header
 from pipeline.tools import Toolchain, find_toolchain, run_tool, tail
 
 # Free space below which a failed write is taken for a full disk (writes fail only once it is all but gone).
@@ -42,6 +44,20 @@ def explain_failure(output: str, out_gguf: Path | None = None) -> str:
     return tail(output)
 
 
+def dry_run(tc: Toolchain, q, args: list[str], base_gguf: Path, out_gguf: Path, threads: int, log, cwd,
+            where: str) -> dict:
+    """``llama-quantize --dry-run`` with the real run's arguments (it writes nothing): the recipe's patterns
+    checked against the base file's tensors, and the plan (pipeline/stages/quant_plan.py)."""
+    res = run_tool(tc, "llama-quantize", ["--dry-run", *args, base_gguf, out_gguf, q.type, str(max(1, threads))],
+                   Path(log) if log else None, check=False, cwd=cwd)
+    if res.returncode != 0:
+        raise PipelineError(f"{where}: llama-quantize --dry-run failed: {explain_failure(res.output)}"
+                            + (f" [log: {log}]" if log else ""))
+    tensors, _ = parse_dry_run(res.output)
+    check_patterns(q.tensor_patterns(), list(tensors), where)
+    return plan(q, res.output, where)
+
+
 def quantize(recipe: Recipe, key: str, base_gguf: str | Path, out_gguf: str | Path, record: str | Path,
              log: str | Path | None = None, threads: int = 1, tc: Toolchain | None = None,
              imatrix: str | Path | None = None) -> dict:
@@ -64,19 +80,27 @@ def quantize(recipe: Recipe, key: str, base_gguf: str | Path, out_gguf: str | Pa
         # GGUF (quantize.imatrix.file), which must not depend on the build folder
         args += ["--imatrix", imatrix.name]
         cwd = imatrix.parent
+    where = f"{recipe.path}: quantize {key}"
+    planned = dry_run(tc, q, args, base_gguf, out_gguf, threads, log, cwd, where)
+    header = predict_header(read_header(base_gguf), imatrix.name if q.imatrix else None,
+                            read_header(imatrix) if q.imatrix else None)
     with atomic_output(out_gguf) as tmp:
         res = run_tool(tc, "llama-quantize", [*args, base_gguf, tmp.resolve(), q.type, str(max(1, threads))],
                        Path(log) if log else None, check=False, cwd=cwd)
         if res.returncode != 0 or not tmp.is_file():
-            raise PipelineError(f"{recipe.path}: quantize {key}: llama-quantize failed: "
+            raise PipelineError(f"{where}: llama-quantize failed: "
                                 f"{explain_failure(res.output, out_gguf)}" + (f" [log: {log}]" if log else ""))
+        size = check_written(planned, header, read_header(tmp), where)  # a file unlike its plan is never renamed
     rec = {
         "quant": q.describe(),
         "base": q.base,
         "tool": "llama-quantize",
         "toolchain": tc.describe(),
         "seconds": round(res.seconds, 1),
+        "tensor_types": {"histogram": planned["histogram"], "differs": planned["differs"], "bytes": size},
     }
+    if q.tensor_types_file:
+        rec["tensor_types_file"] = {"file": q.tensor_types_file.name, "sha256": sha256_file(q.tensor_types_file)}
     if q.imatrix:
         rec["imatrix_sha256"] = sha256_file(imatrix)
     write_json_atomic(record, rec)

@@ -61,6 +61,30 @@ def test_manifest_provenance(demo_build):
     assert q4["requested"] == {"type": "Q4_K_M"} and q4["role"] == "quant"
 
 
+def test_manifest_tensor_types(demo_build):
+    """Issue #19: every quant's per-type histogram (read back), its predicted size to the byte, and the tensors
+    whose type differs from what the recipe asked (the demo's n_embd 576: K-type shape fallback)."""
+    from pipeline.gguf.reader import read_header
+
+    m = _manifest(demo_build)
+    quants = {e["quant_type"]: e for e in m["artifacts"] if e["role"] == "quant"}
+    assert set(quants) == {"Q8_0", "Q5_K_M", "Q4_K_M"}
+    for e in quants.values():
+        tt = e["tensor_types"]
+        h = read_header(demo_build / "artifacts" / NAME / e["file"])
+        hist: dict[str, int] = {}
+        for t in h.tensors:
+            hist[t.type_name] = hist.get(t.type_name, 0) + 1
+        assert tt["histogram"] == dict(sorted(hist.items()))
+        assert tt["bytes"]["predicted"] == tt["bytes"]["written"] == e["size_bytes"]
+        written = {t.name: t.type_name for t in h.tensors}
+        assert all(written[d["tensor"]] == d["written"] != d["asked"] for d in tt["differs"])
+    assert quants["Q8_0"]["tensor_types"]["differs"] == []
+    for qt, k, fb in (("Q4_K_M", "Q4_K", "Q5_0"), ("Q5_K_M", "Q5_K", "Q5_1")):
+        pairs = {(d["asked"], d["written"]) for d in quants[qt]["tensor_types"]["differs"]}
+        assert pairs == {(k, fb), ("Q6_K", "Q8_0")}, qt
+
+
 def test_gguf_general_metadata(demo_build):
     meta = general_metadata(demo_build / "artifacts" / NAME / f"{NAME}-Q4_K_M.gguf")
     assert meta["general.quantized_by"] == "ggufpipe"

@@ -115,6 +115,8 @@ def recipes_dir(tmp_path) -> Path:
                 p.parent.mkdir(parents=True, exist_ok=True)
                 if p.suffix == ".gguf":  # GGUF v3 header, no tensors, no metadata
                     p.write_bytes(struct.pack("<4sIQQ", b"GGUF", 3, 0, 0))
+                elif p.suffix == ".map":  # a tensor-type map (quants[].tensor_types_file)
+                    p.write_text("^blk\\.0\\.attn_v\\.weight$=q8_0\n")
                 elif not p.exists():
                     p.write_text(f"{p.name}: " + "the quick brown fox jumps over the lazy dog. " * 40 + "\n")
     return folder
