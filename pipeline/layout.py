@@ -186,8 +186,12 @@ class Layout:
         """The file of key ``key``: the base file (key = outtype) or a quant in work/."""
         return self.base_gguf(r) if key == r.outtype.upper() else self.quant(r, key)
 
-    def draft_gguf(self, r: Recipe, key: str) -> Path:
-        """A draft file: the given GGUF, or a quant of the derived ``<name>-draft`` recipe."""
+    def draft_gguf(self, r: Recipe, key: str, mkey: str | None = None) -> Path:
+        """A draft file: the given GGUF, a quant of the derived ``<name>-draft`` recipe, or the file holding the
+        MTP heads of ``draft: {mtp: true}`` (the ``mtp: separate`` export, or with ``mtp: keep`` the main file
+        ``mkey`` itself)."""
+        if r.draft.mtp:
+            return self.mtp_gguf(r) if r.mtp == "separate" else self.main_gguf(r, mkey)
         if r.draft.gguf is not None:
             return r.draft.gguf
         return self.quant(r.draft_recipe(), key)
@@ -254,7 +258,7 @@ class Layout:
             pairs = r.draft.pairs
             out["vocab"] = [str(self.vocab_record(r.name, m, d)) for m, d in pairs]
             out["acceptance"] = [str(self.spec_record(r.name, m, d)) for m, d in pairs]
-            if r.eval_sets:
+            if r.eval_sets and not r.draft.mtp:  # MTP heads have no logits of their own over a text
                 out["agreement"] = [str(self.agreement_record(r.name, d)) for d in sorted({d for _, d in pairs})]
             if r.draft.source is not None:
                 out["draft_manifest"] = [str(self.manifest(r.draft_name))]

@@ -79,13 +79,13 @@ class Workflow:
         return "|".join(re.escape(k) for k in keys) or "(?!)"
 
     def pair_key_regex(self) -> str:
-        return self.quant_regex() + "|F16|BF16|gguf"
+        return self.quant_regex() + "|F16|BF16|gguf|mtp"
 
     def main_gguf(self, name: str, key: str) -> str:
         return str(self.layout.main_gguf(self.recipes[name], key))
 
-    def draft_gguf(self, name: str, key: str) -> str:
-        return str(self.layout.draft_gguf(self.recipes[name], key))
+    def draft_gguf(self, name: str, key: str, mkey: str | None = None) -> str:
+        return str(self.layout.draft_gguf(self.recipes[name], key, mkey))
 
     def agreement_inputs(self, name: str, dkey: str) -> dict[str, str]:
         r = self.recipes[name]
@@ -95,7 +95,9 @@ class Workflow:
 
     def draft_params(self, name: str) -> str:
         d = self.recipes[name].draft
-        return repr((str(d.eval_text), d.n_max, d.prompts, d.n_predict, self.eval_threads, self.toolchain.build_number))
+        mtp = (d.spec_type,) if d.mtp else ()  # draft models leave the trigger of existing builds unchanged
+        return repr((str(d.eval_text), d.n_max, d.prompts, d.n_predict, self.eval_threads, self.toolchain.build_number,
+                     *mtp))
 
     def calibration_text(self, name: str, section: str) -> str:
         return str(getattr(self.recipes[name], section).calibration)

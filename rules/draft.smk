@@ -5,7 +5,7 @@
 rule vocab_check:
     input:
         main=lambda wc: W.main_gguf(wc.name, wc.mkey),
-        draft=lambda wc: W.draft_gguf(wc.name, wc.dkey),
+        draft=lambda wc: W.draft_gguf(wc.name, wc.dkey, wc.mkey),
     output:
         L.vocab_record("{name}", "{mkey}", "{dkey}"),
     log:
@@ -26,7 +26,7 @@ rule vocab_check:
 rule acceptance:
     input:
         main=lambda wc: W.main_gguf(wc.name, wc.mkey),
-        draft=lambda wc: W.draft_gguf(wc.name, wc.dkey),
+        draft=lambda wc: W.draft_gguf(wc.name, wc.dkey, wc.mkey),
         vocab=rules.vocab_check.output,
     output:
         L.spec_record("{name}", "{mkey}", "{dkey}"),

@@ -125,7 +125,7 @@ def _split(r, L, a, log):
 def _vocab(r, L, a, log):
     from pipeline.stages.draft import vocab_check
 
-    vocab_check(L.main_gguf(r, a.quant), L.draft_gguf(r, a.draft_quant),
+    vocab_check(L.main_gguf(r, a.quant), L.draft_gguf(r, a.draft_quant, a.quant),
                 L.vocab_record(r.name, a.quant, a.draft_quant))
 
 
@@ -133,9 +133,11 @@ def _acceptance(r, L, a, log):
     from pipeline.stages.draft import acceptance
 
     d = r.draft
-    acceptance(L.main_gguf(r, a.quant), L.draft_gguf(r, a.draft_quant), L.vocab_record(r.name, a.quant, a.draft_quant),
+    # MTP heads inside the main file (mtp: keep): no -md
+    draft = None if d.mtp and r.mtp != "separate" else L.draft_gguf(r, a.draft_quant, a.quant)
+    acceptance(L.main_gguf(r, a.quant), draft, L.vocab_record(r.name, a.quant, a.draft_quant),
                d.eval_text, d.n_max, d.prompts, d.n_predict, L.spec_record(r.name, a.quant, a.draft_quant),
-               threads=a.threads, log=log)
+               threads=a.threads, log=log, spec_type=d.spec_type)
 
 
 def _agreement(r, L, a, log):

@@ -76,7 +76,7 @@ def load_recipe(path: str | Path, quantize_exe: str | None = None) -> Recipe:
     split = _parse_split(ctx, d["split"], "split") if "split" in d and d["split"] is not None else None
     quants = _parse_quants(ctx, d["quants"], "quants", known, build, set_names, awq is not None, imatrix is not None,
                            split)
-    draft = _parse_draft(ctx, d["draft"], quants, eval_sets, known, build, outtype) if "draft" in d else None
+    draft = _parse_draft(ctx, d["draft"], quants, eval_sets, known, build, outtype, mtp) if "draft" in d else None
     publish = _parse_publish(ctx, d["publish"]) if "publish" in d else None
     conformance = _parse_conformance(ctx, d["conformance"]) if "conformance" in d else Conformance()
     template = (_text_path(ctx, d["chat_template_override"], "chat_template_override", "chat template")

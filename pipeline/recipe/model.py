@@ -21,6 +21,7 @@ OUTTYPES = ("f16", "bf16")
 # What to do with multi-token-prediction (nextn) heads: keep (the converter's default), strip
 # (convert with --no-mtp), separate (--no-mtp, plus a --mtp pass exporting the heads as a draft GGUF).
 MTP_MODES = ("keep", "strip", "separate")
+MTP_DRAFT_KEY = "mtp"  # the draft key of `draft: {mtp: true}` in pairs, records and rule wildcards
 # llama-quantize's aliases, resolved so that file names and read-back types agree.
 QUANT_ALIASES = {"Q3_K": "Q3_K_M", "Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M"}
 # Not quantization targets: the outtype file is built by convert itself.
@@ -258,7 +259,8 @@ class Quant:
 
 @dataclass(frozen=True)
 class Draft:
-    """A draft model for speculative decoding, built beside the main model or given as a GGUF."""
+    """A draft for speculative decoding: a model built beside the main model, a given GGUF, or (``mtp``) the
+    main model's own multi-token-prediction heads."""
 
     source: Source | None
     gguf: Path | None
@@ -270,6 +272,12 @@ class Draft:
     min_acceptance: float | None = None
     prompts: int = 3
     n_predict: int = 96
+    mtp: bool = False  # the main model's MTP heads are the draft (llama.cpp --spec-type draft-mtp)
+
+    @property
+    def spec_type(self) -> str:
+        """llama.cpp's ``--spec-type`` of this draft (common/speculative.cpp:33-45 of b11312)."""
+        return "draft-mtp" if self.mtp else "draft-simple"
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from pipeline.recipe.model import (
     IMATRIX_DEFAULT_FAMILIES,
     IMATRIX_KEYS,
     MIN_SCORED_TOKENS,
+    MTP_DRAFT_KEY,
     NEEDS_IMATRIX,
     NOT_QUANTS,
     OUTTYPES,
@@ -399,13 +400,23 @@ def _file_sha256(path: Path) -> str:
     return _file_sha256_cached(str(path), st.st_size, st.st_mtime_ns)
 
 
-def _parse_draft(ctx: _Ctx, value, main_quants: tuple[Quant, ...], eval_sets, known, build, outtype: str) -> Draft:
+def _parse_draft(ctx: _Ctx, value, main_quants: tuple[Quant, ...], eval_sets, known, build, outtype: str,
+                 mtp_mode: str = "keep") -> Draft:
     d = ctx.mapping(value, "draft", DRAFT_KEYS)
-    if ("source" in d) == ("gguf" in d):
-        ctx.fail("draft", "give exactly one of `source` (built like the main model) or `gguf` (an existing file)")
+    mtp = ctx.boolean(d["mtp"], "draft.mtp") if "mtp" in d else False
+    if ("source" in d) + ("gguf" in d) + mtp != 1:
+        ctx.fail("draft", "give exactly one of `source` (built like the main model), `gguf` (an existing file) "
+                          "or `mtp: true`")
     source = gguf = None
     quants: tuple[Quant, ...] = ()
-    if "source" in d:
+    if mtp:
+        if mtp_mode == "strip":
+            ctx.fail("draft.mtp", "the recipe leaves the MTP heads out (mtp: strip): there is no MTP draft; use "
+                                  "mtp: keep or separate")
+        for key in ("quants", "outtype"):
+            if key in d:
+                ctx.fail(f"draft.{key}", "only valid with draft.source (an MTP draft is the model's own heads)")
+    elif "source" in d:
         source = _parse_source(ctx, d["source"], "draft.source")
         if "quants" not in d:
             ctx.fail("draft.quants", "missing")
@@ -432,7 +443,7 @@ def _parse_draft(ctx: _Ctx, value, main_quants: tuple[Quant, ...], eval_sets, kn
     if d_outtype not in OUTTYPES:
         ctx.fail("draft.outtype", f"{d_outtype!r} is not one of {', '.join(OUTTYPES)}")
     main_keys = [q.key for q in main_quants]
-    draft_keys = [q.key for q in quants] if quants else ["gguf"]
+    draft_keys = [q.key for q in quants] if quants else [MTP_DRAFT_KEY if mtp else "gguf"]
     pairs = [(m, dk) for m in main_keys for dk in draft_keys]
     if "pairs" in d:
         raw = d["pairs"]
@@ -466,7 +477,7 @@ def _parse_draft(ctx: _Ctx, value, main_quants: tuple[Quant, ...], eval_sets, kn
     n_predict = _integer(ctx, d.get("n_predict", 96), "draft.n_predict", 8)
     return Draft(source=source, gguf=gguf, outtype=d_outtype, quants=quants, pairs=tuple(pairs),
                  n_max=tuple(sorted(set(n_max))), eval_text=text, min_acceptance=min_acc, prompts=prompts,
-                 n_predict=n_predict)
+                 n_predict=n_predict, mtp=mtp)
 
 
 def _parse_conformance(ctx: _Ctx, value) -> Conformance:

@@ -59,8 +59,9 @@ def file_types_in_source(text: str) -> frozenset[str]:
 
 def key_ref(text: str) -> str:
     """A file key as a recipe or a command line writes it: ``Q4_K_M``, ``q4_k``(alias), ``Q4_K_M_IMAT``, or the
-    pre-#16 ``Q4_K_M-imat`` (renamed: CHANGELOG.md); ``gguf`` (a given draft GGUF) as is."""
-    if text == "gguf":
+    pre-#16 ``Q4_K_M-imat`` (renamed: CHANGELOG.md); ``gguf`` (a given draft GGUF) and ``mtp`` (the MTP heads as the
+    draft, recipe ``draft: {mtp: true}``) as is."""
+    if text in ("gguf", "mtp"):
         return text
     if "-" in text and not text.startswith(naming.MTP_MARK):
         t, v = text.split("-", 1)

@@ -283,16 +283,22 @@ IMATRIX = Section("imatrix", "`imatrix:`", (
 ))
 
 DRAFT = Section("draft", "`draft:`", (
-    "A draft model for speculative decoding: exactly one of `source` (built beside the main model as the recipe "
-    "`<name>-draft`, by the same stages, into `artifacts/<name>-draft/`) or `gguf` (an existing file, checked, "
-    "not rebuilt). Each (main, draft) pair gets llama.cpp's vocabulary compatibility check, a measured "
-    "acceptance rate per draft length and a ready `llama-server` line. Draft files are not split."
+    "A draft for speculative decoding: exactly one of `source` (a draft model built beside the main model as the "
+    "recipe `<name>-draft`, by the same stages, into `artifacts/<name>-draft/`), `gguf` (an existing file, checked, "
+    "not rebuilt) or `mtp: true` (the model's own multi-token-prediction heads). Each (main, draft) pair gets "
+    "llama.cpp's vocabulary compatibility check, a measured acceptance rate per draft length and a ready "
+    "`llama-server` line. Draft files are not split."
 ), (
-    Field("source", "map (see `draft.source`)", Note("one of `source` or `gguf` is required"),
+    Field("source", "map (see `draft.source`)", Note("one of `source`, `gguf` or `mtp: true` is required"),
           "The draft's checkpoint, with the keys of `source:`.", {"repo": "org/small-model", "revision": SHA}),
-    Field("gguf", "path to a GGUF file", Note("one of `source` or `gguf` is required"),
+    Field("gguf", "path to a GGUF file", Note("one of `source`, `gguf` or `mtp: true` is required"),
           "An existing draft GGUF (relative paths: to the recipe file); its header is checked.",
           "../drafts/small-Q4_0.gguf"),
+    Field("mtp", "bool", False,
+          "The draft is the model's own multi-token-prediction heads (llama.cpp `--spec-type draft-mtp`): inside each "
+          "model file with the recipe's `mtp: keep`, the `<name>-mtp-<OUTTYPE>_MTP.gguf` file (`-md`) with "
+          "`mtp: separate`; refused with `mtp: strip`. Its key in `pairs` is `mtp`. Measured like a draft model, "
+          "without top-1 agreement (docs/drafts.md#mtp-heads-as-the-draft).", True),
     Field("outtype", "`f16` | `bf16`", Note("the recipe's `outtype`"),
           "The draft's unquantized type; only with `source`.", "bf16"),
     Field("quants", "non-empty list of quant", Note("required with `source`"),
@@ -300,7 +306,7 @@ DRAFT = Section("draft", "`draft:`", (
           "only with `source`.", ["Q4_0"]),
     Field("pairs", "list of `[main quant, draft quant]`", Note("every main quant x every draft quant"),
           "The pairs checked and measured, by file key (`TYPE[_VARIANT]`; aliases and the old `TYPE-variant` resolved). The main side may "
-          "also be the base (`F16`); with `gguf`, the draft side is `gguf`.", [["Q8_0", "Q4_0"]]),
+          "also be the base (`F16`); with `gguf`, the draft side is `gguf`; with `mtp: true`, `mtp`.", [["Q8_0", "Q4_0"]]),
     Field("n_max", "int 1..64, or list of them", [4, 8],
           "Draft lengths measured (`llama-speculative-simple --spec-draft-n-max`); the best one goes into the "
           "deployment line.", [2, 4]),

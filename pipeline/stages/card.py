@@ -228,7 +228,8 @@ def card_text(manifest: dict) -> str:
         body += ["Split files have no Modelfile: Ollama imports single GGUF files only; merge the shards first "
                  "(`llama-gguf-split --merge`).", ""]
     if manifest.get("draft"):
-        body += ["## Speculative decoding with the draft model", "", draft_table(manifest), ""]
+        what = "MTP heads" if manifest["draft"].get("mtp") else "draft model"
+        body += [f"## Speculative decoding with the {what}", "", draft_table(manifest), ""]
     return front_matter(manifest) + "\n".join(body)
 
 

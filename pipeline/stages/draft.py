@@ -4,8 +4,10 @@
   (main quant, draft quant) pair and records the verdict with a readable diff;
 * :func:`acceptance` runs real greedy speculative decoding (``llama-speculative-simple``) on prompts
   taken from the draft-eval text, for each configured draft length, and records drafted / accepted
-  tokens, the acceptance rate and the decode speed; the best draft length goes into the deployment
-  line of the manifest;
+  tokens, the acceptance rate, the decode speed and the command; the best draft length goes into the
+  deployment line of the manifest. The draft is a draft model (``--spec-type draft-simple``) or the main
+  model's own MTP heads (``--spec-type draft-mtp``, recipe ``draft: {mtp: true}``: inside the main file, or
+  the ``mtp: separate`` export given with ``-md``);
 * top-1 agreement of draft vs main comes from the KLD machinery (``eval_quant`` of the draft against
   the main model's base logits): its "same top p".
 """
@@ -19,6 +21,7 @@ from pathlib import Path
 
 from pipeline.errors import PipelineError
 from pipeline.fsutil import sha256_file, write_json_atomic
+from pipeline.stages.mtp import mtp_step_bytes
 from pipeline.stages.vocab import check_pair, describe_failure
 from pipeline.tools import Toolchain, find_toolchain, run_tool, tail
 
@@ -70,20 +73,44 @@ def parse_speculative(output: str) -> dict:
     return stats
 
 
-def acceptance(main_gguf: str | Path, draft_gguf: str | Path, vocab_record: str | Path, text: str | Path,
+_ERROR_LINE = re.compile(r"^(?:[\d.]+ )?E (.+)$")
+
+
+def _errors(output: str) -> str:
+    """llama.cpp's own error lines (``E ...``) of a failed run, or the output's tail."""
+    got = [m.group(1).strip() for ln in output.splitlines() if (m := _ERROR_LINE.match(ln.strip()))]
+    return " | ".join(got[-3:]) if got else tail(output)
+
+
+def spec_args(main: str | Path, draft: str | Path | None, spec_type: str, n_max: int) -> list[str]:
+    """The speculative-decoding arguments common to llama-speculative-simple and llama-server (common/arg.cpp:4148,
+    4247, 4257 of b11312): ``-m``, ``-md`` (no draft file: MTP heads inside the main file), ``--spec-type``,
+    ``--spec-draft-n-max``."""
+    return ["-m", str(main), *(["-md", str(draft)] if draft is not None else []), "--spec-type", spec_type,
+            "--spec-draft-n-max", str(n_max)]
+
+
+def acceptance(main_gguf: str | Path, draft_gguf: str | Path | None, vocab_record: str | Path, text: str | Path,
                n_max: tuple[int, ...], prompts: int, n_predict: int, record: str | Path, threads: int = 2,
-               log: str | Path | None = None, tc: Toolchain | None = None) -> dict:
-    """Entry function: measured acceptance of one compatible pair (skipped for incompatible ones)."""
+               log: str | Path | None = None, tc: Toolchain | None = None, spec_type: str = "draft-simple") -> dict:
+    """Entry function: measured acceptance of one compatible pair (skipped for incompatible ones).
+    ``spec_type`` ``draft-mtp``: the draft is the main model's MTP heads, inside ``main_gguf`` (``draft_gguf``
+    None, recipe ``mtp: keep``) or exported alone (``draft_gguf``, ``mtp: separate``)."""
+    if draft_gguf is None and spec_type != "draft-mtp":
+        raise PipelineError(f"acceptance: --spec-type {spec_type} needs a draft file")
     tc = tc or find_toolchain()
     vocab = json.loads(Path(vocab_record).read_text())
     text = Path(text)
     base = {"eval_text": text.name, "text_sha256": sha256_file(text), "prompts": prompts, "n_predict": n_predict,
-            "threads": threads}
+            "threads": threads, "spec_type": spec_type}
     if not vocab["compatible"]:
         rec = {**base, "skipped": "vocabularies are incompatible"}
         write_json_atomic(record, rec)
         return rec
+    main_name = Path(main_gguf).name
+    pair = main_name + (f" + {Path(draft_gguf).name}" if draft_gguf is not None else "")
     passages = prompts_from_text(text.read_text(encoding="utf-8"), prompts)
+    measure = ["-n", str(n_predict), "--temp", "0", "--seed", "1", "-t", str(threads), "-c", "2048"]
     by_n: dict[str, dict] = {}
     timings: dict[str, float] = {}  # decode tokens/s on the build box: volatile, kept apart
     with tempfile.TemporaryDirectory(prefix="ggufpipe-spec-") as tmpd:
@@ -96,13 +123,11 @@ def acceptance(main_gguf: str | Path, draft_gguf: str | Path, vocab_record: str 
             drafted = accepted = predicted = 0
             seconds = 0.0
             for f in files:
-                res = run_tool(tc, "llama-speculative-simple", [
-                    "-m", main_gguf, "-md", draft_gguf, "--spec-type", "draft-simple", "-f", f, "-n", str(n_predict),
-                    "--spec-draft-n-max", str(n), "--temp", "0", "--seed", "1", "-t", str(threads), "-c", "2048",
-                ], Path(log) if log else None, check=False)
+                res = run_tool(tc, "llama-speculative-simple", [*spec_args(main_gguf, draft_gguf, spec_type, n),
+                                                                "-f", f, *measure], Path(log) if log else None, check=False)
                 if res.returncode != 0:
-                    raise PipelineError(f"llama-speculative-simple failed on {Path(main_gguf).name} + "
-                                        f"{Path(draft_gguf).name} (exit {res.returncode}): {tail(res.output)}")
+                    raise PipelineError(f"llama-speculative-simple --spec-type {spec_type} failed on {pair} "
+                                        f"(exit {res.returncode}): {_errors(res.output)}")
                 st = parse_speculative(res.output)
                 drafted += st["n_drafted"]
                 accepted += st["n_accept"]
@@ -113,15 +138,23 @@ def acceptance(main_gguf: str | Path, draft_gguf: str | Path, vocab_record: str 
             timings[str(n)] = round(predicted / seconds, 2) if seconds else 0.0
     # Best draft length by a deterministic cost model (not by noisy timings): tokens per target step
     # (generated / steps, steps = generated - accepted) over the relative cost of a step, 1 + n * c, with c
-    # the draft/main size ratio as the per-token cost of the draft.
-    c = Path(draft_gguf).stat().st_size / Path(main_gguf).stat().st_size
+    # the per-token cost of the draft relative to the main model: the draft/main size ratio, for MTP heads
+    # the bytes of the tensors one MTP step runs (pipeline/stages/mtp.py:mtp_step_bytes) over the main size.
+    main_size = Path(main_gguf).stat().st_size
+    if spec_type == "draft-mtp":
+        c = mtp_step_bytes(draft_gguf if draft_gguf is not None else main_gguf) / main_size
+    else:
+        c = Path(draft_gguf).stat().st_size / main_size
     for n, v in by_n.items():
         steps = max(1, v["generated"] - v["accepted"])
         v["tokens_per_step"] = round(v["generated"] / steps, 4)
         v["est_speedup"] = round(v["tokens_per_step"] / (1 + int(n) * c), 4)
     best = max(by_n, key=lambda k: (by_n[k]["est_speedup"], -int(k)))
+    names = [main_name, Path(draft_gguf).name if draft_gguf is not None else None]
+    command = ["llama-speculative-simple", *spec_args(*names, spec_type, int(best)), "-f", "prompt<i>.txt", *measure]
     rec = {**base, "by_n_max": by_n, "best_n_max": int(best), "acceptance_rate": by_n[best]["acceptance_rate"],
            "drafted": by_n[best]["drafted"], "accepted": by_n[best]["accepted"], "draft_cost_ratio": round(c, 4),
+           "command": " ".join(command),
            "label": "greedy llama-speculative-simple; best n_max by estimated speedup "
                     "(tokens per target step / (1 + n_max * draft/main size))",
            "build_box_decode_tokens_per_s": timings}
@@ -152,5 +185,7 @@ def agreement(recipe_name: str, draft_gguf: str | Path, main_base: str | Path, e
     return rec
 
 
-def deployment_line(main_file: str, draft_file: str, n_max: int) -> str:
-    return f"llama-server -m {main_file} -md {draft_file} --spec-type draft-simple --spec-draft-n-max {n_max}"
+def deployment_line(main_file: str, draft_file: str | None, n_max: int, spec_type: str = "draft-simple") -> str:
+    """``llama-server`` with the speculative arguments the acceptance stage ran (:func:`spec_args`); no
+    ``draft_file``: MTP heads inside the main file."""
+    return " ".join(["llama-server", *spec_args(main_file, draft_file, spec_type, n_max)])

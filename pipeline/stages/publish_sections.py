@@ -13,6 +13,7 @@ from pipeline.fsutil import sha256_file
 from pipeline.gguf import read_facts
 from pipeline.layout import Layout
 from pipeline.recipe import Recipe
+from pipeline.recipe.model import MTP_DRAFT_KEY
 from pipeline.stages.draft import deployment_line
 from pipeline.stages.mtp import MTP_KEYS, mtp_facts
 from pipeline.stages.split import model_path
@@ -115,12 +116,18 @@ def mtp_deployment_line(main_file: str, mtp_file: str) -> str:
 
 
 def _draft_section(recipe: Recipe, layout: Layout, paths: dict[str, str] | None = None) -> tuple[dict, list[dict], dict]:
-    """The manifest's ``draft`` section: files, the vocab verdict and measured acceptance per pair,
-    top-1 agreement, deployment lines; plus recipe-level failures and the volatile timings. ``paths``:
+    """The manifest's ``draft`` section: files (or ``mtp: true``: the model's own MTP heads), the vocab verdict and
+    measured acceptance per pair, top-1 agreement, deployment lines; plus recipe-level failures and the volatile
+    timings. ``paths``:
     what llama.cpp is given for each main key (a split file's first shard; default: the file name)."""
     d, name = recipe.draft, recipe.name
     info: dict = {"eval_text": d.eval_text.name, "n_max": list(d.n_max), "min_acceptance": d.min_acceptance}
-    if d.source is not None:
+    if d.mtp:  # the model's own MTP heads: inside each main file (mtp: keep) or the mtp: separate export
+        info["mtp"] = True
+        info["spec_type"] = d.spec_type
+        sidecar = recipe.artifact_for(recipe.mtp_key) if recipe.mtp == "separate" else None
+        draft_file = {MTP_DRAFT_KEY: sidecar}
+    elif d.source is not None:
         dm = _load(layout.manifest(recipe.draft_name))
         info.update(recipe=recipe.draft_name, folder=f"../{recipe.draft_name}", build_id=dm["build_id"],
                     source=dm["source"], files=[{k: a[k] for k in ("file", "quant_type", "sha256", "size_bytes")}
@@ -136,9 +143,10 @@ def _draft_section(recipe: Recipe, layout: Layout, paths: dict[str, str] | None 
         main_file = recipe.artifact_for(mkey)
         v = _load(layout.vocab_record(name, mkey, dkey))
         a = _load(layout.spec_record(name, mkey, dkey))
-        pair = {"main": main_file, "draft": draft_file[dkey], "compatible": v["compatible"], "rule": v["rule"],
+        dfile = draft_file[dkey] or main_file  # MTP heads inside the main file: the file drafts for itself
+        pair = {"main": main_file, "draft": dfile, "compatible": v["compatible"], "rule": v["rule"],
                 "reason": v["reason"], "diff": v["diff"], "warnings": v["warnings"]}
-        label = f"{main_file} + {draft_file[dkey]}"
+        label = f"{main_file} + {dfile}"
         if d.source is not None and draft_file[dkey] not in published:
             # a deployment line never names a file that was not published (e.g. the draft failed conformance)
             failures.append({"check": "draft_published", "message": (
@@ -152,14 +160,15 @@ def _draft_section(recipe: Recipe, layout: Layout, paths: dict[str, str] | None 
         else:
             timings[label] = a.pop("build_box_decode_tokens_per_s", {})
             pair["acceptance"] = a
-            pair["deploy"] = deployment_line((paths or {}).get(mkey, main_file), draft_file[dkey], a["best_n_max"])
+            pair["deploy"] = deployment_line((paths or {}).get(mkey, main_file), draft_file[dkey], a["best_n_max"],
+                                             a.get("spec_type", "draft-simple"))
             if d.min_acceptance is not None and a["acceptance_rate"] < d.min_acceptance:
                 failures.append({"check": "draft_acceptance", "message": (
                     f"draft acceptance too low: recipe {name}, {label}: acceptance {a['acceptance_rate']:.4f} "
                     f"< min_acceptance {d.min_acceptance:g} (n_max {a['best_n_max']})")})
         pairs.append(pair)
     info["pairs"] = pairs
-    if recipe.eval_sets:
+    if recipe.eval_sets and not d.mtp:
         info["top1_agreement"] = {draft_file[k]: _load(layout.agreement_record(name, k))
                                   for k in sorted({dk for _, dk in d.pairs})}
     return info, failures, timings

@@ -206,7 +206,21 @@ def draft_table(manifest: dict) -> str:
                      f"{_fmt(a.get('acceptance_rate'), '.3f')} ({a.get('accepted', '–')}/{a.get('drafted', '–')}) | "
                      f"{a.get('best_n_max', '–')} | {_fmt(ag.get('top1_agreement'), '.4f')} | "
                      f"`{p.get('deploy', '–')}` |")
+    run = [p["acceptance"]["command"] for p in d["pairs"] if (p.get("acceptance") or {}).get("command")]
+    if run:  # each deploy line is the leading arguments of the command the acceptance stage ran
+        lines += ["", "Measured with (greedy, at each pair's best draft length; llama-server takes the same "
+                      "speculative arguments):", "", "```sh", *run, "```"]
+    if d.get("mtp"):
+        lines += ["", "The draft is the model's own multi-token-prediction heads (`--spec-type draft-mtp`)."]
     return "\n".join(lines)
+
+
+def _mtp_lines(manifest: dict) -> list[str]:
+    """The MTP draft's deploy lines: the measured ones (with their best draft length) when the recipe measures the
+    heads (``draft: {mtp: true}``), else the manifest's ``mtp.deploy``."""
+    d = manifest.get("draft") or {}
+    measured = [p["deploy"] for p in d.get("pairs", []) if d.get("mtp") and p.get("deploy")]
+    return measured or manifest["mtp"]["deploy"]
 
 
 def mtp_text(manifest: dict) -> str:
@@ -220,7 +234,7 @@ def mtp_text(manifest: dict) -> str:
     lines = [f"The multi-token-prediction (MTP) heads are not in the model files: they are published alone as "
              f"{_file_cell(d)} ({d['quant_type']}, {d['size_bytes'] / MIB:.1f} MiB, {d['mtp']['tensors']} nextn tensors "
              f"on layer(s) {', '.join(map(str, d['mtp']['layers']))}), a draft for llama.cpp's speculative decoding "
-             "with any of the files above:", "", "```sh", *m["deploy"], "```"]
+             "with any of the files above:", "", "```sh", *_mtp_lines(manifest), "```"]
     return "\n".join(lines)
 
 
@@ -267,7 +281,8 @@ def write_report(manifest: dict, out_md: str | Path, out_svg: str | Path) -> Non
     if manifest.get("mtp"):
         parts += ["## MTP heads", "", mtp_text(manifest), ""]
     if manifest.get("draft"):
-        parts += ["## Draft model (speculative decoding)", "", draft_table(manifest), ""]
+        title = "MTP heads as the draft" if manifest["draft"].get("mtp") else "Draft model"
+        parts += [f"## {title} (speculative decoding)", "", draft_table(manifest), ""]
     parts += ["pp/tg t/s: `llama-bench` prompt processing / generation tokens/s on the build box (CPU), same "
               "threads for all quants: build-box figures, not device speed.", "", f"![size vs mean KLD]({Path(out_svg).name})", ""]
     write_text_atomic(out_md, "\n".join(parts))

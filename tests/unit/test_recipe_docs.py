@@ -40,6 +40,7 @@ EXCLUSIVE = {
     ("source", "path"): ("repo", "revision"),
     ("draft.source", "path"): ("repo", "revision"),
     ("draft", "gguf"): ("source", "quants"),
+    ("draft", "mtp"): ("source", "quants"),
 }
 # Keys the parser checks but does not keep (a pin): tested by refusing a wrong value instead.
 PINS = {("awq", "calibration_sha256"), ("imatrix", "calibration_sha256")}
