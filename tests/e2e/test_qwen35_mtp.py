@@ -46,14 +46,18 @@ def write_recipe(folder, src, name: str, mtp: str, quants: list, pairs: list):
 
 @pytest.fixture(scope="module")
 def qwen_build(tmp_path_factory, toolchain):
-    """One Snakemake run building the ``keep`` and the ``separate`` recipe of the tiny Qwen3.5 checkpoint."""
+    """One Snakemake run building the ``keep`` and the ``separate`` recipe of the tiny random Qwen3.5 checkpoint, and
+    the ``keep`` recipe of its ``echo`` control (helpers.hf_qwen35: a head built to draft what the model repeats)."""
     root = tmp_path_factory.mktemp("qwen35")
-    src = tiny_qwen35(root / "hf", toolchain.root / "vocab" / "ggml-vocab-qwen35.gguf")
-    keep = write_recipe(root / "recipes", src, "q35-keep", "keep",
-                        ["Q4_0", {"type": "Q4_0", "variant": "mtpq", "tensor_types": [r"blk\.4\.=q8_0"]}],
-                        [["F16", "mtp"], ["Q4_0", "mtp"], ["Q4_0_MTPQ", "mtp"]])
-    sep = write_recipe(root / "recipes", src, "q35-sep", "separate", ["Q4_0"], [["F16", "mtp"], ["Q4_0", "mtp"]])
-    res = snakemake(root, [keep, sep])
+    vocab = toolchain.root / "vocab" / "ggml-vocab-qwen35.gguf"
+    src = tiny_qwen35(root / "hf", vocab)
+    echo = tiny_qwen35(root / "hf-echo", src, echo=True)
+    keep_quants = ["Q4_0", {"type": "Q4_0", "variant": "mtpq", "tensor_types": [r"blk\.4\.=q8_0"]}]
+    keep_pairs = [["F16", "mtp"], ["Q4_0", "mtp"], ["Q4_0_MTPQ", "mtp"]]
+    recipes = [write_recipe(root / "recipes", src, "q35-keep", "keep", keep_quants, keep_pairs),
+               write_recipe(root / "recipes", src, "q35-sep", "separate", ["Q4_0"], [["F16", "mtp"], ["Q4_0", "mtp"]]),
+               write_recipe(root / "recipes", echo, "q35-echo", "keep", ["Q4_0"], [["Q4_0", "mtp"]])]
+    res = snakemake(root, recipes)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
     return root
 
@@ -151,3 +155,16 @@ def test_quant_without_heads_is_refused_by_pipeline_and_llama_cpp(qwen_build, to
     msg = str(exc.value)
     assert "\n" not in msg and msg.startswith("llama-speculative-simple --spec-type draft-mtp failed on q35-keep-Q4_0.gguf")
     assert "failed to create MTP context" in msg and not (tmp_path / "acc.json").exists()
+
+
+def test_mtp_acceptance_control_echo_head_drafts_what_the_model_repeats(qwen_build):
+    """Control for the zero acceptance of the random checkpoint: the ``echo`` checkpoint (the model repeats its last
+    token, the MTP head predicts the token it is given) built by the same stages: every token its Q4_0 file drafts
+    is accepted, so the acceptance stage counts acceptances through llama.cpp's MTP path. Structured, not trained:
+    its rate says nothing about a real model's either."""
+    m = manifest(qwen_build, "q35-echo")
+    assert all(e["mtp"] == HEADS for e in m["artifacts"])
+    [pair] = m["draft"]["pairs"]
+    a = pair["acceptance"]
+    assert pair["main"] == "q35-echo-Q4_0.gguf" and a["drafted"] > 0 and a["accepted"] == a["drafted"], a
+    assert a["acceptance_rate"] == 1.0

@@ -28,6 +28,7 @@ Random weights: whatever acceptance a draft reaches on this model says nothing a
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 # Qwen3.5's pre-tokenizer regex (transformers 5.2 models/qwen3_5/tokenization_qwen3_5.py; llama.cpp's
@@ -95,13 +96,25 @@ def text_config(vocab_size: int, mtp_layers: int = N_MTP) -> dict:
     }
 
 
-def tiny_qwen35(dest: Path, vocab_gguf: Path, mtp_layers: int = N_MTP, seed: int = 0) -> Path:
-    """A random ``Qwen3_5ForConditionalGeneration`` checkpoint (bf16 safetensors) in ``dest``."""
+def tiny_qwen35(dest: Path, vocab_gguf: Path, mtp_layers: int = N_MTP, seed: int = 0, echo: bool = False) -> Path:
+    """A random ``Qwen3_5ForConditionalGeneration`` checkpoint (bf16 safetensors) in ``dest``; its tokenizer from
+    ``vocab_gguf`` (llama.cpp's ggml-vocab-qwen35.gguf) or copied from ``vocab_gguf``, a folder this function wrote.
+
+    ``echo``: a control whose MTP head can draft. Every block's output projection (``o_proj``, ``out_proj``,
+    ``down_proj``) is zero, so the residual stream stays the token's embedding and, with tied embeddings, the model
+    repeats its last token (greedy); the MTP ``fc`` is ``[I | 0]`` (src/models/qwen35.cpp:540-549 concatenates the
+    normed embedding first), so the head predicts the token it is given: the one the model will repeat. The other
+    weights stay random."""
     import torch
     from safetensors.torch import save_file
 
     dest.mkdir(parents=True)
-    n_tok = qwen_tokenizer(vocab_gguf, dest)
+    if (vocab_gguf / "tokenizer.json").is_file():  # another checkpoint's folder: its tokenizer files, copied
+        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+            shutil.copy(vocab_gguf / name, dest / name)
+        n_tok = json.loads((vocab_gguf / "config.json").read_text())["text_config"]["vocab_size"]
+    else:
+        n_tok = qwen_tokenizer(vocab_gguf, dest)
     vocab = n_tok  # 151,936: the Qwen2 vocabulary's padded size (the real Qwen3.5 has 248,320)
     (dest / "config.json").write_text(json.dumps({
         "architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5",
@@ -150,5 +163,13 @@ def tiny_qwen35(dest: Path, vocab_gguf: Path, mtp_layers: int = N_MTP, seed: int
                   "mtp.pre_fc_norm_hidden.weight": norm(HIDDEN), "mtp.norm.weight": norm(HIDDEN)})
         for j in range(mtp_layers):  # each MTP layer is a full-attention decoder block
             t.update(block(f"mtp.layers.{j}.", "full_attention"))
+    if echo:
+        for name, w in t.items():
+            if name.endswith(("o_proj.weight", "out_proj.weight", "down_proj.weight")):
+                t[name] = torch.zeros_like(w)
+            elif name.endswith("norm.weight") and "linear_attn." not in name:
+                t[name] = torch.zeros_like(w)  # stored as w - 1: unit norms
+        if mtp_layers:
+            t["mtp.fc.weight"] = torch.cat([torch.eye(HIDDEN), torch.zeros(HIDDEN, HIDDEN)], 1).to(torch.bfloat16)
     save_file(t, str(dest / "model.safetensors"), metadata={"format": "pt"})
     return dest
