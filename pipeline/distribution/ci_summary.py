@@ -223,6 +223,8 @@ def _draft_rows(draft: dict) -> list[str]:
         out.append(f"Draft model `{draft['recipe']}`: {files}")
     elif draft.get("gguf"):
         out.append(f"Draft model: given file `{draft['gguf']['file']}`")
+    elif draft.get("mtp"):
+        out.append("Draft: the model's own multi-token-prediction heads (`--spec-type draft-mtp`)")
     out += ["", "| main | draft | vocab | acceptance | best n_max | est. speed-up |", "|---|---|---|---|---|---|"]
     for p in draft.get("pairs", []):
         vocab = "✅ compatible" if p.get("compatible") else f"❌ incompatible ({p.get('reason') or p.get('rule')})"

@@ -104,3 +104,13 @@ def test_report_shows_measured_mtp_lines():
     assert f"`{line}`" in table and run in table and "--spec-type draft-mtp" in table
     text = mtp_text(manifest)
     assert line in text and "--spec-type draft-mtp\n" not in text  # the measured line, not the unmeasured one
+
+
+def test_ci_summary_names_the_mtp_draft():
+    from pipeline.distribution.ci_summary import _draft_rows
+
+    rows = _draft_rows({"mtp": True, "min_acceptance": None, "pairs": [
+        {"main": "m-Q4_0.gguf", "draft": "m-Q4_0.gguf", "compatible": True,
+         "acceptance": {"acceptance_rate": 0.5, "best_n_max": 2, "by_n_max": {"2": {"est_speedup": 1.2}}}}]})
+    assert rows[0] == "Draft: the model's own multi-token-prediction heads (`--spec-type draft-mtp`)"
+    assert "| `m-Q4_0.gguf` | `m-Q4_0.gguf` | ✅ compatible | 0.500 | 2 | 1.20 |" in rows
