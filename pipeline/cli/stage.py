@@ -143,6 +143,9 @@ def _acceptance(r, L, a, log):
 def _agreement(r, L, a, log):
     from pipeline.stages.draft import agreement
 
+    if r.draft.mtp:
+        raise PipelineError(f"{r.path}: draft.mtp: the MTP heads have no top-1 agreement stage (no logits of their own "
+                            "over a text)")
     es = r.eval_sets[0]
     agreement(r.name, L.draft_gguf(r, a.draft_quant), L.base_gguf(r), es, L.base_logits(r.name, es.name),
               L.base_record(r.name, es.name), L.agreement_record(r.name, a.draft_quant), threads=a.threads, log=log)
