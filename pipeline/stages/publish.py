@@ -49,7 +49,10 @@ from pipeline.stages.split import model_path
 # 3: file names by the Hub-native rule (`<name>-<TYPE>_<VARIANT>.gguf`, `<name>-mtp-F16_MTP.gguf`) and each
 #    artifact's `label` (pipeline/recipe/naming.py).
 # 4: the conformance section's fifth check, `hparams` (the GGUF's architecture keys against the HF config, #15).
-SCHEMA_VERSION = 4
+# 5: each quant's `tensor_types` (histogram, tensors unlike the recipe's request with the reason, predicted and
+#    written bytes; `tensor_types_file` with a map: #19), MTP drafts (`draft.mtp`, `draft.spec_type`) and every
+#    pair's `acceptance.spec_type` / `acceptance.command` (#18).
+SCHEMA_VERSION = 5
 
 
 def _canonical(obj) -> bytes:
