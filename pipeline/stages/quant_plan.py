@@ -111,8 +111,25 @@ def plan(q, output: str, where: str) -> dict:
     return {
         "tensors": {n: {"shape": list(t["shape"]), "type": t["type"]} for n, t in tensors.items()},
         "histogram": dict(sorted(Counter(t["type"] for t in tensors.values()).items())),
-        "differs": differs,
+        "differs": group_differs(differs),
     }
+
+
+def group_differs(differs: list[dict]) -> list[dict]:
+    """Tensors that differ for the same cause, as one entry (``asked``, ``asked_by``, ``written``, ``reason``,
+    ``tensors``: names in file order), in the order of their first tensor: the manifest lists every tensor, once."""
+    groups: dict[tuple, dict] = {}
+    for d in differs:
+        key = (d["asked"], d["asked_by"], d["written"], d["reason"])
+        groups.setdefault(key, {"asked": key[0], "asked_by": key[1], "written": key[2], "reason": key[3],
+                                "tensors": []})["tensors"].append(d["tensor"])
+    return list(groups.values())
+
+
+def differs_by_tensor(groups: list[dict]) -> dict[str, dict]:
+    """tensor name -> its entry (``tensor``, ``asked``, ``asked_by``, ``written``, ``reason``) of grouped
+    ``differs``."""
+    return {t: {"tensor": t, **{k: v for k, v in g.items() if k != "tensors"}} for g in groups for t in g["tensors"]}
 
 
 def _kv_bytes(key: str, value_bytes: int) -> int:

@@ -11,6 +11,7 @@ from helpers import write_split_recipe
 from pipeline.errors import PipelineError
 from pipeline.gguf.reader import read_header
 from pipeline.recipe import load_recipe
+from pipeline.stages.quant_plan import differs_by_tensor
 
 SPM = "ggml-vocab-llama-spm.gguf"
 
@@ -73,7 +74,7 @@ def test_shape_fallback_on_demo_widths(tmp_path, toolchain, quantize_exe, tiny57
     rec, out = _quantize(tmp_path, toolchain, quantize_exe, tiny576,
                          "quants: [{type: Q4_K_M, tensor_types: ['^blk\\.0\\.ffn_up\\.weight$=q6_K']}]\n", "Q4_K_M")
     got = _types(out)
-    differs = {d["tensor"]: d for d in rec["tensor_types"]["differs"]}
+    differs = differs_by_tensor(rec["tensor_types"]["differs"])
     # ne0 576: Q4_K -> Q5_0 and Q6_K -> Q8_0 (src/llama-quant.cpp:413-416); ffn_down (ne0 1536) keeps its K type
     assert differs["blk.1.attn_q.weight"] == {
         "tensor": "blk.1.attn_q.weight", "asked": "Q4_K", "asked_by": "Q4_K_M", "written": "Q5_0",
@@ -91,7 +92,7 @@ def test_flag_precedence_is_listed(tmp_path, toolchain, quantize_exe, tiny256):
                          "quants: [{type: Q8_0, token_embedding_type: q4_0, tensor_types: ['^token_embd\\.=q6_K']}]\n",
                          "Q8_0")
     assert _types(out)["token_embd.weight"] == "Q4_0"
-    (d,) = rec["tensor_types"]["differs"]
+    (d,) = differs_by_tensor(rec["tensor_types"]["differs"]).values()
     assert (d["tensor"], d["asked"], d["asked_by"], d["written"]) == ("token_embd.weight", "Q6_K", "tensor_types[0]",
                                                                        "Q4_0")
     assert d["reason"].startswith("flag precedence: token_embedding_type")

@@ -11,7 +11,7 @@ from pipeline.errors import PipelineError
 from pipeline.gguf.reader import GGUFHeader, TensorInfo
 from pipeline.recipe.model import Quant
 from pipeline.recipe.tensor_map import read_map
-from pipeline.stages.quant_plan import check_patterns, check_written, parse_dry_run, plan
+from pipeline.stages.quant_plan import check_patterns, check_written, differs_by_tensor, parse_dry_run, plan
 
 # a Q4_K_M dry run of the demo (n_embd 576), abridged: copied from the pinned llama-quantize's output
 DRY = """\
@@ -41,7 +41,7 @@ def test_parse_dry_run():
 def test_plan_lists_shape_fallback_and_histogram():
     p = plan(Quant(type="Q4_K_M"), DRY, "r.yaml: quantize Q4_K_M")
     assert p["histogram"] == {"F32": 1, "Q5_0": 1, "Q6_K": 1, "Q8_0": 2}
-    assert [(d["tensor"], d["asked"], d["written"]) for d in p["differs"]] == [
+    assert [(d["tensor"], d["asked"], d["written"]) for d in differs_by_tensor(p["differs"]).values()] == [
         ("blk.0.attn_k.weight", "Q4_K", "Q5_0"), ("blk.0.attn_v.weight", "Q6_K", "Q8_0")]
     assert p["differs"][0]["reason"] == "shape fallback: row length 576 is not a multiple of 256 (the block of Q4_K)"
 
@@ -50,7 +50,7 @@ def test_plan_pattern_and_precedence():
     q = Quant(type="Q4_K_M", token_embedding_type="q8_0",
               tensor_types=("^token_embd\\.=q4_0", "attn_k=q4_k", "norm=q8_0"))
     p = plan(q, DRY, "w")
-    by = {d["tensor"]: d for d in p["differs"]}
+    by = differs_by_tensor(p["differs"])
     assert by["token_embd.weight"]["reason"].startswith("flag precedence: token_embedding_type q8_0")
     assert by["blk.0.attn_k.weight"]["asked_by"] == "tensor_types[1]"
     assert by["output_norm.weight"]["reason"].startswith("not quantized")
