@@ -62,6 +62,7 @@ TOOLS = (
     "llama-tokenize",
     "llama-speculative-simple",
     "llama-bench",
+    "llama-server",
 )
 # The pipeline's own programs, built as extra targets of the pinned tree: target -> source in pipeline/native/.
 # install() writes each into examples/<target>/ with :data:`HELPER_CMAKE` and builds it with the TOOLS.
@@ -85,7 +86,11 @@ CMAKE_FLAGS = (
     "-DLLAMA_CURL=OFF",
     "-DBUILD_SHARED_LIBS=OFF",
     "-DLLAMA_BUILD_TESTS=OFF",
-    "-DLLAMA_BUILD_SERVER=OFF",
+    # llama-server: the deploy lines the builds publish are run with it (tests); its web UI is not embedded and never
+    # downloaded (tools/ui/CMakeLists.txt, scripts/ui-assets.cmake: no npm build, no prebuilt-asset download)
+    "-DLLAMA_BUILD_SERVER=ON",
+    "-DLLAMA_BUILD_UI=OFF",
+    "-DLLAMA_USE_PREBUILT_UI=OFF",
     "-DLLAMA_BUILD_EXAMPLES=ON",
     f"-DLLAMA_BUILD_NUMBER={PINNED_BUILD}",
     f"-DLLAMA_BUILD_COMMIT={PINNED_COMMIT}",
@@ -396,6 +401,54 @@ def run_helper(tc: Toolchain, name: str, model: str | Path, requests: list, log:
         raise PipelineError(f"{name} on {model} answered {len(answers) if isinstance(answers, list) else 'no'} "
                             f"of {len(requests)} requests")
     return answers
+
+
+@contextlib.contextmanager
+def serve_tool(tc: Toolchain, args: list, log: Path | None, timeout: float = 120.0, cwd: str | Path | None = None):
+    """``llama-server ARGS`` (in ``cwd``) on a free port of 127.0.0.1 while the block runs; yields its URL once ``/health``
+    answers 200 (tools/server/server.cpp). Its output goes to ``log``; it is stopped (SIGTERM, then SIGKILL) on
+    the way out. Raises PipelineError, one line, when it exits or does not answer within ``timeout`` seconds."""
+    import socket
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [str(tc.tool("llama-server")), *map(str, args), "--host", "127.0.0.1", "--port", str(port)]
+    out = tempfile.TemporaryFile()
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=str(cwd) if cwd else None, env=_clean_env(
+        {"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "passive")}))
+
+    def output() -> str:
+        out.seek(0)
+        return out.read().decode("utf-8", "replace")
+
+    url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + timeout
+    try:
+        while True:
+            if proc.poll() is not None:
+                raise PipelineError(f"llama-server exited {proc.returncode} before it answered: {tail(output())}")
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except OSError:  # not listening yet, or 503 while the model loads
+                pass
+            if time.monotonic() > deadline:
+                raise PipelineError(f"llama-server did not answer /health within {timeout:.0f}s: {tail(output())}")
+            time.sleep(0.2)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if log:
+            with open(log, "a", encoding="utf-8") as fh:
+                fh.write(f"$ {' '.join(cmd)}\n{output()}[llama-server stopped, exit {proc.returncode}]\n")
+        out.close()
 
 
 def tail(text: str, lines: int = 3) -> str:

@@ -90,6 +90,42 @@ def spec_args(main: str | Path, draft: str | Path | None, spec_type: str, n_max:
             "--spec-draft-n-max", str(n_max)]
 
 
+def SERVE_ARGS(threads: int) -> list[str]:  # noqa: N802  the deploy line's run: one slot, the acceptance context
+    return ["-c", "2048", "-np", "1", "-t", str(threads)]
+
+
+def serve_deploy(tc: Toolchain, main_gguf, draft_gguf, spec_type: str, n_max: int, prompt: str, n_predict: int,
+                 threads: int, log, pair: str) -> dict:
+    """The deploy line run: ``llama-server`` with the published speculative arguments (:func:`spec_args`) and one
+    greedy ``/completion`` of ``prompt`` (:func:`serve_completion`)."""
+    args = [*spec_args(main_gguf, draft_gguf, spec_type, n_max), *SERVE_ARGS(threads)]
+    return serve_completion(tc, args, prompt, n_predict, log, f"the deploy line of {pair}")
+
+
+def serve_completion(tc: Toolchain, args: list, prompt: str, n_predict: int, log, what: str, cwd=None) -> dict:
+    """``llama-server ARGS`` and one greedy ``/completion`` of ``prompt``: its ``timings`` (tools/server/
+    server-common.cpp:85-103 of b11312: ``draft_n`` and ``draft_n_accepted`` when it drafted). Raises
+    PipelineError, one line, when the server or the request fails."""
+    import urllib.request
+
+    from pipeline.tools import serve_tool
+
+    body = json.dumps({"prompt": prompt, "n_predict": n_predict, "temperature": 0, "seed": 1,
+                       "cache_prompt": False}).encode()
+    try:
+        with serve_tool(tc, args, Path(log) if log else None, cwd=cwd) as url:
+            req = urllib.request.Request(url + "/completion", data=body, headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=600) as r:
+                answer = json.loads(r.read())
+    except PipelineError as exc:
+        raise PipelineError(f"{what}: {exc}") from None
+    except (OSError, ValueError) as exc:
+        raise PipelineError(f"{what}: llama-server's /completion failed: {exc}") from None
+    t = answer.get("timings") or {}
+    return {"predicted_n": int(t.get("predicted_n", 0)), "draft_n": int(t.get("draft_n", 0)),
+            "draft_n_accepted": int(t.get("draft_n_accepted", 0))}
+
+
 def acceptance(main_gguf: str | Path, draft_gguf: str | Path | None, vocab_record: str | Path, text: str | Path,
                n_max: tuple[int, ...], prompts: int, n_predict: int, record: str | Path, threads: int = 2,
                log: str | Path | None = None, tc: Toolchain | None = None, spec_type: str = "draft-simple") -> dict:
@@ -152,9 +188,11 @@ def acceptance(main_gguf: str | Path, draft_gguf: str | Path | None, vocab_recor
     best = max(by_n, key=lambda k: (by_n[k]["est_speedup"], -int(k)))
     names = [main_name, Path(draft_gguf).name if draft_gguf is not None else None]
     command = ["llama-speculative-simple", *spec_args(*names, spec_type, int(best)), "-f", "prompt<i>.txt", *measure]
+    served = serve_deploy(tc, main_gguf, draft_gguf, spec_type, int(best), passages[0], n_predict, threads, log, pair)
+    served["command"] = " ".join(["llama-server", *spec_args(*names, spec_type, int(best)), *SERVE_ARGS(threads)])
     rec = {**base, "by_n_max": by_n, "best_n_max": int(best), "acceptance_rate": by_n[best]["acceptance_rate"],
            "drafted": by_n[best]["drafted"], "accepted": by_n[best]["accepted"], "draft_cost_ratio": round(c, 4),
-           "command": " ".join(command),
+           "command": " ".join(command), "served": served,
            "label": "greedy llama-speculative-simple; best n_max by estimated speedup "
                     "(tokens per target step / (1 + n_max * draft/main size))",
            "build_box_decode_tokens_per_s": timings}

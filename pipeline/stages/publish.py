@@ -51,7 +51,7 @@ from pipeline.stages.split import model_path
 # 4: the conformance section's fifth check, `hparams` (the GGUF's architecture keys against the HF config, #15).
 # 5: each quant's `tensor_types` (histogram, tensors unlike the recipe's request with the reason, predicted and
 #    written bytes; `tensor_types_file` with a map: #19), MTP drafts (`draft.mtp`, `draft.spec_type`) and every
-#    pair's `acceptance.spec_type` / `acceptance.command` (#18).
+#    pair's `acceptance.spec_type` / `acceptance.command` / `acceptance.served` (the deploy line run by llama-server, #18).
 SCHEMA_VERSION = 5
 
 

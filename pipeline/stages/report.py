@@ -210,6 +210,11 @@ def draft_table(manifest: dict) -> str:
     if run:  # each deploy line is the leading arguments of the command the acceptance stage ran
         lines += ["", "Measured with (greedy, at each pair's best draft length; llama-server takes the same "
                       "speculative arguments):", "", "```sh", *run, "```"]
+    served = [(p["acceptance"]["served"]) for p in d["pairs"] if (p.get("acceptance") or {}).get("served")]
+    if served:  # the deploy lines themselves, run by llama-server on the published files (pipeline/stages/draft.py)
+        lines += ["", "Each deploy line was run by `llama-server` on these files (one greedy completion):", ""]
+        lines += [f"- `{s['command']}`: {s['predicted_n']} tokens, {s['draft_n_accepted']} of {s['draft_n']} drafted "
+                  "accepted" for s in served]
     if d.get("mtp"):
         lines += ["", "The draft is the model's own multi-token-prediction heads (`--spec-type draft-mtp`)."]
     return "\n".join(lines)

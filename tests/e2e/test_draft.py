@@ -28,6 +28,10 @@ def test_demo_draft_checked_and_measured(demo_build):
         assert a["acceptance_rate"] >= d["min_acceptance"] == 0.3
         assert p["deploy"] == (f"llama-server -m {p['main']} -md {p['draft']} --spec-type draft-simple "
                                f"--spec-draft-n-max {a['best_n_max']}")
+        # the deploy line itself, served by llama-server on the pair: it drafted, and accepted some (trained models)
+        s = a["served"]
+        assert s["command"].startswith(p["deploy"] + " -c 2048 -np 1 -t "), s
+        assert 0 < s["predicted_n"] <= a["n_predict"] and 0 < s["draft_n_accepted"] <= s["draft_n"], s
     agree = d["top1_agreement"][f"{NAME}-draft-Q4_0.gguf"]
     assert 0.5 < agree["top1_agreement"] < 1 and agree["eval_set"] == "botchan"
     # the draft is published like any recipe: its own folder and manifest, verifiable on a device

@@ -32,7 +32,6 @@ from helpers.hf_minicpm import DRAFT, MAIN, N_VOCAB, make_minicpm_pair
 
 from pipeline.distribution.verify import verify
 from pipeline.gguf import read_header
-from pipeline.tools import run_tool
 
 NAME = "tiny-minicpm"
 DRAFT_NAME = f"{NAME}-draft"
@@ -178,25 +177,25 @@ def test_random_weights_control_own_quant_as_draft_is_accepted(pair_build, toolc
 
 
 def test_llama_cpp_runs_published_files_with_deploy_line(pair_build, toolchain, tmp_path):
-    """The published pair as a device has it (both files downloaded into one folder), run with the published deployment line's own arguments. The pinned build has no llama-server (pipeline/tools.py: TOOLS);
-    llama-speculative-simple parses the same common options (-m, -md, --spec-type, --spec-draft-n-max:
-    common/arg.cpp:4140-4267, examples SPECULATIVE and SERVER alike) and runs the same speculative loop."""
+    """The published pair as a device has it (both files downloaded into one folder), served by llama-server with
+    the published deployment line, word for word: it loads both and drafts (random weights: the count of accepted
+    drafts says nothing). The acceptance stage ran the same line (its ``served`` record, in the manifest)."""
+    from pipeline.stages.draft import serve_completion
+
     [p] = pair_build.manifest["draft"]["pairs"]
     argv = shlex.split(p["deploy"])
-    assert argv[0] == "llama-server"
+    assert argv[0] == "llama-server" and p["acceptance"]["served"]["command"].startswith(p["deploy"] + " ")
+    assert p["acceptance"]["served"]["draft_n"] > 0, p["acceptance"]
     device = tmp_path / "device"
     device.mkdir()
     for name, file in ((NAME, p["main"]), (DRAFT_NAME, p["draft"])):
         os.link(pair_build.root / "artifacts" / name / file, device / file)
-    prompt = tmp_path / "prompt.txt"
-    prompt.write_text("The quick brown fox jumps over the lazy dog. " * 4)
-    # run_tool: the pipeline's way (OpenMP passive waiting: spinning threads crawl on a loaded box), from the folder
-    res = run_tool(toolchain, "llama-speculative-simple", [*argv[1:], "-f", prompt, "-n", "8", "--temp", "0",
-                                                           "--seed", "1", "-t", "2", "-c", "512"], None, cwd=device)
-    out = res.output
-    assert "vocabs are not compatible" not in out
-    drafted = int(out.split("n_drafted = ", 1)[1].split()[0])
-    assert drafted > 0, out[-2000:]
+    t = serve_completion(toolchain, [*argv[1:], "-c", "512", "-np", "1", "-t", "2"],
+                         "The quick brown fox jumps over the lazy dog. " * 4, 8, tmp_path / "serve.log", p["deploy"],
+                         cwd=device)
+    log = (tmp_path / "serve.log").read_text()
+    assert "vocabs are not compatible" not in log
+    assert t["predicted_n"] == 8 and t["draft_n"] > 0, (t, log[-2000:])
 
 
 def test_tokenizer_side_conformance_passes_without_hf_model(pair_build, toolchain, tmp_path):

@@ -16,7 +16,6 @@ architecture and that the measurements run, not how well Qwen3.5's head drafts.
 from __future__ import annotations
 
 import json
-import re
 
 import pytest
 from helpers import BOTCHAN, snakemake
@@ -122,17 +121,24 @@ def test_separate_build_publishes_sidecar_and_measures_mtp_acceptance_random_wei
 
 
 @pytest.mark.parametrize("name", ["q35-keep", "q35-sep"])
-def test_published_deploy_lines_run_in_llama_cpp_random_weights(qwen_build, toolchain, tmp_path, name):
-    """Each published deploy line's arguments, on the published files (artifacts/, as a device pulls them), with
-    the pinned llama-speculative-simple (llama-server takes the same -m / -md / --spec-type / --spec-draft-n-max:
-    common/arg.cpp:4148, 4247, 4257; the pinned build has no llama-server)."""
+def test_published_deploy_lines_run_in_llama_server_random_weights(qwen_build, toolchain, tmp_path, name):
+    """Each published deploy line, word for word, on the published files (artifacts/, as a device pulls them):
+    llama-server loads them and drafts with the MTP heads; the acceptance stage ran the same line (its ``served``
+    record, in the manifest)."""
+    import shlex
+
+    from pipeline.stages.draft import serve_completion
+
     folder = qwen_build / "artifacts" / name
     for p in manifest(qwen_build, name)["draft"]["pairs"]:
-        res = run_tool(toolchain, "llama-speculative-simple", [
-            *p["deploy"].split()[1:], "-p", "The quick brown fox jumps over the lazy dog.", "-n", "8",
-            "--temp", "0", "-t", "2", "-c", "256"], tmp_path / "run.log", cwd=folder)
-        assert "creating MTP draft context" in res.output or "loading draft model" in res.output, res.output[-2000:]
-        assert int(re.search(r"n_drafted\s*=\s*(\d+)", res.output).group(1)) > 0
+        argv = shlex.split(p["deploy"])
+        assert argv[0] == "llama-server" and p["acceptance"]["served"]["command"].startswith(p["deploy"] + " ")
+        assert p["acceptance"]["served"]["draft_n"] > 0, p["acceptance"]
+        t = serve_completion(toolchain, [*argv[1:], "-c", "256", "-np", "1", "-t", "2"],
+                             "The quick brown fox jumps over the lazy dog.", 8, tmp_path / "serve.log", p["deploy"],
+                             cwd=folder)
+        assert t["predicted_n"] == 8 and t["draft_n"] > 0, (t, (tmp_path / "serve.log").read_text()[-2000:])
+        assert "draft-mtp" in (tmp_path / "serve.log").read_text()
 
 
 def test_quant_without_heads_is_refused_by_pipeline_and_llama_cpp(qwen_build, toolchain, tmp_path):

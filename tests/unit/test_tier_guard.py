@@ -65,7 +65,7 @@ def test_tools_cache_key_covers_what_shapes_the_build(monkeypatch, tmp_path):
     an old cache is rebuilt, never trusted."""
     key = tools.cache_key()
     assert len(key) == 12 and tools.cache_key() == key
-    for name, value in (("TOOLS", (*tools.TOOLS, "llama-server")),
+    for name, value in (("TOOLS", (*tools.TOOLS, "llama-cli")),
                         ("CMAKE_FLAGS", (*tools.CMAKE_FLAGS, "-DGGML_CUDA=ON")),
                         ("ASSETS", (*tools.ASSETS, ("README.md", "."))),
                         ("SDIST_SHA256", "0" * 64),
