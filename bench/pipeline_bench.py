@@ -259,16 +259,18 @@ def tool_runs(work: Path) -> dict[str, tuple[float, float]]:
 
 
 def recorded_commands(work: Path) -> list[tuple[str, list[str]]]:
-    """(log name, argv) of each tool run the pipeline logged, in bare order: convert, quantizes, base, evals."""
+    """(log name, argv) of each tool run the pipeline logged, in bare order: convert, quantizes, base, evals (a log
+    with several runs gives several, in its order)."""
     logs = work / NAME / "logs"
     order = (["convert-F16"] + sorted(p.stem for p in logs.glob("quantize-*.log"))
              + ["eval-botchan-base"] + sorted(p.stem for p in logs.glob("eval-botchan-*.log") if p.stem != "eval-botchan-base"))
     out = []
     for stem in order:
         lines = [ln[2:].split() for ln in (logs / f"{stem}.log").read_text().splitlines() if ln.startswith("$ ")]
-        if len(lines) != 1:
-            sys.exit(f"error: {logs / stem}.log: expected one recorded command, found {len(lines)}")
-        out.append((stem, lines[0]))
+        if not lines:
+            sys.exit(f"error: {logs / stem}.log: no recorded command")
+        # a quantize log holds two: llama-quantize --dry-run (its plan), then the real run
+        out += [(stem, argv) for argv in lines]
     return out
 
 
@@ -314,12 +316,13 @@ def run_bare(src: Path, dst: Path) -> tuple[float, dict[str, float], int, str, f
     for stem, argv in cmds:
         argv = bare_argv(argv, src, dst, prep / "model", prep / "metadata.json")
         t = time.monotonic()
-        with open(dst / f"{stem}.log", "w") as log:
+        with open(dst / f"{stem}.log", "a") as log:
             proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=dst,
                                     env=conv_env if stem.startswith("convert") else tool_env)
             _, status, usage = os.wait4(proc.pid, 0)
         proc.returncode = os.waitstatus_to_exitcode(status)
-        times[stem] = (time.monotonic() - t, usage.ru_utime + usage.ru_stime)
+        was = times.get(stem, (0.0, 0.0))  # per log, as tool_runs sums the pipeline's runs
+        times[stem] = (was[0] + time.monotonic() - t, was[1] + usage.ru_utime + usage.ru_stime)
         cpu += usage.ru_utime + usage.ru_stime
         if proc.returncode != 0:
             sys.exit(f"error: bare command failed ({stem}): {' '.join(argv)} [log: {dst / stem}.log]")
