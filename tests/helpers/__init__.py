@@ -263,6 +263,21 @@ def write_recipe_text(tmp_path: Path, text: str, name: str = "r.yaml") -> Path:
     return p
 
 
+def recipe_error(path: Path) -> str:
+    """The one-line error loading the recipe ``path`` must give, which names the file first (fails the test
+    otherwise)."""
+    from pipeline.errors import PipelineError
+    from pipeline.recipe import load_recipe
+
+    try:
+        load_recipe(path)
+    except PipelineError as exc:
+        msg = str(exc)
+        assert "\n" not in msg and msg.startswith(f"{path}: "), msg
+        return msg
+    raise AssertionError(f"{path}: the recipe loaded; an error was expected")
+
+
 # ------------------------------------------------------------------ DVC builds of the tiny model
 
 DVC_NAME = "tiny"

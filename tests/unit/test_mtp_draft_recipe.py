@@ -4,9 +4,8 @@
 from __future__ import annotations
 
 import pytest
-from helpers import ROOT, write_recipe_text
+from helpers import ROOT, recipe_error, write_recipe_text
 
-from pipeline.errors import PipelineError
 from pipeline.recipe import load_recipe
 
 EXAMPLE = ROOT / "docs" / "examples" / "qwen3.5-4b-mtp.yaml"
@@ -70,10 +69,8 @@ BAD = [
 @pytest.mark.parametrize("label,text,expected", BAD, ids=[b[0] for b in BAD])
 def test_mtp_draft_refusals_one_line(recipes, label, text, expected):
     path = write_recipe_text(recipes, text)
-    with pytest.raises(PipelineError) as exc:
-        load_recipe(path)
-    msg = str(exc.value)
-    assert "\n" not in msg and msg.startswith(f"{path}: {expected}"), msg
+    msg = recipe_error(path)
+    assert msg.startswith(f"{path}: {expected}"), msg
 
 
 def test_deploy_line_is_the_leading_arguments_of_the_run():

@@ -4,9 +4,8 @@
 from __future__ import annotations
 
 import pytest
-from helpers import GOOD_RECIPE, RECIPE_SHA, write_recipe_text
+from helpers import GOOD_RECIPE, RECIPE_SHA, recipe_error, write_recipe_text
 
-from pipeline.errors import PipelineError
 from pipeline.recipe import load_recipe
 
 
@@ -54,9 +53,5 @@ BAD = [
 @pytest.mark.parametrize("label,text,expected", BAD, ids=[b[0] for b in BAD])
 def test_bad_recipe_one_clear_line(tmp_path, label, text, expected):
     path = write_recipe_text(tmp_path, text)
-    with pytest.raises(PipelineError) as exc:
-        load_recipe(path)
-    msg = str(exc.value)
-    assert "\n" not in msg
-    assert msg.startswith(f"{path}: "), msg
+    msg = recipe_error(path)
     assert expected in msg, msg
