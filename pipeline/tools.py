@@ -352,12 +352,16 @@ def _clean_env(extra: dict | None = None) -> dict:
 ACTIVE_WAIT_TOOLS = ("llama-bench",)
 
 
+def _tool_env(name: str) -> dict:
+    """The environment of a llama.cpp tool or helper ``name``: clean, with passive OpenMP waiting (above)."""
+    return _clean_env(None if name in ACTIVE_WAIT_TOOLS else {"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY",
+                                                                                              "passive")})
+
+
 def run_tool(tc: Toolchain, name: str, args: list[str], log: Path | None, check: bool = True,
              cwd: str | Path | None = None) -> ToolResult:
     """Run a compiled llama.cpp tool; raise PipelineError with the log's tail if it fails."""
-    env = _clean_env({"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "passive")}
-                     if name not in ACTIVE_WAIT_TOOLS else None)
-    res = _run_logged([str(tc.tool(name)), *map(str, args)], log, env, name, str(cwd) if cwd else None)
+    res = _run_logged([str(tc.tool(name)), *map(str, args)], log, _tool_env(name), name, str(cwd) if cwd else None)
     if check and res.returncode != 0:
         raise PipelineError(f"{name} failed (exit {res.returncode}): {tail(res.output)}" + (f" [log: {log}]" if log else ""))
     return res
@@ -380,7 +384,7 @@ def run_helper(tc: Toolchain, name: str, model: str | Path, requests: list, log:
     start = time.monotonic()
     try:
         proc = subprocess.run(cmd, input=json.dumps(requests).encode(), capture_output=True, timeout=timeout,
-                              env=_clean_env({"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "passive")}))
+                              env=_tool_env(name))
     except subprocess.TimeoutExpired as exc:
         raise PipelineError(f"{name} on {model} ran over {timeout:.0f}s") from exc
     except OSError as exc:
@@ -416,8 +420,8 @@ def serve_tool(tc: Toolchain, args: list, log: Path | None, timeout: float = 120
         port = s.getsockname()[1]
     cmd = [str(tc.tool("llama-server")), *map(str, args), "--host", "127.0.0.1", "--port", str(port)]
     out = tempfile.TemporaryFile()
-    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=str(cwd) if cwd else None, env=_clean_env(
-        {"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "passive")}))
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=str(cwd) if cwd else None,
+                            env=_tool_env("llama-server"))
 
     def output() -> str:
         out.seek(0)
@@ -428,12 +432,10 @@ def serve_tool(tc: Toolchain, args: list, log: Path | None, timeout: float = 120
         while True:
             if proc.poll() is not None:
                 raise PipelineError(f"llama-server exited {proc.returncode} before it answered: {tail(output())}")
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=5) as r:
-                    if r.status == 200:
-                        break
-            except OSError:  # not listening yet, or 503 while the model loads
-                pass
+            # OSError: not listening yet, or 503 while the model loads
+            with contextlib.suppress(OSError), urllib.request.urlopen(url + "/health", timeout=5) as r:
+                if r.status == 200:
+                    break
             if time.monotonic() > deadline:
                 raise PipelineError(f"llama-server did not answer /health within {timeout:.0f}s: {tail(output())}")
             time.sleep(0.2)

@@ -299,17 +299,19 @@ def _parse(buf: Any, path: Path, size: int) -> GGUFHeader:
     budget = _BUDGET_FACTOR * size + _BUDGET_EXTRA - (256 << 10)  # less what any parse allocates besides entries
     cost = 0
 
-    def over(what: str) -> PipelineError:
-        return bad(f"{n_kv} keys and {n_tensors} tensors in {size} bytes: {what} would take more memory than the "
-                   f"reader allows a file of this size ({_BUDGET_FACTOR} x size + 1 MiB)")
+    def charge(amount: int, what: str | None) -> None:
+        """Charge an entry's cost; past the budget, refuse the file (``what``: what is charged; None: only add)."""
+        nonlocal cost
+        cost += amount
+        if what and cost > budget:
+            raise bad(f"{n_kv} keys and {n_tensors} tensors in {size} bytes: {what} would take more memory than the "
+                      f"reader allows a file of this size ({_BUDGET_FACTOR} x size + 1 MiB)")
 
     meta: dict[str, Any] = {}
     spans = array("Q")
     types = bytearray()
     for _ in range(n_kv):
-        cost += _KV_COST
-        if cost > budget:
-            raise over("its keys")
+        charge(_KV_COST, "its keys")
         start = pos
         key, pos = string(pos)
         if not key or key in meta:
@@ -337,9 +339,7 @@ def _parse(buf: Any, path: Path, size: int) -> GGUFHeader:
                 raise bad(f"key {key!r} is an array of invalid GGUF type {elem_type}")
             if pos > size:
                 raise _Truncated
-            cost += _ARRAY_COST
-            if cost > budget:
-                raise over("its keys")
+            charge(_ARRAY_COST, "its keys")
             meta[key] = ArrayValue(elem_type, count, first, pos)
         else:
             raise bad(f"key {key!r} has invalid GGUF type {vtype}")
@@ -358,9 +358,7 @@ def _parse(buf: Any, path: Path, size: int) -> GGUFHeader:
     infos: list = []  # (name, shape, type, relative offset, elements, bytes), then TensorInfo
     names: set[str] = set()
     for i in range(n_tensors):
-        cost += _TENSOR_COST
-        if cost > budget:
-            raise over("its tensor infos")
+        charge(_TENSOR_COST, "its tensor infos")
         name, pos = string(pos)
         if len(name.encode("utf-8", "surrogateescape")) >= MAX_NAME:
             raise bad(f"tensor {i} has a name of {len(name)} characters (llama.cpp allows {MAX_NAME - 1})")
@@ -370,7 +368,7 @@ def _parse(buf: Any, path: Path, size: int) -> GGUFHeader:
         n_dims, pos = unpack(_U32, pos)
         if n_dims > MAX_DIMS:
             raise bad(f"tensor {name!r} has {n_dims} dimensions (at most {MAX_DIMS})")
-        cost += _DIM_COST * n_dims
+        charge(_DIM_COST * n_dims, None)
         shape = []
         for _ in range(n_dims):
             ne, pos = unpack(_I64, pos)

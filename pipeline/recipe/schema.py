@@ -245,6 +245,10 @@ EVAL_SET = Section("gates[]", "`gates[]`: each eval set", (
     *(Field(key, typ, Note("the quant family's default (see below)"), doc, ex) for key, typ, doc, ex in _THRESHOLD_TYPES),
 ))
 
+# the calibration text's pin, in every section with a calibration text (awq:, imatrix:)
+CALIBRATION_SHA256 = Field("calibration_sha256", "string: SHA256, 64 lowercase hex", None,
+                           "Pin of the calibration text: a different SHA256 is refused.")
+
 AWQ = Section("awq", "`awq:`", (
     "AutoAWQ scale search (and optionally clipping) on a calibration text, folded into the floating-point "
     "weights before convert. The published base file stays the unmodified model: every quant, AWQ ones "
@@ -253,8 +257,7 @@ AWQ = Section("awq", "`awq:`", (
     Field("calibration", "path to a text file", REQUIRED,
           "Calibration text (relative paths: to the recipe file); refused if it has the same SHA256 as a gates "
           "text.", "../data/botchan-calib.txt"),
-    Field("calibration_sha256", "string: SHA256, 64 lowercase hex", None,
-          "Pin of the calibration text: a different SHA256 is refused."),
+    CALIBRATION_SHA256,
     Field("w_bit", "`2` | `3` | `4` | `8`", 4, "Bit width of the grid the scales are searched for.", 3),
     Field("q_group_size", "`32` | `64` | `128` | `256` | `-1`", 128,
           "Group size of the search grid (`-1`: per channel); must divide every linear layer's input size.", 64),
@@ -276,8 +279,7 @@ IMATRIX = Section("imatrix", "`imatrix:`", (
     Field("calibration", "path to a text file", REQUIRED,
           "Calibration text (relative paths: to the recipe file); refused if it has the same SHA256 as a gates "
           "text. It must hold `ctx x chunks` tokens.", "../data/botchan-calib.txt"),
-    Field("calibration_sha256", "string: SHA256, 64 lowercase hex", None,
-          "Pin of the calibration text: a different SHA256 is refused."),
+    CALIBRATION_SHA256,
     Field("ctx", "int >= 16", 512, "Context length of each chunk.", 256),
     Field("chunks", "int >= 1", 32, "Number of chunks.", 8),
 ))

@@ -90,16 +90,16 @@ def spec_args(main: str | Path, draft: str | Path | None, spec_type: str, n_max:
             "--spec-draft-n-max", str(n_max)]
 
 
-def SERVE_ARGS(threads: int) -> list[str]:  # noqa: N802  the deploy line's run: one slot, the acceptance context
-    return ["-c", "2048", "-np", "1", "-t", str(threads)]
-
-
 def serve_deploy(tc: Toolchain, main_gguf, draft_gguf, spec_type: str, n_max: int, prompt: str, n_predict: int,
                  threads: int, log, pair: str) -> dict:
-    """The deploy line run: ``llama-server`` with the published speculative arguments (:func:`spec_args`) and one
-    greedy ``/completion`` of ``prompt`` (:func:`serve_completion`)."""
-    args = [*spec_args(main_gguf, draft_gguf, spec_type, n_max), *SERVE_ARGS(threads)]
-    return serve_completion(tc, args, prompt, n_predict, log, f"the deploy line of {pair}")
+    """The deploy line run: ``llama-server`` with the published speculative arguments (:func:`spec_args`), one slot
+    and the acceptance context, and one greedy ``/completion`` of ``prompt`` (:func:`serve_completion`): its
+    timings and the ``command`` (file names bare, as the deploy line has them)."""
+    extra = ["-c", "2048", "-np", "1", "-t", str(threads)]
+    timings = serve_completion(tc, [*spec_args(main_gguf, draft_gguf, spec_type, n_max), *extra], prompt, n_predict,
+                               log, f"the deploy line of {pair}")
+    names = (Path(main_gguf).name, Path(draft_gguf).name if draft_gguf is not None else None)
+    return {**timings, "command": " ".join(["llama-server", *spec_args(*names, spec_type, n_max), *extra])}
 
 
 def serve_completion(tc: Toolchain, args: list, prompt: str, n_predict: int, log, what: str, cwd=None) -> dict:
@@ -189,7 +189,6 @@ def acceptance(main_gguf: str | Path, draft_gguf: str | Path | None, vocab_recor
     names = [main_name, Path(draft_gguf).name if draft_gguf is not None else None]
     command = ["llama-speculative-simple", *spec_args(*names, spec_type, int(best)), "-f", "prompt<i>.txt", *measure]
     served = serve_deploy(tc, main_gguf, draft_gguf, spec_type, int(best), passages[0], n_predict, threads, log, pair)
-    served["command"] = " ".join(["llama-server", *spec_args(*names, spec_type, int(best)), *SERVE_ARGS(threads)])
     rec = {**base, "by_n_max": by_n, "best_n_max": int(best), "acceptance_rate": by_n[best]["acceptance_rate"],
            "drafted": by_n[best]["drafted"], "accepted": by_n[best]["accepted"], "draft_cost_ratio": round(c, 4),
            "command": " ".join(command), "served": served,

@@ -78,7 +78,7 @@ def plan(q, output: str, where: str) -> dict:
     flags = {"token_embd.weight": ("token_embedding_type", q.token_embedding_type),
              "per_layer_token_embd.weight": ("token_embedding_type", q.token_embedding_type),
              "output.weight": ("output_tensor_type", q.output_tensor_type)}
-    differs = []
+    groups: dict[tuple, dict] = {}  # the differing tensors by cause: (asked, asked_by, written, reason)
     for name, t in tensors.items():
         written, fb = t["type"], fallbacks.get(name)
         hit = next(((typ, origin) for _, typ, origin, rx in patterns if rx.search(name)), None)
@@ -107,23 +107,14 @@ def plan(q, output: str, where: str) -> dict:
                                     f"({by}) and no reason is known: refusing to build a quant that does not do "
                                     "what its recipe says")
         if written != asked:
-            differs.append({"tensor": name, "asked": asked, "asked_by": by, "written": written, "reason": reason})
+            groups.setdefault((asked, by, written, reason), {"asked": asked, "asked_by": by, "written": written,
+                                                              "reason": reason, "tensors": []})["tensors"].append(name)
     return {
         "tensors": {n: {"shape": list(t["shape"]), "type": t["type"]} for n, t in tensors.items()},
         "histogram": dict(sorted(Counter(t["type"] for t in tensors.values()).items())),
-        "differs": group_differs(differs),
+        # one entry per cause, in the order of its first tensor; every differing tensor in exactly one
+        "differs": list(groups.values()),
     }
-
-
-def group_differs(differs: list[dict]) -> list[dict]:
-    """Tensors that differ for the same cause, as one entry (``asked``, ``asked_by``, ``written``, ``reason``,
-    ``tensors``: names in file order), in the order of their first tensor: the manifest lists every tensor, once."""
-    groups: dict[tuple, dict] = {}
-    for d in differs:
-        key = (d["asked"], d["asked_by"], d["written"], d["reason"])
-        groups.setdefault(key, {"asked": key[0], "asked_by": key[1], "written": key[2], "reason": key[3],
-                                "tensors": []})["tensors"].append(d["tensor"])
-    return list(groups.values())
 
 
 def differs_by_tensor(groups: list[dict]) -> dict[str, dict]:

@@ -51,14 +51,16 @@ def _num(cfg: dict, key: str) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
-# values the model's code derives from config keys ("=" paths of KEYS): None when a key is missing or zero
+def _quotient(cfg: dict, num: str, den: str, root: bool = False) -> float | None:
+    """cfg[num] / cfg[den] (or / sqrt(cfg[den])); None when either is missing or the divisor is zero."""
+    a, b = _num(cfg, num), _num(cfg, den)
+    return None if a is None or not b else a / (b ** 0.5 if root else b)
+
+
+# values the model's code derives from config keys ("=" paths of KEYS)
 DERIVED = {
-    "scale_depth / sqrt(num_hidden_layers)": lambda c: (
-        _num(c, "scale_depth") / _num(c, "num_hidden_layers") ** 0.5
-        if _num(c, "scale_depth") is not None and _num(c, "num_hidden_layers") else None),
-    "hidden_size / dim_model_base": lambda c: (
-        _num(c, "hidden_size") / _num(c, "dim_model_base")
-        if _num(c, "hidden_size") is not None and _num(c, "dim_model_base") else None),
+    "scale_depth / sqrt(num_hidden_layers)": lambda c: _quotient(c, "scale_depth", "num_hidden_layers", root=True),
+    "hidden_size / dim_model_base": lambda c: _quotient(c, "hidden_size", "dim_model_base"),
 }
 
 
