@@ -247,3 +247,33 @@ def setup_demo(hub_cache: Path | None = None) -> Path:
         place_in_hub_cache(folder, hub_cache, DEMO_REPO, DEMO_COMMIT)
     print(f"[demo] {DEMO_REPO}@{DEMO_COMMIT} is in the hub cache {hub_cache}", flush=True)
     return snap
+
+
+# --------------------------------------------------------------------------- rotated demo (issue #19)
+
+ROTATED_REPO = "ggufpipe/SmolLM2-135M-Instruct-rotated"
+ROTATION_SEED = 0
+# Fixed commit id of the rotated snapshot: the source commit, the seed and the rotation version (pipeline/rotate.py).
+ROTATED_COMMIT = hashlib.sha1(f"ggufpipe rotated demo: {DEMO_REPO}@{DEMO_COMMIT} seed {ROTATION_SEED} "
+                              "rotation v1".encode()).hexdigest()
+
+
+def setup_rotated_demo(hub_cache: Path | None = None) -> Path:
+    """The demo with its residual stream rotated off the Q4_1 grid (same function; docs/rotation.md), placed in
+    the hub cache as ``ROTATED_REPO@ROTATED_COMMIT`` next to the demo; return the snapshot folder. Idempotent."""
+    from pipeline.rotate import ROTATION_VERSION, rotate_llama
+
+    if ROTATION_VERSION != 1:
+        raise PipelineError(f"pipeline/rotate.py is at rotation v{ROTATION_VERSION}: update ROTATED_COMMIT in demo.py")
+    hub_cache = Path(hub_cache) if hub_cache else hub_cache_dir()
+    source = setup_demo(hub_cache)
+    snap = hub_cache / ("models--" + ROTATED_REPO.replace("/", "--")) / "snapshots" / ROTATED_COMMIT
+    if all((snap / f).exists() for f in FIXTURE_FILES):
+        return snap
+    print(f"[demo] rotating {DEMO_REPO}@{DEMO_COMMIT} (seed {ROTATION_SEED})", flush=True)
+    with tempfile.TemporaryDirectory(dir=cache_root()) as tmp:
+        folder = Path(tmp) / "hf"
+        rotate_llama(source, folder, seed=ROTATION_SEED, source=f"{DEMO_REPO}@{DEMO_COMMIT}")
+        place_in_hub_cache(folder, hub_cache, ROTATED_REPO, ROTATED_COMMIT)
+    print(f"[demo] {ROTATED_REPO}@{ROTATED_COMMIT} is in the hub cache {hub_cache}", flush=True)
+    return snap

@@ -5,8 +5,19 @@ from __future__ import annotations
 from pathlib import Path
 
 
+def _run(a) -> None:
+    from pipeline import demo
+
+    hub = Path(a.hub_cache) if a.hub_cache else None
+    print(demo.setup_demo(hub))
+    if a.rotated:
+        print(demo.setup_rotated_demo(hub))
+
+
 def register(sub) -> None:
     p = sub.add_parser("setup-demo", help="put the embedded demo model into the local hub cache")
     p.add_argument("--hub-cache", help="hub cache folder (default: the demo cache)")
-    p.set_defaults(func=lambda a: print(__import__("pipeline.demo", fromlist=["setup_demo"]).setup_demo(
-        Path(a.hub_cache) if a.hub_cache else None)))
+    p.add_argument("--rotated", action="store_true",
+                   help="also put the rotated demo (same function, weights off the Q4_1 grid; docs/rotation.md) "
+                        "next to it and print its snapshot folder")
+    p.set_defaults(func=_run)
