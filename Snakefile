@@ -6,6 +6,7 @@
 #
 #   fetch -> convert (+ convert_mtp) ------------------------> quantize -> eval, bench -> publish -> gate
 #         -> awq -> convert_awq -> imatrix (calibrate) ---------^    split, conformance, draft checks -^
+#                         sensitivity -> solve (measured mixes) -^
 
 import os
 import sys
@@ -55,6 +56,7 @@ wildcard_constraints:
     skey=W.split_key_regex(),
     mkey=W.pair_key_regex(),
     dkey=W.pair_key_regex(),
+    flavour=W.flavour_regex(),
 
 
 onsuccess:
@@ -75,6 +77,7 @@ rule all:
 include: "rules/fetch.smk"
 include: "rules/convert.smk"
 include: "rules/calibrate.smk"
+include: "rules/mix.smk"
 include: "rules/quantize.smk"
 include: "rules/evaluate.smk"
 include: "rules/split.smk"

@@ -155,6 +155,42 @@ class Layout:
         out = {"base": str(self.source_gguf(r, q.base))}
         if q.imatrix:
             out["imatrix"] = str(self.imatrix(r.name, q.base))
+        if q.mix:
+            out["map"] = str(self.mix_map(r.name, key))
+            out["layout"] = str(self.mix_layout(r.name, key))
+        return out
+
+    # measured mixes (pipeline/stages/mix/): per flavour its sensitivity, per mix its map and layout record
+    def sensitivity(self, name: str, flavour: str) -> Path:
+        return self.wrk(name, "mix", f"sensitivity-{flavour}.json")
+
+    def sensitivity_record(self, name: str, flavour: str) -> Path:
+        """The measurement's cost (seconds, runs): apart from the reproducible sensitivity file."""
+        return self.wrk(name, "records", f"sensitivity-{flavour}.json")
+
+    def sensitivity_dir(self, name: str, flavour: str) -> Path:
+        """Scratch of the sensitivity stage: the reference logits and the cache of every measurement."""
+        return self.wrk(name, "mix", flavour)
+
+    def sensitivity_inputs(self, r: Recipe, flavour: str) -> dict[str, str]:
+        base = flavour.removesuffix("-imatrix")
+        out = {"base": str(self.source_gguf(r, base)), "ref": str(self.base_gguf(r)), "text": str(r.sensitivity.text)}
+        if flavour.endswith("-imatrix"):
+            out["imatrix"] = str(self.imatrix(r.name, base))
+        return out
+
+    def mix_map(self, name: str, key: str) -> Path:
+        """The solved tensor-type map, published beside the GGUF under this name."""
+        return self.wrk(name, "mix", f"{name}-{key}.tensor-types.txt")
+
+    def mix_layout(self, name: str, key: str) -> Path:
+        return self.wrk(name, "mix", f"{key}.layout.json")
+
+    def solve_inputs(self, r: Recipe, key: str) -> dict[str, str]:
+        q = r.quant(key)
+        out = {"sensitivity": str(self.sensitivity(r.name, q.flavour)), "base": str(self.source_gguf(r, q.base))}
+        if q.imatrix:
+            out["imatrix"] = str(self.imatrix(r.name, q.base))
         return out
 
     def mtp_record_at(self, name: str, outtype: str) -> Path:
@@ -249,6 +285,11 @@ class Layout:
             "bench": [str(self.bench_record(r.name, k)) for k in [r.outtype.upper(), *keys]] if r.bench else [],
             "conformance": [str(self.conformance_record(r.name))] if r.conformance.enabled else [],
         }
+        mixes = [q.key for q in r.quants if q.mix]
+        if mixes:
+            out["mix"] = ([str(self.mix_map(r.name, k)) for k in mixes] + [str(self.mix_layout(r.name, k)) for k in mixes]
+                          + [str(p) for f in r.mix_flavours for p in (self.sensitivity(r.name, f),
+                                                                      self.sensitivity_record(r.name, f))])
         if r.mtp == "separate":
             out["mtp"] = [str(self.mtp_gguf(r)), str(self.mtp_record(r))]
         split = [str(self.split_dir(r.name, k)) for k in r.model_keys if r.split_for(k)]

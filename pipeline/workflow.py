@@ -105,6 +105,16 @@ class Workflow:
     def quant_inputs(self, name: str, key: str) -> dict[str, str]:
         return self.layout.quant_inputs(self.recipes[name], key)
 
+    def sensitivity_inputs(self, name: str, flavour: str) -> dict[str, str]:
+        return self.layout.sensitivity_inputs(self.recipes[name], flavour)
+
+    def solve_inputs(self, name: str, key: str) -> dict[str, str]:
+        return self.layout.solve_inputs(self.recipes[name], key)
+
+    def flavour_regex(self) -> str:
+        found = sorted({f for r in self.recipes.values() for f in r.mix_flavours})
+        return "|".join(re.escape(f) for f in found) or "(?!)"
+
     def source_gguf(self, name: str, base: str) -> str:
         return str(self.layout.source_gguf(self.recipes[name], base))
 
@@ -138,6 +148,17 @@ class Workflow:
         if q.tensor_types_file:  # the map's content, not only its path (recipes without one: unchanged)
             extra += (sha256_file(q.tensor_types_file),)
         return repr((q.type, q.quantize_args(), self.toolchain.build_number, self.toolchain.commit, *extra))
+
+    def sensitivity_params(self, name: str, flavour: str) -> str:
+        r = self.recipes[name]  # not the budgets or targets: changing those re-solves, never re-measures
+        return repr((r.sensitivity.describe(), r.mix_candidates(flavour), self.eval_threads,
+                     self.toolchain.build_number, self.toolchain.commit))
+
+    def solve_params(self, name: str, key: str) -> str:
+        q = self.recipes[name].quant(key)
+        from pipeline.stages.mix.solve import SOLVER
+
+        return repr((q.type, q.mix.describe(), SOLVER, self.toolchain.build_number, self.toolchain.commit))
 
     def awq_params(self, name: str) -> str:
         r = self.recipes[name]

@@ -10,6 +10,8 @@ from pathlib import Path
 
 from pipeline.errors import PipelineError
 
+FLAVOURS = ("plain", "plain-imatrix", "awq", "awq-imatrix")  # what a mix is measured on (Quant.flavour)
+
 
 def _recipe(path: str, name: str | None = None):
     """The recipe in ``path``; ``name`` may select its derived draft recipe (``<name>-draft``)."""
@@ -84,7 +86,25 @@ def _quantize(r, L, a, log):
 
     inputs = L.quant_inputs(r, a.quant)
     quantize(r, a.quant, inputs["base"], L.quant(r, a.quant), L.quant_record(r.name, a.quant), log=log,
-             threads=a.threads, imatrix=inputs.get("imatrix"))
+             threads=a.threads, imatrix=inputs.get("imatrix"), mix=(inputs["map"], inputs["layout"]) if "map" in inputs
+             else None)
+
+
+def _sensitivity(r, L, a, log):
+    from pipeline.stages.mix.sensitivity import sensitivity
+
+    inputs = L.sensitivity_inputs(r, a.flavour)
+    sensitivity(r, a.flavour, inputs["base"], inputs["ref"], L.sensitivity(r.name, a.flavour),
+                L.sensitivity_record(r.name, a.flavour), L.sensitivity_dir(r.name, a.flavour),
+                imatrix=inputs.get("imatrix"), threads=a.threads, log=log)
+
+
+def _solve(r, L, a, log):
+    from pipeline.stages.mix.solve import solve
+
+    inputs = L.solve_inputs(r, a.quant)
+    solve(r, a.quant, inputs["sensitivity"], inputs["base"], L.mix_map(r.name, a.quant), L.mix_layout(r.name, a.quant),
+          imatrix=inputs.get("imatrix"), log=log)
 
 
 def _eval_base(r, L, a, log):
@@ -173,6 +193,9 @@ STAGES: dict[str, Stage] = {
     "convert_awq": Stage("convert --awq", _convert_awq, "convert-{outtype}-awq", "--quantized-by {params.quantized_by:q}"),
     "convert_mtp": Stage("convert-mtp", _convert_mtp, "convert-mtp-{outtype}", "--quantized-by {params.quantized_by:q}"),
     "imatrix": Stage("imatrix", _imatrix, "imatrix-{base}", "--base {wildcards.base} --threads {params.threads}"),
+    "sensitivity": Stage("sensitivity", _sensitivity, "sensitivity-{flavour}",
+                         "--flavour {wildcards.flavour} --threads {params.threads}"),
+    "solve": Stage("solve", _solve, "solve-{quant}", "--quant {wildcards.quant:q}"),
     "quantize": Stage("quantize", _quantize, "quantize-{quant}", "--quant {wildcards.quant:q} --threads {threads}"),
     "eval_base": Stage("eval-base", _eval_base, "eval-{es}-base", "--eval-set {wildcards.es:q} --threads {threads}"),
     "eval": Stage("eval", _eval, "eval-{es}-{quant}",
@@ -207,7 +230,8 @@ def cmd_stage(args) -> None:
     L = Layout(Path(args.artifacts), Path(args.work))
     st = STAGES[stage_for(args)]
     wildcards = {"outtype": recipe.outtype.upper(), "base": args.base, "quant": args.quant, "bkey": args.quant,
-                 "skey": args.quant, "mkey": args.quant, "dkey": args.draft_quant, "es": args.eval_set}
+                 "skey": args.quant, "mkey": args.quant, "dkey": args.draft_quant, "es": args.eval_set,
+                 "flavour": args.flavour}
     st.run(recipe, L, args, L.log(recipe.name, st.log.format(**wildcards)))
 
 
@@ -224,6 +248,7 @@ def register(sub) -> None:
     p.add_argument("--eval-set")
     p.add_argument("--base", choices=["plain", "awq"], help="imatrix: the base GGUF (plain F16 or AWQ-scaled)")
     p.add_argument("--awq", action="store_true", help="convert: the AWQ-scaled weights")
+    p.add_argument("--flavour", choices=FLAVOURS, help="sensitivity: the base and importance matrix measured")
     p.add_argument("--threads", type=int, default=2)
     # nargs="?": the Snakefile passes an empty value when no hub cache is configured
     p.add_argument("--hub-cache", nargs="?", const=None, default=os.environ.get("HF_HUB_CACHE"))

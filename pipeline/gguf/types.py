@@ -106,3 +106,11 @@ def tensor_nbytes(ggml_type: int, shape: tuple[int, ...]) -> int:
     for ne in shape:
         n *= ne
     return n // blck * tsize
+
+
+def type_bpw(name: str) -> float:
+    """Bits per weight of a ggml tensor type by name (``Q4_K``: 4.5), from its block size and bytes."""
+    for tname, blck, tsize in GGML_TYPES.values():
+        if tname == name.upper():
+            return tsize * 8 / blck
+    raise KeyError(name)

@@ -9,8 +9,6 @@ from pipeline.errors import PipelineError
 from pipeline.recipe import naming
 from pipeline.recipe.model import MTP_MODES, NAME_RE, OUTTYPES, TOP_KEYS, Conformance, Recipe
 from pipeline.recipe.parse import (
-    _Ctx,
-    _integer,
     _parse_awq,
     _parse_conformance,
     _parse_draft,
@@ -19,9 +17,9 @@ from pipeline.recipe.parse import (
     _parse_publish,
     _parse_quants,
     _parse_source,
-    _parse_split,
-    _text_path,
 )
+from pipeline.recipe.parse_base import _Ctx, _integer, _parse_split, _text_path
+from pipeline.recipe.parse_mix import _parse_sensitivity
 from pipeline.recipe.quant_types import known_quant_types
 
 
@@ -74,8 +72,11 @@ def load_recipe(path: str | Path, quantize_exe: str | None = None) -> Recipe:
     awq = _parse_awq(ctx, d["awq"], eval_sets) if "awq" in d else None
     imatrix = _parse_imatrix(ctx, d["imatrix"], eval_sets) if "imatrix" in d else None
     split = _parse_split(ctx, d["split"], "split") if "split" in d and d["split"] is not None else None
+    sensitivity = _parse_sensitivity(ctx, d["sensitivity"], eval_sets) if "sensitivity" in d else None
     quants = _parse_quants(ctx, d["quants"], "quants", known, build, set_names, awq is not None, imatrix is not None,
-                           split)
+                           split, sensitivity)
+    if sensitivity is not None and not any(q.mix for q in quants):
+        ctx.fail("sensitivity", "no quant is a mix (`type: mix`): nothing would use the measurement")
     draft = _parse_draft(ctx, d["draft"], quants, eval_sets, known, build, outtype, mtp) if "draft" in d else None
     publish = _parse_publish(ctx, d["publish"]) if "publish" in d else None
     conformance = _parse_conformance(ctx, d["conformance"]) if "conformance" in d else Conformance()
@@ -110,6 +111,7 @@ def load_recipe(path: str | Path, quantize_exe: str | None = None) -> Recipe:
         publish=publish,
         split=split,
         conformance=conformance,
+        sensitivity=sensitivity,
         chat_template_override=template,
         eos_token_ids=eos_ids,
         add_bos=add_bos,

@@ -10,6 +10,7 @@ from typing import Any
 from pipeline.errors import PipelineError
 from pipeline.recipe import naming
 from pipeline.recipe import schema as _schema
+from pipeline.recipe.mix import Mix, Sensitivity
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 VARIANT_RE = naming.VARIANT_RE  # letters only: the Hub label `_[A-Z]+` stops at a digit
@@ -48,6 +49,7 @@ IMATRIX_KEYS = _schema.keys("imatrix")
 DRAFT_KEYS = _schema.keys("draft")
 SOURCE_KEYS = _schema.keys("source")  # also draft.source (the same fields)
 QUANT_KEYS = _schema.keys("quants[]")
+SENSITIVITY_KEYS = _schema.keys("sensitivity")
 # Families that use the recipe's importance matrix unless a quant says `imatrix: false`.
 IMATRIX_DEFAULT_FAMILIES = ("4bit", "3bit", "2bit")
 # In this order (FAMILY_DEFAULTS' columns): the per-quant gates' keys, less the eval set name placeholder.
@@ -205,11 +207,17 @@ class Quant:
     awq: bool = False  # quantized from the AWQ-scaled base (recipe has `awq:`, quant did not opt out)
     imatrix: bool = False  # quantized with the recipe's importance matrix
     split: Split | None = None  # published as shards (its own `split:` or the recipe's default)
+    mix: Mix | None = None  # `type: mix`: the map is solved (pipeline/stages/mix/), `type` is the label's type
 
     @property
     def base(self) -> str:
         """Which base GGUF this quant is made from: ``plain`` (the published F16) or ``awq``."""
         return "awq" if self.awq else "plain"
+
+    @property
+    def flavour(self) -> str:
+        """What a mix's sensitivity is measured on: its base, with or without the importance matrix."""
+        return self.base + ("-imatrix" if self.imatrix else "")
 
     @property
     def key(self) -> str:
@@ -254,6 +262,8 @@ class Quant:
             out["awq"] = True
         if self.imatrix:
             out["imatrix"] = True
+        if self.mix:
+            out["mix"] = self.mix.describe()
         return out
 
 
@@ -311,6 +321,7 @@ class Recipe:
     publish: Publish | None = None
     split: Split | None = None  # top-level default: the base file, the MTP draft, quants without their own
     conformance: Conformance = Conformance()
+    sensitivity: Sensitivity | None = None  # measured for the mixes (`type: mix` quants)
     # the fix path: written into the base GGUF after convert (pipeline/stages/convert.py), so every quant carries them
     chat_template_override: Path | None = None
     eos_token_ids: tuple[int, ...] | None = None
@@ -333,6 +344,18 @@ class Recipe:
     def bases(self) -> list[str]:
         """Base GGUFs the quants are made from (``plain`` is always built: it is the gates' reference)."""
         return ["plain"] + (["awq"] if any(q.awq for q in self.quants) else [])
+
+    @property
+    def mix_flavours(self) -> list[str]:
+        """The flavours (base, importance matrix) some mix is solved for: one sensitivity measurement each."""
+        return sorted({q.flavour for q in self.quants if q.mix})
+
+    def mix_candidates(self, flavour: str) -> tuple[str, ...]:
+        """Every candidate the mixes of ``flavour`` may choose: the union, in the ladder's order (bits, then name)."""
+        from pipeline.gguf.types import type_bpw
+
+        found = {c for q in self.quants if q.mix and q.flavour == flavour for c in q.mix.candidates}
+        return tuple(sorted(found, key=lambda t: (type_bpw(t), t)))
 
     @property
     def imatrix_bases(self) -> list[str]:
@@ -365,6 +388,8 @@ class Recipe:
         q = self.quant(key)
         out = default_thresholds(q.type)
         out.update(dict(self.eval_set(set_name).thresholds))
+        if q.mix and q.mix.target:  # a quality target is a promise the gates hold the mix to
+            out[q.mix.target[0]] = min(out[q.mix.target[0]], q.mix.target[1])
         for target in ("*", set_name):
             for name, values in q.gates:
                 if name == target:

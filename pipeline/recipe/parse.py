@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import re
 from dataclasses import replace
 from pathlib import Path
@@ -23,20 +22,15 @@ from pipeline.recipe.model import (
     MIN_SCORED_TOKENS,
     MTP_DRAFT_KEY,
     NEEDS_IMATRIX,
-    NOT_QUANTS,
     OUTTYPES,
     PUBLISH_KEYS,
-    QUANT_ALIASES,
     QUANT_KEYS,
     REPO_PATH_RE,
     REPO_RE,
     REVISION_RE,
     SHA256_RE,
     SOURCE_KEYS,
-    SPLIT_KEYS,
-    SPLIT_SIZE_RE,
     TENSOR_TYPE_RE,
-    THRESHOLDS,
     VARIANT_RE,
     AwqConfig,
     Conformance,
@@ -45,65 +39,27 @@ from pipeline.recipe.model import (
     ImatrixConfig,
     Publish,
     Quant,
+    Sensitivity,
     Source,
     Split,
     quant_family,
     scored_tokens,
 )
-from pipeline.recipe.quant_types import gguf_file_types, key_ref
+from pipeline.recipe.parse_base import (
+    _check_quant_type,
+    _Ctx,
+    _file_sha256,
+    _integer,
+    _parse_quant_gates,
+    _parse_split,
+    _text_path,
+    _thresholds,
+)
+from pipeline.recipe.parse_mix import MIX_KEYS, _check_mix, _parse_mix
+from pipeline.recipe.quant_types import key_ref
 from pipeline.recipe.tensor_map import read_map
 
 # --------------------------------------------------------------------------- helpers
-
-
-class _Ctx:
-    def __init__(self, path: Path):
-        self.path = path
-
-    def fail(self, where: str, msg: str):
-        raise PipelineError(f"{self.path}: {where}: {msg}")
-
-    def mapping(self, value, where: str, allowed: set[str]) -> dict:
-        if not isinstance(value, dict):
-            self.fail(where, f"must be a mapping, got {type(value).__name__}")
-        for k in value:
-            if not isinstance(k, str) or k not in allowed:
-                self.fail(f"{where}.{k}" if where else str(k),
-                          f"unknown key (allowed: {', '.join(sorted(allowed))})")
-        return value
-
-    def string(self, value, where: str, pattern: re.Pattern | None = None, what: str = "") -> str:
-        if not isinstance(value, str) or not value.strip():
-            self.fail(where, f"must be a non-empty string, got {value!r}")
-        if pattern and not pattern.match(value):
-            self.fail(where, f"{value!r} is not {what or 'valid'}")
-        return value
-
-    def boolean(self, value, where: str) -> bool:
-        if not isinstance(value, bool):
-            self.fail(where, f"must be true or false, got {value!r}")
-        return value
-
-
-def _thresholds(ctx: _Ctx, d: dict, where: str) -> tuple[tuple[str, float], ...]:
-    out = []
-    for name in THRESHOLDS:
-        if name not in d:
-            continue
-        v = d[name]
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            ctx.fail(f"{where}.{name}", f"must be a number, got {v!r}")
-        if v < 0 or (name == "min_same_top_p" and v > 1) or (name == "max_ppl_ratio" and v < 1):
-            rng = "between 0 and 1" if name == "min_same_top_p" else ">= 1" if name == "max_ppl_ratio" else ">= 0"
-            ctx.fail(f"{where}.{name}", f"{v!r} is out of range (must be {rng})")
-        out.append((name, float(v)))
-    return tuple(out)
-
-
-def _integer(ctx: _Ctx, v, where: str, lo: int) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-        ctx.fail(where, f"must be an integer >= {lo}, got {v!r}")
-    return v
 
 
 def _parse_eval_sets(ctx: _Ctx, value) -> tuple[EvalSet, ...]:
@@ -138,44 +94,17 @@ def _parse_eval_sets(ctx: _Ctx, value) -> tuple[EvalSet, ...]:
     return tuple(sets)
 
 
-def _parse_quant_gates(ctx: _Ctx, value, where: str, set_names: set[str]):
-    if not isinstance(value, dict) or not value:
-        ctx.fail(where, "must be a mapping of thresholds, or of eval set name -> thresholds")
-    if not set_names:
-        ctx.fail(where, "per-quant gates need a top-level `gates:` section")
-    if all(k in THRESHOLDS for k in value):
-        return (("*", _thresholds(ctx, value, where)),)
-    out = []
-    for k, v in value.items():
-        if k in THRESHOLDS:
-            ctx.fail(f"{where}.{k}", "do not mix thresholds with per-eval-set entries")
-        if k not in set_names:
-            ctx.fail(f"{where}.{k}", f"unknown key (thresholds: {', '.join(THRESHOLDS)}; eval sets: "
-                                     f"{', '.join(sorted(set_names))})")
-        d = ctx.mapping(v, f"{where}.{k}", set(THRESHOLDS))
-        out.append((k, _thresholds(ctx, d, f"{where}.{k}")))
-    return tuple(out)
-
-
-def _check_quant_type(ctx: _Ctx, value: str, where: str, known: set[str] | None, build: int | None) -> str:
-    t = value.strip().upper()
-    t = QUANT_ALIASES.get(t, t)
-    if t in NOT_QUANTS:
-        ctx.fail(where, f"{t} is not a quantization (the {t.lower()} file comes from `outtype`)")
-    if known is not None and t not in known:
-        ctx.fail(where, f"unknown quant type {value!r} (llama-quantize b{build} accepts: {', '.join(sorted(known - NOT_QUANTS))})")
-    if t not in gguf_file_types():
-        ctx.fail(where, f"quant type {t} is unknown to the installed gguf Python package, which could not read the "
-                        "result back; install the gguf-py of the pinned llama.cpp (`make tools`)")
-    return t
-
-
 def _parse_quant(ctx: _Ctx, item, where: str, known, build, set_names: set[str]) -> Quant:
     if isinstance(item, str):
         return Quant(type=_check_quant_type(ctx, item, where, known, build))
     d = ctx.mapping(item, where, QUANT_KEYS)
     if "type" not in d:
         ctx.fail(f"{where}.type", "missing")
+    if isinstance(d["type"], str) and d["type"].strip().lower() == "mix":
+        return _parse_mix(ctx, d, where, known, build, set_names)
+    for key in MIX_KEYS:
+        if key in d:
+            ctx.fail(f"{where}.{key}", "only for a mix (`type: mix`)")
     qtype = _check_quant_type(ctx, ctx.string(d["type"], f"{where}.type"), f"{where}.type", known, build)
     variant = d.get("variant")
     if variant is not None:
@@ -226,23 +155,6 @@ def _tensor_types_file(ctx: _Ctx, d: dict, where: str) -> dict:
     return {"tensor_types_file": path, "tensor_map": entries}
 
 
-def _parse_split(ctx: _Ctx, value, where: str, allow_false: bool = False) -> Split | None:
-    """``split: {max_size: 2G}`` (or, for one quant, ``split: false``: published whole)."""
-    if value is False and allow_false:
-        return None
-    if not isinstance(value, dict):
-        ctx.fail(where, "must be a mapping {max_size: N(M|G)}" + (" or false" if allow_false else "")
-                 + f", got {value!r}")
-    d = ctx.mapping(value, where, SPLIT_KEYS)
-    if "max_size" not in d:
-        ctx.fail(f"{where}.max_size", "missing (the most tensor data per shard, e.g. 2G or 500M)")
-    size = d["max_size"]
-    if isinstance(size, bool) or not isinstance(size, str) or not SPLIT_SIZE_RE.match(size.strip()):
-        ctx.fail(f"{where}.max_size", f"{size!r} is not a size llama-gguf-split takes: a whole number > 0 followed "
-                                      "by M (10^6 bytes) or G (10^9 bytes), e.g. 500M or 2G")
-    return Split(max_size=size.strip(), where=where)
-
-
 def _parse_source(ctx: _Ctx, value, where: str) -> Source:
     s = ctx.mapping(value, where, SOURCE_KEYS)
     if ("repo" in s) == ("path" in s):
@@ -271,7 +183,8 @@ def _parse_source(ctx: _Ctx, value, where: str) -> Source:
 
 
 def _parse_quants(ctx: _Ctx, qs, where: str, known, build, set_names: set[str], has_awq: bool = False,
-                  has_imatrix: bool = False, split: Split | None = None) -> tuple[Quant, ...]:
+                  has_imatrix: bool = False, split: Split | None = None,
+                  sensitivity: Sensitivity | None = None) -> tuple[Quant, ...]:
     if not isinstance(qs, list) or not qs:
         ctx.fail(where, "must be a non-empty list")
     quants = []
@@ -288,6 +201,13 @@ def _parse_quants(ctx: _Ctx, qs, where: str, known, build, set_names: set[str], 
         q = replace(q, awq=bool(asked.get("awq", has_awq)), imatrix=bool(use_imatrix))
         if "split" not in asked:  # the recipe's default; `split: false` publishes this quant whole
             q = replace(q, split=split)
+        if q.mix:
+            if where != "quants":
+                ctx.fail(f"{where}[{i}].type", "a mix is a main quant only")
+            if sensitivity is None:
+                ctx.fail(f"{where}[{i}].type", "a mix needs a top-level `sensitivity:` section (the text its per-tensor "
+                                              "types are measured on)")
+            q = _check_mix(ctx, q, f"{where}[{i}]", sensitivity.floor)
         quants.append(q)
     seen: dict[str, int] = {}
     for i, q in enumerate(quants):
@@ -298,18 +218,6 @@ def _parse_quants(ctx: _Ctx, qs, where: str, known, build, set_names: set[str], 
             why = "this recipe has no `imatrix:` section" if not has_imatrix else "this quant sets `imatrix: false`"
             ctx.fail(f"{where}[{i}].type", f"{q.type} needs an importance matrix, and {why}")
     return tuple(quants)
-
-
-def _text_path(ctx: _Ctx, value, where: str, what: str) -> Path:
-    p = Path(ctx.string(value, where)).expanduser()
-    if not p.is_absolute():
-        p = (ctx.path.parent / p).resolve()
-    if not p.is_file():
-        ctx.fail(where, f"{what} {p} does not exist")
-    size = p.stat().st_size
-    if not size or (size < (1 << 20) and not p.read_bytes().strip()):
-        ctx.fail(where, f"{what} {p} is empty")
-    return p
 
 
 def _calibration(ctx: _Ctx, d: dict, where: str, eval_sets) -> Path:
@@ -386,18 +294,6 @@ def _parse_imatrix(ctx: _Ctx, value, eval_sets) -> ImatrixConfig:
     cal = _calibration(ctx, d, "imatrix", eval_sets)
     return ImatrixConfig(calibration=cal, ctx=_integer(ctx, d.get("ctx", 512), "imatrix.ctx", 16),
                          chunks=_integer(ctx, d.get("chunks", 32), "imatrix.chunks", 1))
-
-
-@functools.lru_cache(maxsize=64)
-def _file_sha256_cached(path: str, size: int, mtime_ns: int) -> str:
-    from pipeline.fsutil import sha256_file
-
-    return sha256_file(path)  # cached per (path, size, mtime): recipes share calibration and eval texts
-
-
-def _file_sha256(path: Path) -> str:
-    st = path.stat()
-    return _file_sha256_cached(str(path), st.st_size, st.st_mtime_ns)
 
 
 def _parse_draft(ctx: _Ctx, value, main_quants: tuple[Quant, ...], eval_sets, known, build, outtype: str,

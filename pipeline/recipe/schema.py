@@ -120,6 +120,9 @@ TOP = Section("", "Top level", (
     Field("publish", "map (see `publish:`)", None,
           "Where `ggufpipe hub-publish` uploads the artifact folder, and whether Ollama Modelfiles are written.",
           {"hf_repo": "my-org/SmolLM2-135M-Instruct-GGUF"}),
+    Field("sensitivity", "map (see `sensitivity:`)", None,
+          "The measurement the measured mixes (`type: mix` quants) are solved from.",
+          {"text": "../data/botchan-calib.txt"}),
     Field("conformance", "`false`, or map (see `conformance:`)", Note("on, with the defaults of `conformance:`"),
           "The conformance stage proves the base GGUF is the Hugging Face model (tokenizer, chat template, "
           "end-of-generation tokens, logits) before any quant is judged against it; a failure publishes nothing "
@@ -179,7 +182,9 @@ QUANT = Section("quants[]", "`quants[]`: each quant", (
     "upper-cased and checked against the installed gguf package and, when llama.cpp's tools are given, "
     "against llama-quantize. Its file is `<name>-<TYPE>[_<VARIANT>].gguf` (docs/publishing.md#file-names)."
 ), (
-    Field("type", "quant type, e.g. `Q4_K_M`", REQUIRED, "The llama-quantize type (see Quant types below).",
+    Field("type", "quant type, e.g. `Q4_K_M`, or `mix`", REQUIRED,
+          "The llama-quantize type (see Quant types below), or `mix`: per-tensor types solved from measured "
+          "sensitivity (needs `label`, one of `budget` / `target`, and a top-level `sensitivity:`).",
           "Q4_K_M"),
     Field("variant", "string `[A-Za-z]{1,24}`", None,
           "Upper-cased suffix of the label and file name, `<name>-<TYPE>_<VARIANT>.gguf`: lets two flavours of "
@@ -213,6 +218,42 @@ QUANT = Section("quants[]", "`quants[]`: each quant", (
     Field("split", "map (see `split:`) or `false`", Note("the top-level `split:`"),
           "Publish this file as shards (overrides the recipe's default); `false` publishes it whole. Not "
           "allowed in `draft.quants`.", False),
+    Field("label", "string `<TYPE>_<VARIANT>`", Note("required with `type: mix`"),
+          "A measured mix (`type: mix`, docs/mixes.md): its label and file name `<name>-<LABEL>.gguf`, a quant type "
+          "and 1-24 letters (`Q4_K_M_MIX`); the type is what llama-quantize writes as `general.file_type`. A mix "
+          "takes no `variant`, type flags, `tensor_types`, map or `pure`: its solved map sets every quantized "
+          "tensor.", "Q4_K_M_MIX"),
+    Field("budget", "map: one of `size_of: <quant type>`, `bpw: <number>`, `max_mb: <number>`",
+          Note("one of `budget` or `target` with `type: mix`"),
+          "The mix with the lowest predicted mean KLD whose file is at most this large: the size of that stock "
+          "type's file (computed exactly from a dry run, never built), bits per weight (1 < bpw <= 16) of the "
+          "file over the model's weights, or megabytes (10^6 bytes).", {"size_of": "Q4_K_M"}),
+    Field("target", "map: `max_kld_mean: <number>`", Note("one of `budget` or `target` with `type: mix`"),
+          "The smallest mix whose predicted mean KLD meets this; the gates then hold the mix to it on every eval "
+          "set.", {"max_kld_mean": 0.03}),
+    Field("candidates", "list of ggml tensor types", Note("`[Q3_K, Q4_K, Q5_K, Q6_K]`; with an importance matrix "
+                                                          "`[IQ3_S, IQ4_XS, Q5_K, Q6_K]`"),
+          "The types a mix chooses from per tensor group, besides the floor (`sensitivity.floor`). IQ types only "
+          "with `imatrix: true`; each must be below the floor.", ["Q4_K", "Q5_K", "Q6_K"]),
+))
+
+SENSITIVITY = Section("sensitivity", "`sensitivity:`", (
+    "What the mixes (`quants[]` with `type: mix`) are solved from: per tensor group (role x band of layers) and "
+    "candidate type, the mean KLD of a file where only that group is at that candidate and every other tensor "
+    "at the floor, measured on this text against the base file's own logits. Required with a mix, refused "
+    "without one (docs/mixes.md)."
+), (
+    Field("text", "string: file path", REQUIRED,
+          "The measurement text (relative paths: to the recipe file); refused if it has the SHA256 of a gates "
+          "text, so the gates judge mixes on text the solver never saw.", "../data/botchan-calib.txt"),
+    Field("text_sha256", "string: SHA256", None, "The text's SHA256, checked when given.", None),
+    Field("ctx", "int >= 16", 512, "Context length of each chunk.", 256),
+    Field("chunks", "int >= 1", 4, "Number of chunks.", 2),
+    Field("bands", "int >= 1", 8,
+          "Bands of consecutive layers a role's tensors are grouped into (MoE expert tensors: one group per "
+          "layer); groups x candidates files are measured.", 4),
+    Field("floor", "ggml tensor type", "Q8_0",
+          "The type of every tensor outside the group measured, and a choice of every group.", "F16"),
 ))
 
 QUANT_GATES = Section("quants[].gates", "`quants[].gates`: per-quant thresholds", (
@@ -358,7 +399,7 @@ SPLIT = Section("split", "`split:`", (
 ))
 
 SECTIONS: tuple[Section, ...] = (TOP, SOURCE, QUANT, QUANT_GATES, EVAL_SET, AWQ, IMATRIX, DRAFT, DRAFT_SOURCE,
-                                 PUBLISH, SPLIT, CONFORMANCE)
+                                 PUBLISH, SPLIT, CONFORMANCE, SENSITIVITY)
 
 
 def section(path: str) -> Section:

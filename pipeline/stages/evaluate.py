@@ -290,14 +290,7 @@ def eval_quant(recipe_name: str, quant_key: str, es: EvalSet, quant_gguf: str | 
     if not Path(base_logits).is_file():
         raise PipelineError(f"{what}: base logits {base_logits} are missing (run eval-base first)")
     restore_base_logits(tc, es, base_gguf, base_logits, base_record, threads, log, what)
-    res = run_perplexity(tc, ["-m", quant_gguf, *_common_args(es, threads), "--kl-divergence-base", base_logits,
-                              "--kl-divergence"], Path(log) if log else None, has_kld_statistics_end, what)
-    _fail_on_tool_errors(res, what)
-    _check_chunks(res.output, es, what)
-    try:
-        metrics = parse_kld_statistics(res.output)
-    except PipelineError as exc:
-        raise PipelineError(f"{what}: {exc}") from None
+    metrics, res = kl_divergence(tc, es, quant_gguf, base_logits, threads, log, what)
     rec = {
         "eval_set": es.name,
         "text": base["text"],
@@ -311,6 +304,26 @@ def eval_quant(recipe_name: str, quant_key: str, es: EvalSet, quant_gguf: str | 
     }
     write_json_atomic(record, rec)
     return rec
+
+
+def kl_divergence(tc: Toolchain, es: EvalSet, gguf: str | Path, base_logits: str | Path, threads: int,
+                  log: str | Path | None, what: str) -> tuple[dict, ToolResult]:
+    """``llama-perplexity --kl-divergence`` of ``gguf`` against ``base_logits`` (written on ``es``): its statistics."""
+    res = run_perplexity(tc, ["-m", gguf, *_common_args(es, threads), "--kl-divergence-base", base_logits,
+                              "--kl-divergence"], Path(log) if log else None, has_kld_statistics_end, what)
+    _fail_on_tool_errors(res, what)
+    _check_chunks(res.output, es, what)
+    try:
+        return parse_kld_statistics(res.output), res
+    except PipelineError as exc:
+        raise PipelineError(f"{what}: {exc}") from None
+
+
+def write_base_logits(tc: Toolchain, es: EvalSet, base_gguf: str | Path, out_logits: str | Path, threads: int,
+                      log: str | Path | None, what: str) -> float:
+    """``llama-perplexity --kl-divergence-base`` of ``base_gguf`` on ``es`` into ``out_logits``: its PPL."""
+    _, m = _write_base_logits(tc, es, base_gguf, out_logits, threads, log, what)
+    return float(m.group(1))
 
 
 def perplexity(tc: Toolchain, model: str | Path, text: str | Path, ctx: int, chunks: int, threads: int = 2,

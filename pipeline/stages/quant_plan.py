@@ -39,7 +39,7 @@ def _type(name: str) -> str:
 
 
 def parse_dry_run(output: str) -> tuple[dict[str, dict], dict[str, dict]]:
-    """(tensors, fallbacks) from a ``--dry-run``'s output: name -> {shape, source, type}; name -> {ncols, block,
+    """(tensors, fallbacks) from a ``--dry-run``'s output: name -> {shape, source, type, quantized}; name -> {ncols, block,
     required, fallback}."""
     tensors = {}
     for m in _TENSOR_LINE.finditer(output):
@@ -47,7 +47,8 @@ def parse_dry_run(output: str) -> tuple[dict[str, dict], dict[str, dict]]:
         while len(shape) > 1 and shape[-1] == 1:
             shape = shape[:-1]
         src = _type(m.group(3))
-        tensors[m.group(1)] = {"shape": shape, "source": src, "type": _type(m.group(4)) if m.group(4) else src}
+        tensors[m.group(1)] = {"shape": shape, "source": src, "type": _type(m.group(4)) if m.group(4) else src,
+                               "quantized": m.group(4) is not None}
     fallbacks = {m.group(1): {"ncols": int(m.group(2)), "block": int(m.group(3)), "required": _type(m.group(4)),
                               "fallback": _type(m.group(5))} for m in _FALLBACK_LINE.finditer(output)}
     return tensors, fallbacks

@@ -58,13 +58,36 @@ def dry_run(tc: Toolchain, q, args: list[str], base_gguf: Path, out_gguf: Path, 
     return plan(q, res.output, where)
 
 
+def _with_map(recipe: Recipe, key: str, q, map_path: Path, layout_path: Path):
+    """A mix as the quant its solved map makes it (``tensor_types_file``), and its layout record."""
+    import json
+    from dataclasses import replace
+
+    from pipeline.recipe.tensor_map import read_map
+
+    where = f"{recipe.path}: quantize {key}"
+    try:
+        entries = read_map(map_path)
+        layout = json.loads(layout_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise PipelineError(f"{where}: the solved map or layout is unreadable (run solve again): {exc}") from None
+    if layout.get("map_sha256") != sha256_file(map_path):
+        raise PipelineError(f"{where}: {map_path.name} is not the map {layout_path.name} records (run solve again)")
+    return replace(q, tensor_types_file=map_path, tensor_map=entries), layout
+
+
 def quantize(recipe: Recipe, key: str, base_gguf: str | Path, out_gguf: str | Path, record: str | Path,
              log: str | Path | None = None, threads: int = 1, tc: Toolchain | None = None,
-             imatrix: str | Path | None = None) -> dict:
+             imatrix: str | Path | None = None, mix: tuple[str | Path, str | Path] | None = None) -> dict:
     """Entry function: quantize ``base_gguf`` to ``out_gguf`` as the recipe's quant ``key``
-    (with the importance matrix ``imatrix`` when the quant uses one)."""
+    (with the importance matrix ``imatrix`` when the quant uses one; a mix with its solved ``(map, layout)``)."""
     tc = tc or find_toolchain()
     q = recipe.quant(key)
+    layout = None
+    if q.mix:
+        if mix is None:
+            raise PipelineError(f"{recipe.path}: quantize {key}: this quant is a mix, its solved map was not given")
+        q, layout = _with_map(recipe, key, q, Path(mix[0]), Path(mix[1]))
     base_gguf, out_gguf, record = Path(base_gguf).resolve(), Path(out_gguf), Path(record)
     if not base_gguf.is_file():
         raise PipelineError(f"{recipe.path}: quantize {key}: {base_gguf} is missing (run convert first)")
@@ -91,6 +114,9 @@ def quantize(recipe: Recipe, key: str, base_gguf: str | Path, out_gguf: str | Pa
             raise PipelineError(f"{where}: llama-quantize failed: "
                                 f"{explain_failure(res.output, out_gguf)}" + (f" [log: {log}]" if log else ""))
         size = check_written(planned, header, read_header(tmp), where)  # a file unlike its plan is never renamed
+        if layout and size["written"] != layout["predicted"]["bytes"]:
+            raise PipelineError(f"{where}: {size['written']} bytes written, the solve predicted "
+                                f"{layout['predicted']['bytes']}")
     rec = {
         "quant": q.describe(),
         "base": q.base,
@@ -103,5 +129,7 @@ def quantize(recipe: Recipe, key: str, base_gguf: str | Path, out_gguf: str | Pa
         rec["tensor_types_file"] = {"file": q.tensor_types_file.name, "sha256": sha256_file(q.tensor_types_file)}
     if q.imatrix:
         rec["imatrix_sha256"] = sha256_file(imatrix)
+    if layout:
+        rec["mix"] = layout
     write_json_atomic(record, rec)
     return rec

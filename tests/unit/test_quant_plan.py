@@ -32,8 +32,10 @@ NAMES = ["output_norm.weight", "token_embd.weight", "blk.0.attn_k.weight", "blk.
 def test_parse_dry_run():
     tensors, fallbacks = parse_dry_run(DRY)
     assert list(tensors) == NAMES
-    assert tensors["output_norm.weight"] == {"shape": (576,), "source": "F32", "type": "F32"}
-    assert tensors["blk.0.ffn_down.weight"] == {"shape": (1536, 576), "source": "F16", "type": "Q6_K"}
+    assert tensors["output_norm.weight"] == {"shape": (576,), "source": "F32", "type": "F32",
+                                              "quantized": False}
+    assert tensors["blk.0.ffn_down.weight"] == {"shape": (1536, 576), "source": "F16", "type": "Q6_K",
+                                                 "quantized": True}
     assert fallbacks == {"blk.0.attn_k.weight": {"ncols": 576, "block": 256, "required": "Q4_K", "fallback": "Q5_0"},
                          "blk.0.attn_v.weight": {"ncols": 576, "block": 256, "required": "Q6_K", "fallback": "Q8_0"}}
 

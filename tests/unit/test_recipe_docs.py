@@ -43,7 +43,7 @@ EXCLUSIVE = {
     ("draft", "mtp"): ("source", "quants"),
 }
 # Keys the parser checks but does not keep (a pin): tested by refusing a wrong value instead.
-PINS = {("awq", "calibration_sha256"), ("imatrix", "calibration_sha256")}
+PINS = {("awq", "calibration_sha256"), ("imatrix", "calibration_sha256"), ("sensitivity", "text_sha256")}
 # Attribute of the parsed object that holds a key, where it is not the key's own name.
 ATTRS = {("", "gates"): "eval_sets"}
 
@@ -67,16 +67,38 @@ def minimal_mapping(path: str) -> dict:
 
 
 def recipe_with(path: str, mapping: dict) -> dict:
-    """A minimal recipe whose section ``path`` is ``mapping`` (parents minimal; lists of one entry)."""
+    """A minimal recipe whose section ``path`` is ``mapping`` (parents minimal; lists of one entry), completed by
+    what a mix and a `sensitivity:` section need of each other (:func:`_with_mix`)."""
     recipe = minimal_mapping("")
     if not path:
-        return {**recipe, **mapping}
+        return _with_mix({**recipe, **mapping})
     node = recipe
     parts = path.split(".")
     for i, part in enumerate(parts):
         value = mapping if i == len(parts) - 1 else minimal_mapping(".".join(parts[:i + 1]))
         node[part.removesuffix("[]")] = [value] if part.endswith("[]") else value
         node = value
+    return _with_mix(recipe)
+
+
+MIX = {"type": "mix", "label": "Q4_K_M_MIX", "budget": {"size_of": "Q4_K_M"}}
+
+
+def _with_mix(recipe: dict) -> dict:
+    """A quant with a mix key is a mix (`type: mix`, a label, one of budget / target) and brings a `sensitivity:`;
+    a `sensitivity:` brings a mix quant (the parser refuses either alone)."""
+    quants = recipe.get("quants", [])
+    for q in quants:
+        if isinstance(q, dict) and any(k in q for k in ("label", "budget", "target", "candidates")):
+            q["type"] = "mix"
+            q.setdefault("label", MIX["label"])
+            if "target" not in q:
+                q.setdefault("budget", MIX["budget"])
+    if any(isinstance(q, dict) and q.get("type") == "mix" for q in quants):
+        recipe.setdefault("sensitivity", copy.deepcopy(section("sensitivity").fields[0].example and
+                                                       {"text": section("sensitivity").fields[0].example}))
+    elif "sensitivity" in recipe:
+        recipe["quants"] = [*quants, dict(MIX)]
     return recipe
 
 

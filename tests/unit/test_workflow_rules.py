@@ -34,6 +34,9 @@ SHELL = {
     "agreement": P + "agreement" + C + " --draft-quant {wildcards.dkey:q} --threads {params.threads}",
     "publish": P + "publish" + C + " > {log:q} 2>&1",
     "gate": P + "gate" + C + " 2>&1 | tee {log:q}",
+    # added by #19 part 2 (measured mixes)
+    "sensitivity": P + "sensitivity" + C + " --flavour {wildcards.flavour} --threads {params.threads}",
+    "solve": P + "solve" + C + " --quant {wildcards.quant:q}",
 }
 
 

@@ -1,0 +1,58 @@
+"""Tensor groups of a measured mix (docs/mixes.md): role x band of layers, one type per group.
+
+A quantized tensor ``blk.<i>.<role>.weight`` belongs to the group of its role and of the band holding layer ``i``:
+the layers ``0 .. n-1`` cut into ``min(bands, n)`` runs of consecutive layers as equal as integer division makes
+them. MoE expert tensors (a role ending in ``_exps``) are grouped per layer, since each is most of its layer's
+bytes. A tensor outside the blocks (``token_embd.weight``, ``output.weight``...) is a group of its own. Group
+names sort the way the solver breaks ties: ``attn_q.0-4``, ``ffn_down_exps.7-7``, ``token_embd``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from pipeline.gguf.types import GGML_TYPES, tensor_nbytes
+
+_BLOCK = re.compile(r"^blk\.(\d+)\.(.+?)(?:\.weight)?$")
+TYPE_CODE = {name: code for code, (name, _, _) in GGML_TYPES.items()}
+
+
+@dataclass(frozen=True)
+class Group:
+    name: str
+    role: str
+    band: tuple[int, int] | None  # first and last layer; None outside the blocks
+    tensors: tuple[str, ...]  # in file order
+
+
+def bands(n_layers: int, n_bands: int) -> list[tuple[int, int]]:
+    """``min(n_bands, n_layers)`` runs of consecutive layers covering ``0 .. n_layers-1``."""
+    b = max(1, min(n_bands, n_layers))
+    return [(i * n_layers // b, (i + 1) * n_layers // b - 1) for i in range(b)]
+
+
+def group_tensors(names: list[str], n_bands: int) -> list[Group]:
+    """The groups of the quantized tensors ``names`` (file order kept inside each group), sorted by name."""
+    layers = [int(m.group(1)) for n in names if (m := _BLOCK.match(n))]
+    n_layers = max(layers) + 1 if layers else 0
+    cuts = bands(n_layers, n_bands) if n_layers else []
+    members: dict[str, list[str]] = {}
+    info: dict[str, tuple[str, tuple[int, int] | None]] = {}
+    for n in names:
+        m = _BLOCK.match(n)
+        if m is None:
+            role, band = n.removesuffix(".weight"), None
+        else:
+            i, role = int(m.group(1)), m.group(2)
+            band = (i, i) if role.endswith("_exps") else next(c for c in cuts if c[0] <= i <= c[1])
+        key = role if band is None else f"{role}.{band[0]}-{band[1]}"
+        members.setdefault(key, []).append(n)
+        info[key] = (role, band)
+    return [Group(k, info[k][0], info[k][1], tuple(members[k])) for k in sorted(members)]
+
+
+def aligned_bytes(qtype: str, shape: tuple[int, ...] | list[int], alignment: int) -> int:
+    """A tensor's bytes in a GGUF as ``qtype``, padded to the file's alignment (llama-quant.cpp pads each to 32)."""
+    n = tensor_nbytes(TYPE_CODE[qtype], tuple(shape))
+    return (n + alignment - 1) // alignment * alignment

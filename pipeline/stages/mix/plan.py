@@ -1,0 +1,91 @@
+"""What a mix's files are made of, before anything is measured or written: tensor-type maps naming every tensor,
+llama-quantize's dry run (the type each tensor is really written as), the output header and the budgets
+(docs/mixes.md). Shared by the sensitivity and solve stages."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from pipeline.errors import PipelineError
+from pipeline.gguf.reader import read_header
+from pipeline.recipe import Recipe
+from pipeline.stages.mix.groups import aligned_bytes
+from pipeline.tools import Toolchain, run_tool
+
+_NAME = re.compile(r"^[a-z0-9_.]+$")
+
+
+def map_text(types: dict[str, str]) -> str:
+    """A tensor-type map naming every tensor exactly (anchored, dots escaped), in the order given."""
+    lines = []
+    for name, qtype in types.items():
+        if not _NAME.match(name):
+            raise PipelineError(f"tensor name {name!r} has characters a map cannot name exactly")
+        lines.append("^" + name.replace(".", "\\.") + "$=" + qtype.lower())
+    return "\n".join(lines) + "\n"
+
+
+def imatrix_args(imatrix: Path | None) -> tuple[list[str], Path | None]:
+    """llama-quantize's importance-matrix arguments and the folder it runs in (the file named bare, as quantize does)."""
+    if imatrix is None:
+        return [], None
+    return ["--imatrix", imatrix.name], imatrix.parent
+
+
+def dry_run_types(tc: Toolchain, base: Path, ftype: str, args: list[str], cwd: Path | None, scratch: Path,
+                  log: Path | None, where: str) -> dict[str, dict]:
+    """name -> {shape, source, type, quantized} from ``llama-quantize --dry-run`` (it writes no file)."""
+    from pipeline.stages.quant_plan import parse_dry_run
+    from pipeline.stages.quantize import explain_failure
+
+    res = run_tool(tc, "llama-quantize", ["--dry-run", *args, base, scratch / "dry-run.gguf", ftype, "1"], log,
+                   check=False, cwd=cwd)
+    if res.returncode != 0:
+        raise PipelineError(f"{where}: llama-quantize --dry-run failed: {explain_failure(res.output)}")
+    tensors, _ = parse_dry_run(res.output)
+    if not tensors:
+        raise PipelineError(f"{where}: llama-quantize --dry-run listed no tensor (its output format changed?)")
+    return tensors
+
+
+def header_bytes(base: Path, imatrix: Path | None) -> int:
+    from pipeline.stages.quant_plan import predict_header
+
+    return predict_header(read_header(base), imatrix.name if imatrix else None,
+                          read_header(imatrix) if imatrix else None)
+
+
+def budget_bytes(q, data: dict, base: Path, imatrix: Path | None, tc: Toolchain, scratch: Path, log, where: str) -> int:
+    """The largest file (bytes) quant ``q``'s budget allows."""
+    kind, value = q.mix.budget
+    header = header_bytes(base, imatrix)
+    if kind == "max_mb":
+        return int(value * 1_000_000)
+    if kind == "bpw":
+        return header + int(value * data["n_weights"] / 8)
+    args, cwd = imatrix_args(imatrix)
+    tensors = dry_run_types(tc, base, value, args, cwd, scratch, log, f"{where}: budget size_of {value}")
+    alignment = read_header(base).alignment
+    return header + sum(aligned_bytes(t["type"], t["shape"], alignment) for t in tensors.values())
+
+
+def check_budgets(recipe: Recipe, flavour: str, data: dict, base: Path, imatrix: Path | None, tc: Toolchain,
+                  scratch: Path, log) -> None:
+    """Refuse, before anything is measured, a mix whose budget is below its all-smallest file."""
+    header = header_bytes(base, imatrix)
+    alignment = read_header(base).alignment
+    for q in recipe.quants:
+        if not (q.mix and q.flavour == flavour and q.mix.budget):
+            continue
+        where = f"{recipe.path}: quant {q.key}"
+        smallest = header + data["kept_bytes"] + sum(
+            min(aligned_bytes(t["types"][c], t["shape"], alignment) for c in (data["floor"], *q.mix.candidates))
+            for t in data["tensors"].values())
+        limit = budget_bytes(q, data, base, imatrix, tc, scratch, log, where)
+        if limit < smallest:
+            kind, value = q.mix.budget
+            raise PipelineError(f"{where}: budget {kind} {value} allows {limit} bytes, below the smallest mix of its "
+                                f"candidates ({smallest} bytes, every group at its smallest type)")
+
+

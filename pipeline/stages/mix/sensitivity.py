@@ -1,0 +1,186 @@
+"""Stage sensitivity: how much each tensor group costs in quality at each candidate type (docs/mixes.md).
+
+For one flavour (base GGUF, with or without the importance matrix) of a recipe's mixes:
+
+1. the plain base file's logits on the recipe's own ``sensitivity.text`` (never a gate text: the recipe loader
+   refuses it), ``llama-perplexity --kl-divergence-base``;
+2. ``llama-quantize --dry-run`` per candidate and for the floor, with a map putting every quantized tensor at that
+   type: the type each tensor is really written as (shape fallback included), hence each group's exact bytes;
+3. the floor file (every quantized tensor at ``sensitivity.floor``), then for every group and candidate a file
+   where only that group is at the candidate: ``llama-quantize --tensor-type-file`` and ``llama-perplexity
+   --kl-divergence`` against 1. A candidate that writes a group exactly as the floor does is not measured.
+
+Every measurement is cached under ``work/<name>/mix/<flavour>/runs/`` by the SHA256 of everything that decides it
+(base and importance matrix, the map's text, the text, ctx, chunks, threads, tools): adding a candidate measures
+only what is new, and the solve stage never measures. The JSON written holds no time (a rebuild reproduces it byte
+for byte); seconds and counts go to the stage record.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+
+from pipeline.errors import PipelineError
+from pipeline.fsutil import atomic_output, sha256_file, write_json_atomic
+from pipeline.gguf.reader import read_header
+from pipeline.recipe import EvalSet, Recipe
+from pipeline.stages.mix.groups import aligned_bytes, bands, group_tensors
+from pipeline.stages.mix.plan import check_budgets, dry_run_types, imatrix_args, map_text
+from pipeline.tools import Toolchain, find_toolchain, run_tool
+
+VERSION = 1
+# llama-quantize's type argument for every measurement: patterns apply only under a quantized type
+# (src/llama-quant.cpp:746, `if (ggml_is_quantized(default_type))`), and a map naming every quantized tensor leaves
+# its heuristics nothing to choose (line 764).
+MEASURE_FTYPE = "Q8_0"
+# the statistics kept per measurement
+KEPT = ("kld_mean", "kld_p99", "same_top_p", "ppl_ratio")
+
+
+def written_types(tc, base, names, qtype, imatrix, scratch, log, where) -> dict[str, str]:
+    """The type each of ``names`` is written as when a map asks ``qtype`` for all of them."""
+    mp = scratch / f"all-{qtype.lower()}.map"
+    mp.write_text(map_text(dict.fromkeys(names, qtype)))
+    args, cwd = imatrix_args(imatrix)
+    tensors = dry_run_types(tc, base, MEASURE_FTYPE, [*args, "--tensor-type-file", str(mp.resolve())], cwd, scratch,
+                            log, where)
+    return {n: tensors[n]["type"] for n in names}
+
+
+def sensitivity(recipe: Recipe, flavour: str, base_gguf: str | Path, ref_gguf: str | Path, out_json: str | Path,
+                record: str | Path, scratch: str | Path, imatrix: str | Path | None = None, threads: int = 2,
+                log: str | Path | None = None, tc: Toolchain | None = None) -> dict:
+    """Entry function: the sensitivity of ``base_gguf`` (flavour ``plain``, ``awq``, ``…-imatrix``) per tensor group
+    and candidate, against the logits of ``ref_gguf`` (the plain base file) on ``recipe.sensitivity.text``."""
+    from pipeline.stages.evaluate import check_text, kl_divergence, write_base_logits
+    tc = tc or find_toolchain()
+    s = recipe.sensitivity
+    where = f"{recipe.path}: sensitivity {flavour}"
+    if s is None:
+        raise PipelineError(f"{where}: the recipe has no `sensitivity:` section")
+    cands = recipe.mix_candidates(flavour)
+    if not cands:
+        raise PipelineError(f"{where}: no mix of the recipe is of this flavour")
+    base, ref = Path(base_gguf).resolve(), Path(ref_gguf).resolve()
+    im = Path(imatrix).resolve() if imatrix else None
+    scratch = Path(scratch)
+    (scratch / "runs").mkdir(parents=True, exist_ok=True)
+    logp = Path(log) if log else None
+    es = EvalSet(name="sensitivity", text=s.text, ctx=s.ctx, chunks=s.chunks, text_sha256=s.text_sha256)
+    text_sha = check_text(es, where)
+    t0 = time.monotonic()
+
+    # 1. the reference logits, reused while the reference file and the text are those they were made from
+    logits = scratch / "base.logits"
+    ref_sha, base_sha = sha256_file(ref), sha256_file(base)
+    ref_key = hashlib.sha256(json.dumps([ref_sha, text_sha, s.ctx, s.chunks, threads, tc.build_number, tc.commit])
+                             .encode()).hexdigest()
+    stamp = scratch / "base.logits.key"
+    if not (logits.is_file() and stamp.is_file() and stamp.read_text() == ref_key):
+        print(f"[sensitivity {flavour}] reference logits of {ref.name} on {s.text.name} ({s.chunks} x {s.ctx})",
+              flush=True)
+        write_base_logits(tc, es, ref, logits, threads, logp, f"{where}: reference logits")
+        stamp.write_text(ref_key)
+
+    # 2. what each candidate writes, per tensor
+    header = read_header(base)
+    args, cwd = imatrix_args(im)
+    listed = dry_run_types(tc, base, MEASURE_FTYPE, args, cwd, scratch, logp, where)
+    quantized = [n for n, t in listed.items() if t["quantized"]]
+    if not quantized:
+        raise PipelineError(f"{where}: llama-quantize would quantize no tensor of {base.name}")
+    types = {c: written_types(tc, base, quantized, c, im, scratch, logp, where) for c in (s.floor, *cands)}
+    groups = group_tensors(quantized, s.bands)
+    shapes = {n: list(t["shape"]) for n, t in listed.items()}
+    alignment = header.alignment
+
+    def group_bytes(g, c):
+        return sum(aligned_bytes(types[c][n], shapes[n], alignment) for n in g.tensors)
+
+    data = {
+        "version": VERSION,
+        "flavour": flavour,
+        "base": {"file": base.name, "sha256": base_sha},
+        "reference": {"file": ref.name, "sha256": ref_sha},
+        "imatrix_sha256": sha256_file(im) if im else None,
+        "text": s.text.name, "text_sha256": text_sha, "ctx": s.ctx, "chunks": s.chunks, "threads": threads,
+        "floor": s.floor, "candidates": list(cands),
+        "bands": [list(b) for b in bands(1 + max((g.band[1] for g in groups if g.band), default=0), s.bands)],
+        "tensors": {n: {"shape": shapes[n], "types": {c: types[c][n] for c in (s.floor, *cands)}} for n in quantized},
+        "kept_bytes": sum(aligned_bytes(t["type"], t["shape"], alignment) for n, t in listed.items()
+                          if not t["quantized"]),
+        "n_weights": sum(_elements(t["shape"]) for t in listed.values()),
+    }
+    check_budgets(recipe, flavour, data, base, im, tc, scratch, logp)  # before any measurement
+
+    # 3. the floor, then each group at each candidate
+    floor_map = dict.fromkeys(quantized, s.floor)
+    cost = {"runs": 0, "reused": 0, "skipped": 0, "quantize_seconds": 0.0, "eval_seconds": 0.0}
+    todo = [(g, c) for g in groups for c in cands]
+
+    def measure(label: str, assign: dict[str, str]) -> dict:
+        text = map_text(assign)
+        key = hashlib.sha256(json.dumps([base_sha, data["imatrix_sha256"], text, MEASURE_FTYPE, text_sha, s.ctx,
+                                         s.chunks, threads, tc.build_number, tc.commit]).encode()).hexdigest()
+        cached = scratch / "runs" / f"{key}.json"
+        if cached.is_file():
+            cost["reused"] += 1
+            return json.loads(cached.read_text())
+        mp = scratch / "measure.map"
+        mp.write_text(text)
+        out = scratch / "measure.gguf"
+        t = time.monotonic()
+        res = run_tool(tc, "llama-quantize", [*args, "--tensor-type-file", str(mp.resolve()), base, out.resolve(),
+                                              MEASURE_FTYPE, str(max(1, threads))], logp, check=False, cwd=cwd)
+        if res.returncode != 0 or not out.is_file():
+            from pipeline.stages.quantize import explain_failure
+
+            raise PipelineError(f"{where}: {label}: llama-quantize failed: {explain_failure(res.output, out)}")
+        cost["quantize_seconds"] += time.monotonic() - t
+        t = time.monotonic()
+        metrics, _ = kl_divergence(tc, es, out, logits, threads, logp, f"{where}: {label}")
+        cost["eval_seconds"] += time.monotonic() - t
+        out.unlink()
+        cost["runs"] += 1
+        kept = {k: metrics[k] for k in KEPT}
+        with atomic_output(cached) as tmp:
+            tmp.write_text(json.dumps(kept, sort_keys=True) + "\n")
+        return kept
+
+    n_total = 1 + len(todo)
+    floor = measure("floor", floor_map)
+    print(f"[sensitivity {flavour}] 1/{n_total} floor {s.floor}: mean KLD {floor['kld_mean']:.6f}", flush=True)
+    out_groups = []
+    done = 1
+    for g in groups:
+        entry = {"group": g.name, "role": g.role, "band": list(g.band) if g.band else None, "tensors": list(g.tensors),
+                 "bytes": {c: group_bytes(g, c) for c in (s.floor, *cands)}, "kld": {}}
+        for c in cands:
+            done += 1
+            if all(types[c][n] == types[s.floor][n] for n in g.tensors):
+                cost["skipped"] += 1  # written as the floor writes it: the floor's figures
+                entry["kld"][c] = dict(floor)
+                continue
+            entry["kld"][c] = measure(f"{g.name} at {c}", {**floor_map, **dict.fromkeys(g.tensors, c)})
+            print(f"[sensitivity {flavour}] {done}/{n_total} {g.name} at {c}: mean KLD "
+                  f"{entry['kld'][c]['kld_mean']:.6f}", flush=True)
+        out_groups.append(entry)
+    data["floor_kld"] = floor
+    data["groups"] = out_groups
+    write_json_atomic(out_json, data)
+    rec = {"flavour": flavour, "groups": len(groups), "candidates": len(cands), "n_layers": len(data["bands"]) and
+           data["bands"][-1][1] + 1, "measurements": n_total, **cost,
+           "quantize_seconds": round(cost["quantize_seconds"], 1), "eval_seconds": round(cost["eval_seconds"], 1),
+           "seconds": round(time.monotonic() - t0, 1), "sensitivity_sha256": sha256_file(out_json)}
+    write_json_atomic(record, rec)
+    return data
+
+
+def _elements(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
