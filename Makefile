@@ -17,8 +17,8 @@ DEMO_ENV = HF_HUB_OFFLINE=1 HF_HUB_CACHE=$(CACHE)/demo/hub
 
 export GGUFPIPE_CACHE := $(CACHE)
 
-.PHONY: venv tools tools-build pyc setup demo demo-calib dvc-repro test test-fast lint docs clean-work \
-	clean-logits bench
+.PHONY: venv tools tools-build pyc setup demo demo-calib demo-mix bench-mix dvc-repro test test-fast lint docs \
+	clean-work clean-logits bench
 .DEFAULT_GOAL := demo
 
 # Virtualenv with pinned deps. torch goes first and pinned, so pip takes the local CPU wheel.
@@ -76,6 +76,17 @@ demo: setup
 demo-calib: setup
 	@echo "[demo-calib] snakemake --cores $(CORES): $(CALIB_RECIPE) -> artifacts/"
 	$(DEMO_ENV) $(BIN)/snakemake --cores $(CORES) --config recipes=$(CALIB_RECIPE)
+
+# Measured mixes against the stock K quants on the rotated demo model (docs/mixes.md; ~25 min on 2 cores, most of
+# it the sensitivity measurement); `make bench-mix` then prints the targets of issue #19.
+MIX_RECIPE := recipes/mix/smollm2-135m-mix.yaml
+demo-mix: setup
+	@echo "[demo-mix] rotated demo snapshot, then snakemake --cores $(CORES): $(MIX_RECIPE) -> artifacts/"
+	@$(BIN)/python -m pipeline.cli setup-demo --rotated > /dev/null
+	$(DEMO_ENV) $(BIN)/snakemake --cores $(CORES) --config recipes=$(MIX_RECIPE)
+
+bench-mix: demo-mix
+	$(DEMO_ENV) $(BIN)/python bench/mix_bench.py $(MIX_RECIPE)
 
 # DVC over the same workflow (dvc.yaml), every recipe: each stage runs `python -m ...` from the venv
 dvc-repro: setup

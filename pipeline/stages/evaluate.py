@@ -83,14 +83,14 @@ def lost_final_lines(res: ToolResult, complete: Callable[[str], bool]) -> bool:
 
 
 def run_perplexity(tc: Toolchain, args: list, log: Path | None, complete: Callable[[str], bool],
-                   what: str) -> ToolResult:
-    """llama-perplexity, re-run (at most TRUNCATION_RETRIES times, logged) while its output lost its final lines."""
-    for attempt in range(1, TRUNCATION_RETRIES + 2):
+                   what: str, retries: int = TRUNCATION_RETRIES) -> ToolResult:
+    """llama-perplexity, re-run (at most ``retries`` times, logged) while its output lost its final lines."""
+    for attempt in range(1, retries + 2):
         res = run_tool(tc, "llama-perplexity", args, log, check=False)
-        if attempt > TRUNCATION_RETRIES or not lost_final_lines(res, complete):
+        if attempt > retries or not lost_final_lines(res, complete):
             return res
         note = (f"{what}: llama-perplexity exited 0 but its output lost its final lines (unjoined logger thread "
-                f"of b11312): re-run {attempt} of at most {TRUNCATION_RETRIES}")
+                f"of b11312): re-run {attempt} of at most {retries}")
         print(f"warning: {note}", file=sys.stderr, flush=True)
         if log:
             with open(log, "a", encoding="utf-8") as fh:
@@ -307,10 +307,10 @@ def eval_quant(recipe_name: str, quant_key: str, es: EvalSet, quant_gguf: str | 
 
 
 def kl_divergence(tc: Toolchain, es: EvalSet, gguf: str | Path, base_logits: str | Path, threads: int,
-                  log: str | Path | None, what: str) -> tuple[dict, ToolResult]:
+                  log: str | Path | None, what: str, retries: int = TRUNCATION_RETRIES) -> tuple[dict, ToolResult]:
     """``llama-perplexity --kl-divergence`` of ``gguf`` against ``base_logits`` (written on ``es``): its statistics."""
     res = run_perplexity(tc, ["-m", gguf, *_common_args(es, threads), "--kl-divergence-base", base_logits,
-                              "--kl-divergence"], Path(log) if log else None, has_kld_statistics_end, what)
+                              "--kl-divergence"], Path(log) if log else None, has_kld_statistics_end, what, retries)
     _fail_on_tool_errors(res, what)
     _check_chunks(res.output, es, what)
     try:

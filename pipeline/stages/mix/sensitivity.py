@@ -38,6 +38,9 @@ VERSION = 1
 MEASURE_FTYPE = "Q8_0"
 # the statistics kept per measurement
 KEPT = ("kld_mean", "kld_p99", "same_top_p", "ppl_ratio")
+# Re-runs of a measurement whose output lost its final lines (pipeline/stages/evaluate.py): a sensitivity runs
+# llama-perplexity a hundred times and more, on small files that exit at once, where the symptom is most frequent.
+RETRIES = 6
 
 
 def written_types(tc, base, names, qtype, imatrix, scratch, log, where) -> dict[str, str]:
@@ -141,7 +144,7 @@ def sensitivity(recipe: Recipe, flavour: str, base_gguf: str | Path, ref_gguf: s
             raise PipelineError(f"{where}: {label}: llama-quantize failed: {explain_failure(res.output, out)}")
         cost["quantize_seconds"] += time.monotonic() - t
         t = time.monotonic()
-        metrics, _ = kl_divergence(tc, es, out, logits, threads, logp, f"{where}: {label}")
+        metrics, _ = kl_divergence(tc, es, out, logits, threads, logp, f"{where}: {label}", RETRIES)
         cost["eval_seconds"] += time.monotonic() - t
         out.unlink()
         cost["runs"] += 1

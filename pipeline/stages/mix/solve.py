@@ -37,11 +37,11 @@ MAX_UNITS = 1 << 17
 def _options(group: dict, allowed: tuple[str, ...], floor: str, floor_kld: float) -> list[tuple[int, float, str]]:
     """(bytes, added mean KLD, type) of each type a group may take, in (bytes, name) order, one per distinct
     bytes-and-effect (a candidate written exactly as another is kept once)."""
-    out = {}
-    for c in (floor, *allowed):
+    out: dict[tuple, tuple[int, float, str]] = {}
+    for c in sorted((floor, *allowed)):
         d = 0.0 if c == floor else group["kld"][c]["kld_mean"] - floor_kld
-        out.setdefault((group["bytes"][c], round(d, 12)), c)
-    return sorted(((b, d, c) for (b, d), c in out.items()), key=lambda o: (o[0], o[2]))
+        out.setdefault((group["bytes"][c], round(d, 12)), (group["bytes"][c], d, c))
+    return sorted(out.values(), key=lambda o: (o[0], o[2]))
 
 
 def choose(groups: list[dict], allowed: tuple[str, ...], floor: str, floor_kld: float, fixed: int,

@@ -1,0 +1,124 @@
+"""Measured mixes end to end with the real tools (issue #19 part 2, docs/mixes.md), on the tiny generated Llama of
+tests/conftest.py (2 layers, widths 256 and 512: no shape fallback): the Snakemake build measures the sensitivity,
+solves the map and writes the mix as planned; a budget-only change re-solves and re-quantizes without measuring
+again (the job list); the stages run again in another folder give the same sensitivity, map and GGUF, byte for byte.
+The shape fallback of a mix's candidates on the demo's widths is read from llama-quantize's dry run."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from helpers import BOTCHAN, CALIB, TINY_COMMIT, TINY_REPO, snakemake
+
+from pipeline.fsutil import sha256_file
+from pipeline.gguf.reader import read_header
+from pipeline.recipe import load_recipe
+from pipeline.recipe.tensor_map import read_map
+
+NAME = "tiny-mix"
+KEY = "Q4_K_M_MIX"
+
+
+def _recipe(folder, budget: str):
+    p = folder / f"{NAME}.yaml"
+    p.write_text(f"""\
+name: {NAME}
+source: {{repo: {TINY_REPO}, revision: "{TINY_COMMIT}"}}
+bench: false
+conformance: false
+quants:
+  - Q4_K_M
+  - {{type: mix, label: {KEY}, budget: {budget}, candidates: [Q4_K, Q6_K]}}
+sensitivity: {{text: {CALIB}, ctx: 128, chunks: 2, bands: 2}}
+gates:
+  - {{name: botchan, text: {BOTCHAN}, ctx: 256, chunks: 17, max_ppl_ratio: 100,
+     max_kld_mean: 100, max_kld_p99: 100, min_same_top_p: 0}}
+""")
+    return p
+
+
+@pytest.fixture(scope="module")
+def mix_build(tmp_path_factory, tiny_hub):
+    hub, _ = tiny_hub
+    folder = tmp_path_factory.mktemp("mix-build")
+    recipe = _recipe(folder, "{size_of: Q4_K_M}")
+    res = snakemake(folder, recipe, hub=hub)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return folder, recipe
+
+
+def test_mix_is_written_as_solved(mix_build):
+    folder, _ = mix_build
+    work = folder / "work" / NAME
+    layout = json.loads((work / "mix" / f"{KEY}.layout.json").read_text())
+    sens = json.loads((work / "mix" / "sensitivity-plain.json").read_text())
+    gguf = work / "quants" / f"{NAME}-{KEY}.gguf"
+    written = {t.name: t.type_name for t in read_header(gguf).tensors}
+    entries = read_map(work / "mix" / f"{NAME}-{KEY}.tensor-types.txt")
+    assert len(entries) == len(sens["tensors"]) == sum(len(g["tensors"]) for g in sens["groups"])
+    for pattern, qtype, _ in entries:
+        name = pattern[1:-1].replace("\\.", ".")
+        assert written[name] == qtype  # widths 256 / 512: every candidate is written as asked
+    stock = work / "quants" / f"{NAME}-Q4_K_M.gguf"
+    assert gguf.stat().st_size == layout["predicted"]["bytes"] <= layout["bytes"] == stock.stat().st_size
+    rec = json.loads((work / "records" / f"quant-{KEY}.json").read_text())
+    assert rec["tensor_types"]["bytes"]["written"] == layout["predicted"]["bytes"]
+    cost = json.loads((work / "records" / "sensitivity-plain.json").read_text())
+    # 7 roles x 2 bands + token_embd, 2 candidates, and the floor
+    assert (cost["groups"], cost["candidates"], cost["measurements"]) == (15, 2, 31)
+    assert cost["runs"] + cost["skipped"] == 31
+
+
+def test_budget_change_resolves_without_measuring(mix_build, tiny_hub):
+    folder, recipe = mix_build
+    hub, _ = tiny_hub
+    _recipe(folder, "{bpw: 5.5}")  # the same recipe file, another budget
+    try:
+        res = snakemake(folder, recipe, hub=hub, extra=["--dry-run", "--quiet", "rules"])
+    finally:
+        _recipe(folder, "{size_of: Q4_K_M}")
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-2000:]
+    counts = dict(re.findall(r"^(\w+)\s+(\d+)\s*$", out, re.M))
+    assert {"solve", "quantize", "eval", "publish", "gate"} <= set(counts), out
+    assert counts["quantize"] == "1" and counts["eval"] == "1", out
+    assert not {"sensitivity", "eval_base", "convert", "fetch"} & set(counts), out
+
+
+def test_rebuild_gives_the_same_sensitivity_map_and_gguf(mix_build, tmp_path, toolchain, quantize_exe):
+    from pipeline.stages.mix.sensitivity import sensitivity
+    from pipeline.stages.mix.solve import solve
+    from pipeline.stages.quantize import quantize
+
+    folder, recipe_path = mix_build
+    work = folder / "work" / NAME
+    r = load_recipe(recipe_path, quantize_exe)
+    base = work / "quants" / f"{NAME}-F16.gguf"
+    sens = tmp_path / "sens.json"
+    sensitivity(r, "plain", base, base, sens, tmp_path / "rec.json", tmp_path / "scratch", threads=2,
+                log=tmp_path / "log", tc=toolchain)
+    assert sha256_file(sens) == sha256_file(work / "mix" / "sensitivity-plain.json")
+    mp, lay = tmp_path / "map.txt", tmp_path / "layout.json"
+    solve(r, KEY, sens, base, mp, lay, log=tmp_path / "log", tc=toolchain)
+    assert mp.read_bytes() == (work / "mix" / f"{NAME}-{KEY}.tensor-types.txt").read_bytes()
+    out = tmp_path / "mix.gguf"
+    quantize(r, KEY, base, out, tmp_path / "q.json", log=tmp_path / "log", threads=2, tc=toolchain, mix=(mp, lay))
+    assert sha256_file(out) == sha256_file(work / "quants" / f"{NAME}-{KEY}.gguf")
+
+
+def test_candidates_fall_back_on_the_demos_widths(tmp_path, toolchain):
+    """576-wide rows: Q4_K is written Q5_0 and Q6_K as Q8_0 (the floor), which the sensitivity then does not
+    measure twice; ffn_down (1536 wide) takes both as asked."""
+    from helpers.gguf_factory import tiny_llama
+
+    from pipeline.stages.mix.sensitivity import written_types
+
+    base = tiny_llama(tmp_path / "tiny-F16.gguf", toolchain.root / "vocab" / "ggml-vocab-llama-spm.gguf", n_layer=1,
+                      n_embd=576, n_head=9, n_head_kv=3, n_ff=1536, dtype="F16")
+    names = ["blk.0.attn_q.weight", "blk.0.ffn_down.weight"]
+    assert written_types(toolchain, base, names, "Q4_K", None, tmp_path, None, "t") == {
+        "blk.0.attn_q.weight": "Q5_0", "blk.0.ffn_down.weight": "Q4_K"}
+    assert written_types(toolchain, base, names, "Q6_K", None, tmp_path, None, "t") == {
+        "blk.0.attn_q.weight": "Q8_0", "blk.0.ffn_down.weight": "Q6_K"}
