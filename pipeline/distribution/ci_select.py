@@ -60,7 +60,7 @@ def is_pipeline_path(rel: str) -> bool:
 
 def referenced_paths(recipe: Recipe) -> list[Path]:
     """Files and folders a recipe reads besides itself (absolute): eval and calibration texts, a given
-    draft GGUF, a local source folder, tensor-type maps."""
+    draft GGUF, a local source folder, tensor-type maps, the mixes' sensitivity text."""
     refs = [es.text for es in recipe.eval_sets]
     if recipe.draft is not None:
         refs.append(recipe.draft.eval_text)
@@ -70,6 +70,8 @@ def referenced_paths(recipe: Recipe) -> list[Path]:
         if section is not None:
             refs.append(section.calibration)
     refs += [q.tensor_types_file for q in recipe.quants if q.tensor_types_file]
+    if recipe.sensitivity is not None:
+        refs.append(recipe.sensitivity.text)
     for src in (recipe.source, recipe.draft.source if recipe.draft else None):
         if src is not None and src.path:
             refs.append(Path(src.path).expanduser())  # as the fetch stage reads it (relative to the cwd)
