@@ -1,5 +1,7 @@
 # publish: verdicts, passing files linked into artifacts/<name>/, metrics, report, card, manifest; then the
-# gate, which fails the build when a check failed (publish itself succeeds then).
+# gate, which fails the build when a check failed (publish itself succeeds then). Files named per recipe are written
+# beside the outputs and vouched for by the manifest, not declared here: Modelfile.<KEY>, a measured mix's map
+# <name>-<KEY>.tensor-types.txt (SHA256 in its mix.map) and the sensitivity heat maps sensitivity-<flavour>.svg.
 
 
 rule publish:

@@ -13,8 +13,9 @@ calibration threads and device, ``quantized_by``). This module
    recorded settings and any ``--cores``; first the fetch stage alone, whose source digest must equal
    the recorded one, then the build;
 3. compares the SHA256 of every model file the manifest lists (published and rejected quants, the
-   base, split shards and the whole files they were cut from) and the manifest itself without its
-   volatile ``build`` section, and prints one table row each.
+   base, split shards and the whole files they were cut from), each measured mix's tensor-type map and
+   sensitivity measurement, and the manifest itself without its volatile ``build`` section (and the
+   sensitivity cost's seconds and cache counts), and prints one table row each.
 
 Exit status 0 only when every row matches; 1 otherwise (a refusal, a failed build, a mismatch).
 """
@@ -191,7 +192,37 @@ def preflight(m: dict, recipe_path: Path, hub_cache: str | None) -> tuple[list[s
             errors.append(f"quant {key}: tensor_types_file {maps[key]} differs from the recorded map (SHA256 "
                           f"{rec['sha256'][:16]}…)")
 
+    sens = m.get("sensitivity") or {}
+    if sens and recipe.sensitivity is None:
+        errors.append(f"sensitivity: not in {recipe_path} (the manifest records measured mixes)")
+    elif sens:
+        text = recipe.sensitivity.text
+        recorded = sorted({s["text_sha256"] for s in sens.values()})
+        if [sha256_file(text)] != recorded:
+            errors.append(f"sensitivity.text: {text} differs from the recorded text (SHA256 {recorded[0][:16]}…)")
+
     return errors, recipe, cache
+
+
+def _mix_rows(entries: list[dict], m: dict, name: str, layout) -> list[Row]:
+    """One row per mix map of ``entries`` and per sensitivity measurement they were solved from (all of the manifest's
+    when every entry is compared)."""
+    from pipeline.stages.publish import artifact_key
+
+    def sha(p: Path) -> str | None:
+        return sha256_file(p) if p.is_file() else None
+
+    rows, flavours = [], []
+    for e in entries:
+        mix = e.get("mix")
+        if mix:
+            rows.append(Row(mix["map"]["file"], mix["map"]["sha256"],
+                            sha(layout.mix_map(name, artifact_key(name, e["file"])))))
+            flavours.append(mix["flavour"])
+    for flavour, s in (m.get("sensitivity") or {}).items():
+        if flavour in flavours:
+            rows.append(Row(layout.sensitivity(name, flavour).name, s["sha256"], sha(layout.sensitivity(name, flavour))))
+    return rows
 
 
 def _snakemake(recipe_path: Path, scratch: Path, cores: str, settings: dict, targets: list[Path],
@@ -328,7 +359,7 @@ def rebuild_check(manifest_path: str | Path, recipe: str | None = None, cores: s
         else:
             targets = [L.manifest(name)]
         code = _snakemake(recipe_path, scratch, cores, settings, targets, cache, log)
-        rows = [row for e in entries for row in _rows_for(e, name, L)]
+        rows = [row for e in entries for row in _rows_for(e, name, L)] + _mix_rows(entries, m, name, L)
         if not only:
             rebuilt = L.manifest(name)
             m2 = json.loads(rebuilt.read_text()) if rebuilt.is_file() else None

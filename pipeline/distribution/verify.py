@@ -9,6 +9,10 @@ A split file (recipe ``split:``) is published as a folder ``<name>-<KEY>/`` of l
 lists (none missing, none extra), each one's size, SHA256, header and ``split.no`` / ``split.count`` /
 ``split.tensors.count``, the quant type (``general.file_type``, which only the first shard carries) and
 the whole model's header facts, summed over the shards.
+
+A measured mix's tensor-type map (``<name>-<KEY>.tensor-types.txt``, manifest ``mix.map``) is checked by its SHA256:
+given itself, or beside its GGUF when the GGUF is verified (a map that is there must match; one not pulled is not
+required).
 """
 
 from __future__ import annotations
@@ -30,6 +34,36 @@ def find_entry(manifest: dict, filename: str) -> dict:
         if entry.get("file") == filename:
             return entry
     raise PipelineError(f"{filename} is not listed in the manifest of {manifest.get('name', '?')}")
+
+
+MAP_SUFFIX = ".tensor-types.txt"  # pipeline/stages/publish.py MAP_SUFFIX
+
+
+def _map_entry(manifest: dict, filename: str) -> dict | None:
+    """The artifact entry whose mix map is ``filename``."""
+    return next((e for e in manifest.get("artifacts", []) if (e.get("mix") or {}).get("map", {}).get("file") == filename),
+                None)
+
+
+def _check_map(path: Path, entry: dict) -> str:
+    """Raise unless ``path`` (a mix's map) has the SHA256 the manifest names for it; returns its digest."""
+    want = entry["mix"]["map"]["sha256"]
+    if not path.is_file():
+        raise PipelineError(f"{path}: missing (not pulled?)")
+    digest = sha256_file(path)
+    if digest != want:
+        raise PipelineError(f"{path}: SHA256 {digest} does not match the manifest's {want} (the map of "
+                            f"{entry['file']}): file altered")
+    return digest
+
+
+def _map_beside(folder: Path, entry: dict) -> str:
+    """`` · map …`` when a mix's map sits beside its GGUF and matches (raise when it differs); else ``""``."""
+    m = (entry.get("mix") or {}).get("map")
+    if not m or not (folder / m["file"]).is_file():
+        return ""
+    _check_map(folder / m["file"], entry)
+    return f"; map {m['file']} matches"
 
 
 def _shard_of(path: Path) -> bool:
@@ -54,6 +88,9 @@ def verify(path: str | Path, manifest: str | Path | None = None) -> str:
         raise PipelineError(f"{path}: no manifest at {mpath}") from None
     except ValueError as exc:
         raise PipelineError(f"{mpath}: not valid JSON: {exc}") from None
+    if path.name.endswith(MAP_SUFFIX) and (owner := _map_entry(data, path.name)) is not None:
+        digest = _check_map(path, owner)
+        return f"OK  {path} (tensor-type map of {owner['file']}, sha256 {digest[:16]}…, build {data.get('build_id')})"
     names = {e.get("file") for e in data.get("artifacts", [])}
     if shard and path.name not in names and path.parent.name in names:
         path = path.parent  # a shard stands for its split file: every shard is checked
@@ -74,7 +111,8 @@ def verify(path: str | Path, manifest: str | Path | None = None) -> str:
     for key in _HEADER_FACTS:  # the manifest's other header facts, where it has them
         if key in entry and getattr(facts, key) != entry[key]:
             raise PipelineError(f"{path}: GGUF header says {key} {getattr(facts, key)!r}, manifest says {entry[key]!r}")
-    return f"OK  {path} ({entry['quant_type']}, {size} bytes, sha256 {digest[:16]}…, build {data.get('build_id')})"
+    return (f"OK  {path} ({entry['quant_type']}, {size} bytes, sha256 {digest[:16]}…, build {data.get('build_id')}"
+            f"{_map_beside(path.parent, entry)})")
 
 
 def _verify_split(folder: Path, entry: dict, data: dict) -> str:
@@ -126,4 +164,4 @@ def _verify_split(folder: Path, entry: dict, data: dict) -> str:
             raise PipelineError(f"{folder}: the shards' GGUF headers say {key} {facts[key]!r} in all, manifest says "
                                 f"{entry[key]!r}")
     return (f"OK  {folder} ({entry['quant_type']}, {n} shard(s), {entry['size_bytes']} bytes, every SHA256 matches, "
-            f"build {data.get('build_id')})")
+            f"build {data.get('build_id')}{_map_beside(folder.parent, entry)})")

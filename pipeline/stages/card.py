@@ -1,7 +1,7 @@
 """The model card (``artifacts/<name>/README.md``): Hub front matter (base model, relation, license, language,
-pipeline tag, tags), the label-first quality table, per-label usage lines, the verified prompt format, the Hub's
-Ollama files, conformance, MTP and draft sections. The tables and sections it shares with ``report.md`` come from
-pipeline/stages/report.py."""
+pipeline tag, tags), the label-first quality table, the measured mixes (two lines each), per-label usage lines, the
+verified prompt format, the Hub's Ollama files, conformance, MTP and draft sections. The tables and sections it shares
+with ``report.md`` come from pipeline/stages/report.py (and report_mix.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 
 from pipeline.fsutil import write_text_atomic
 from pipeline.stages.report import conformance_text, draft_table, eval_desc, label, markdown_table, mtp_text
+from pipeline.stages.report_mix import card_mix_lines
 from pipeline.stages.split import model_path
 
 _PLAIN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/+-]*$")
@@ -191,6 +192,9 @@ def card_text(manifest: dict) -> str:
         if es and len(sets) > 1:
             body += [f"### {es}", ""]
         body += [markdown_table(manifest, es, speed=False, labels=True), ""]
+    mixes = card_mix_lines(manifest)
+    if mixes:  # two lines each: what the mix is, how to make it again from its published map
+        body += ["## Measured mixes", "", *mixes, ""]
     if manifest.get("conformance"):
         body += ["## Conformance", "", conformance_text(manifest), ""]
     prompt = prompt_format(manifest)

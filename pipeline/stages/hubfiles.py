@@ -10,6 +10,9 @@
   the conformance stage verified exactly as the model's template does; ``system`` (the ChatML template's built-in
   default system prompt) beside it; and the manifest's ``hub`` section: what the model card's front matter, usage
   lines and prompt format say (:func:`hub_section`).
+- :func:`mix_files`: what a recipe with measured mixes publishes besides: each published mix's tensor-type map
+  (``<name>-<KEY>.tensor-types.txt``, SHA256 in the manifest's ``mix.map``) and the sensitivity heat maps
+  (``sensitivity-<flavour>.svg``, drawn from the manifest like ``report.svg``).
 """
 
 from __future__ import annotations
@@ -45,6 +48,19 @@ HUB_OLLAMA_FILES = ("template", "system", "params")
 # What the publish stage leaves in the artifact folder, in upload order after the GGUFs, Modelfiles and Hub files.
 FOLDER_FILES = (("README.md", "card"), ("report.md", "report"), ("report.svg", "plot"), ("metrics.json", "metrics"),
                 ("manifest.json", "manifest"))
+
+
+
+def mix_files(manifest: dict) -> list[tuple[str, str, str | None]]:
+    """``(file, kind, sha256 or None)`` of the measured mixes' files in the artifact folder, in upload order after the
+    Hub files: each published mix's map (kind ``tensor-types``, the SHA256 the manifest vouches for) in manifest
+    order, then each flavour's heat map (kind ``heatmap``; derived from the manifest, no recorded SHA256). Empty for
+    recipes without mixes."""
+    from pipeline.stages.report_mix import heatmap_name
+
+    maps = [(m["file"], "tensor-types", m["sha256"]) for e in manifest.get("artifacts", [])
+            for m in [(e.get("mix") or {}).get("map")] if m]
+    return maps + [(heatmap_name(f), "heatmap", None) for f in manifest.get("sensitivity") or {}]
 
 
 # --------------------------------------------------------------------------- Ollama Modelfiles

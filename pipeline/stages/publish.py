@@ -6,10 +6,13 @@ never appears in ``artifacts`` — no manifest entry marks it good and no file o
 artifact folder. The quants that passed are published all the same; :func:`check_gates` (the
 workflow's last job) then fails the build, naming recipe, quant, eval set, metric, value and
 threshold. With ``publish.ollama`` in the recipe, an Ollama ``Modelfile.<KEY>`` is written beside each
-published model file (pipeline/distribution/hub.py) and listed with its SHA256 under ``ollama``.
+published model file (pipeline/distribution/hub.py) and listed with its SHA256 under ``ollama``. A measured mix's
+tensor-type map is published beside its GGUF (``<name>-<KEY>.tensor-types.txt``, SHA256 in its ``mix.map``) and each
+sensitivity measurement drawn as ``sensitivity-<flavour>.svg`` (pipeline/stages/report_mix.py).
 
 The manifest is deterministic: identical inputs give identical manifests apart from the ``build``
-section (timestamp and build-box speed figures). ``build_id`` is derived from the inputs (recipe
+section (timestamp and build-box speed figures) and the sensitivity cost's seconds and cache counts
+(:func:`strip_volatile`). ``build_id`` is derived from the inputs (recipe
 file, source commit and file hashes, tool versions), so one set of inputs always names the same
 version.
 """
@@ -41,6 +44,10 @@ from pipeline.stages.publish_sections import (
     _mtp_section,
     _overrides_entry,
     _tokenizer_keys,
+    check_mix_sources,
+    mix_entry,
+    sensitivity_section,
+    strip_sensitivity_cost,
 )
 from pipeline.stages.split import model_path
 
@@ -52,7 +59,12 @@ from pipeline.stages.split import model_path
 # 5: each quant's `tensor_types` (histogram, tensors unlike the recipe's request with the reason, predicted and
 #    written bytes; `tensor_types_file` with a map: #19), MTP drafts (`draft.mtp`, `draft.spec_type`) and every
 #    pair's `acceptance.spec_type` / `acceptance.command` / `acceptance.served` (the deploy line run by llama-server, #18).
-SCHEMA_VERSION = 5
+# 6: measured mixes (#19 part 2): each mix quant's `mix` (solver, flavour, goal {budget, bytes} or {target},
+#    candidates, floor, choice, predicted {bytes, bpw, kld_mean}, sensitivity {sha256, text, text_sha256, ctx, chunks},
+#    map {file, sha256}: the map published beside the GGUF) and the top-level `sensitivity` section per flavour
+#    (text, settings, floor_kld_mean, groups with bytes and kld_mean per candidate, cost; the cost's seconds and cache
+#    counts are volatile); build_id covers the sensitivity text of a recipe with mixes.
+SCHEMA_VERSION = 6
 
 
 def _canonical(obj) -> bytes:
@@ -249,6 +261,10 @@ def build_manifest(recipe: Recipe, layout: Layout) -> tuple[dict, dict]:
         for k in ("tensor_types", "tensor_types_file"):  # the per-type histogram, what differs from the recipe, bytes
             if k in rec:
                 entry[k] = rec[k]
+        if q.mix:  # the solve it was made from and its map (published beside the GGUF)
+            if "mix" not in rec:
+                raise PipelineError(f"{layout.quant_record(name, q.key)}: no mix layout: re-run the quantize stage")
+            entry["mix"] = mix_entry(rec)
         calibration, failures = _calibration(recipe, layout, q, work_path, calib_seconds)
         if calibration:
             entry["calibration"] = calibration
@@ -281,6 +297,8 @@ def build_manifest(recipe: Recipe, layout: Layout) -> tuple[dict, dict]:
             artifacts.append(entry)
 
     _tokenizer_keys(recipe, layout, artifacts, rejected)
+    sensitivity = sensitivity_section(recipe, layout)
+    check_mix_sources(artifacts + rejected, sensitivity)
     conformance, conformance_failures, conformance_seconds = _conformance_section(recipe, layout)
     if conformance_failures:  # the reference itself is not the HF model: no file of the recipe is published
         for e in artifacts:
@@ -324,6 +342,8 @@ def build_manifest(recipe: Recipe, layout: Layout) -> tuple[dict, dict]:
         "artifacts": artifacts,
         "rejected": rejected,
     }
+    if sensitivity:
+        manifest["sensitivity"] = sensitivity
     if converted.get("vocab_overrides"):
         manifest["vocab_overrides"] = _overrides_entry(converted["vocab_overrides"])
     if recipe.mtp != "keep":
@@ -360,6 +380,7 @@ def publish(recipe: Recipe, layout: Layout) -> dict:
     for e in manifest["artifacts"]:  # base, passing quants, an MTP draft (files, or folders of shards)
         link_artifact(layout, name, e)
     keep = {e["file"] for e in manifest["artifacts"]}
+    keep |= publish_maps(layout, name, manifest)  # a mix's tensor-type map beside its GGUF
     for stale in layout.art_dir(name).glob(f"{name}-*"):
         if stale.name in keep:  # else: quants removed from the recipe or now failing, split or no longer split
             continue
@@ -367,13 +388,36 @@ def publish(recipe: Recipe, layout: Layout) -> dict:
             stale.unlink()
         elif stale.is_dir() and not stale.is_symlink() and all(SHARD_RE.match(p.name) for p in stale.iterdir()):
             shutil.rmtree(stale)
+        elif stale.name.endswith(MAP_SUFFIX) and not stale.is_dir():  # the map of a mix no longer published
+            stale.unlink()
     write_json_atomic(layout.metrics(name), metrics)
     (layout.art_dir(name) / "report.png").unlink(missing_ok=True)  # the plot of earlier versions (now report.svg)
-    write_report(manifest, layout.report(name), layout.plot(name))
+    write_report(manifest, layout.report(name), layout.plot(name))  # and the mixes' sensitivity heat maps
     manifest = publish_modelfiles(recipe, manifest, layout.art_dir(name), layout)  # `publish.ollama`: Modelfile.<KEY>
     write_card(manifest, layout.card(name))
     write_json_atomic(layout.manifest(name), manifest)  # last: the manifest marks the folder complete
     return manifest
+
+
+MAP_SUFFIX = ".tensor-types.txt"
+
+
+def publish_maps(layout: Layout, name: str, manifest: dict) -> set[str]:
+    """Publish each published mix's solved map (``<name>-<KEY>.tensor-types.txt``) beside its GGUF, checked against
+    the SHA256 the manifest names; returns their file names."""
+    out = set()
+    for e in manifest["artifacts"]:
+        m = (e.get("mix") or {}).get("map")
+        if not m:
+            continue
+        fname = plain_name(m["file"], "map file")
+        src = layout.mix_map(name, artifact_key(name, e["file"]))
+        if src.name != fname or sha256_file(src) != m["sha256"]:
+            raise PipelineError(f"{src}: not the map {fname} (SHA256 {m['sha256'][:16]}…) the quant was made with: "
+                                "re-run the solve and quantize stages")
+        _link(src, layout.art_dir(name) / fname)
+        out.add(fname)
+    return out
 
 
 def check_gates(manifest_path: str | Path, ok_path: str | Path) -> None:
@@ -387,6 +431,10 @@ def check_gates(manifest_path: str | Path, ok_path: str | Path) -> None:
             if not path.is_file() or path.stat().st_size != size:
                 raise PipelineError(f"{path} is missing or differs from {manifest_path}: re-publish with "
                                     "`snakemake --forcerun publish`")
+        m = (e.get("mix") or {}).get("map")
+        if m and (not (folder / m["file"]).is_file() or sha256_file(folder / m["file"]) != m["sha256"]):
+            raise PipelineError(f"{folder / m['file']} is missing or differs from {manifest_path}: re-publish with "
+                                "`snakemake --forcerun publish`")
     msgs = gate_messages(manifest)
     if msgs:
         quants = sum(e.get("role") == "quant" for e in manifest["artifacts"])
@@ -397,5 +445,9 @@ def check_gates(manifest_path: str | Path, ok_path: str | Path) -> None:
 
 
 def strip_volatile(manifest: dict) -> dict:
-    """The manifest without its ``build`` section: equal for identical builds."""
-    return {k: v for k, v in manifest.items() if k != "build"}
+    """The manifest without its ``build`` section and the sensitivity cost's seconds and cache counts: equal for
+    identical builds."""
+    out = {k: v for k, v in manifest.items() if k != "build"}
+    if "sensitivity" in out:
+        out["sensitivity"] = strip_sensitivity_cost(out["sensitivity"])
+    return out

@@ -1,6 +1,6 @@
 """The manifest's sections beyond the file entries (pipeline/stages/publish.py builds the manifest): the conformance
-verdict and the tokenizer keys every file carries, vocabulary overrides, the MTP heads and their draft, and the
-draft model's pairs with their deployment lines."""
+verdict and the tokenizer keys every file carries, vocabulary overrides, the MTP heads and their draft, the
+draft model's pairs with their deployment lines, and the measured mixes (each mix's solve, the sensitivity section)."""
 
 from __future__ import annotations
 
@@ -79,6 +79,8 @@ def _calibration_inputs(recipe: Recipe) -> dict:
     maps = {q.key: sha256_file(q.tensor_types_file) for q in recipe.quants if q.tensor_types_file}
     if maps:  # tensor-type map files (quants[].tensor_types_file): only recipes with maps, build_ids unchanged
         out["tensor_types_files"] = maps
+    if recipe.sensitivity is not None and any(q.mix for q in recipe.quants):  # the text the mixes are solved from
+        out["sensitivity"] = recipe.sensitivity.describe()
     return out
 
 
@@ -174,3 +176,73 @@ def _draft_section(recipe: Recipe, layout: Layout, paths: dict[str, str] | None 
     return info, failures, timings
 
 
+
+
+# --------------------------------------------------------------------------- measured mixes (docs/mixes.md)
+
+# The sensitivity cost figures that depend on the build box or on what an earlier build left in the measurement cache:
+# kept out of the rebuild comparison (strip_volatile); `measurements` and `skipped` follow from the inputs.
+SENSITIVITY_VOLATILE = ("seconds", "quantize_seconds", "eval_seconds", "runs", "reused")
+SENSITIVITY_COST = ("measurements", "runs", "reused", "skipped", "seconds", "quantize_seconds", "eval_seconds")
+
+
+def mix_entry(rec: dict) -> dict:
+    """A mix quant's ``mix`` entry from its quantize record (``mix``: the solve's layout record; ``tensor_types_file``:
+    the map llama-quantize was given): solver, goal (the budget with its bytes, or the target), candidates, floor,
+    the chosen type per group, the prediction, the sensitivity it was solved from and the map (published beside the
+    GGUF)."""
+    lay, tf = rec["mix"], rec.get("tensor_types_file") or {}
+    if tf.get("sha256") != lay["map_sha256"]:
+        raise PipelineError(f"quant {lay['label']}: quantized with map SHA256 {str(tf.get('sha256'))[:16]}…, the solve "
+                            f"recorded {lay['map_sha256'][:16]}…: re-run the quantize stage")
+    goal = {"budget": lay["budget"], "bytes": lay["bytes"]} if "budget" in lay else {"target": lay["target"]}
+    s = lay["sensitivity"]
+    return {"solver": lay["solver"], "flavour": lay["flavour"], "goal": goal, "candidates": lay["candidates"],
+            "floor": lay["floor"], "choice": lay["choice"],
+            "predicted": {k: lay["predicted"][k] for k in ("bytes", "bpw", "kld_mean")},
+            "sensitivity": {k: s[k] for k in ("sha256", "text", "text_sha256", "ctx", "chunks")},
+            "map": {"file": tf["file"], "sha256": tf["sha256"]}}
+
+
+def _smallest(group: dict, candidates: list[str]) -> str:
+    """The candidate that makes the group smallest (first in the ladder on a tie)."""
+    return min(candidates, key=lambda c: (group["bytes"][c], candidates.index(c)))
+
+
+def sensitivity_section(recipe: Recipe, layout: Layout) -> dict:
+    """The manifest's ``sensitivity`` section: per flavour what the mixes were solved from (text, settings, the
+    floor's KLD, each group's mean KLD per candidate) and what measuring it cost (``cost``: its seconds and cache
+    counts are volatile). Empty for recipes without mixes."""
+    out = {}
+    for flavour in recipe.mix_flavours:
+        path = layout.sensitivity(recipe.name, flavour)
+        data, rec = _load(path), _load(layout.sensitivity_record(recipe.name, flavour))
+        digest = sha256_file(path)
+        if rec.get("sensitivity_sha256") != digest:
+            raise PipelineError(f"{layout.sensitivity_record(recipe.name, flavour)} is the record of another "
+                                f"{path.name}: re-run the sensitivity stage")
+        out[flavour] = {
+            "sha256": digest, **{k: data[k] for k in ("text", "text_sha256", "ctx", "chunks", "floor", "candidates",
+                                                      "bands")},
+            "floor_kld_mean": data["floor_kld"]["kld_mean"],
+            "groups": [{"group": g["group"], "role": g["role"], "band": g["band"], "bytes": g["bytes"],
+                        "kld_mean": {c: g["kld"][c]["kld_mean"] for c in data["candidates"] if c in g["kld"]}}
+                       for g in data["groups"]],
+            "cost": {k: rec[k] for k in SENSITIVITY_COST if k in rec},
+        }
+    return out
+
+
+def check_mix_sources(artifacts: list[dict], sensitivity: dict) -> None:
+    """Every mix was solved from the sensitivity file the manifest lists for its flavour."""
+    for e in artifacts:
+        m = e.get("mix")
+        if m and (sensitivity.get(m["flavour"]) or {}).get("sha256") != m["sensitivity"]["sha256"]:
+            raise PipelineError(f"{e['file']}: solved from sensitivity SHA256 {m['sensitivity']['sha256'][:16]}…, not "
+                                f"the {m['flavour']} measurement published: re-run the solve stage")
+
+
+def strip_sensitivity_cost(sensitivity: dict) -> dict:
+    """The ``sensitivity`` section without the volatile cost figures."""
+    return {f: {**s, "cost": {k: v for k, v in s.get("cost", {}).items() if k not in SENSITIVITY_VOLATILE}}
+            for f, s in sensitivity.items()}

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from pipeline.fsutil import write_text_atomic
 from pipeline.recipe.naming import hub_label
+from pipeline.stages.report_mix import mixes_markdown, pareto_front, write_heatmaps
 from pipeline.stages.split import model_path
 
 MIB = 1024 * 1024
@@ -70,14 +71,14 @@ def markdown_table(manifest: dict, eval_set: str | None, speed: bool = True, lab
 
 
 def plot_points(manifest: dict) -> list[tuple]:
-    """What the plot shows: (eval set index, eval set, label, size MiB, mean KLD, published) per quant and set."""
+    """What the plot shows: (eval set index, eval set, label, size MiB, mean KLD, published, mix) per quant and set."""
     out = []
     for i, es in enumerate(es["name"] for es in manifest.get("eval_sets", [])):
         for e, m, _b, _v in _rows(manifest, es):
             if e.get("role") == "base" or "kld_mean" not in m:
                 continue
             out.append((i, es, e["file"].removeprefix(manifest["name"] + "-").removesuffix(".gguf"),
-                        e["size_bytes"] / MIB, max(m["kld_mean"], 1e-6), e in manifest["artifacts"]))
+                        e["size_bytes"] / MIB, max(m["kld_mean"], 1e-6), e in manifest["artifacts"], bool(e.get("mix"))))
     return out
 
 
@@ -98,7 +99,8 @@ def _num(v: float) -> str:
 
 def render_plot(manifest: dict, width: int = 700, height: int = 450) -> str:
     """SVG text: file size (MiB, linear) against mean KLD (log) per quant and eval set, the usual Pareto
-    picture; a failed quant is a red x. Drawn here, not with matplotlib, whose import alone took 0.4 s of
+    picture: stock types as dots, measured mixes as diamonds, a failed quant as a red x, and per eval set the Pareto
+    front of the published files (none smaller and closer at once) as a dashed line. Drawn here, not with matplotlib, whose import alone took 0.4 s of
     every publish; the output is plain text, byte-identical for identical inputs."""
     from xml.sax.saxutils import escape
 
@@ -151,9 +153,19 @@ def render_plot(manifest: dict, width: int = 700, height: int = 450) -> str:
                            f'<tspan dy="-6" font-size="9">{d}</tspan></text>')
     out.append(f'<rect x="{left}" y="{top}" width="{right - left}" height="{bottom - top}" fill="none" stroke="#000"/>')
     mid = (min(xs) + max(xs)) / 2
-    for i, _es, label, x, y, published in points:
+    for i in sorted({p[0] for p in points}):  # the Pareto front of each eval set's published files
+        pub = [p for p in points if p[0] == i and p[5]]
+        front = [pub[k] for k in pareto_front([(p[3], p[4]) for p in pub])]
+        if len(front) > 1:
+            xy = " ".join(f"{round(px(p[3]), 2)},{round(py(p[4]), 2)}" for p in front)
+            out.append(f'<polyline points="{xy}" fill="none" stroke="{COLORS[i % len(COLORS)]}" stroke-width="1.2" '
+                       'stroke-dasharray="5,3"/>')
+    for i, _es, label, x, y, published, mix in points:
         cx, cy = round(px(x), 2), round(py(y), 2)
-        if published:
+        if published and mix:
+            out.append(f'<path d="M{cx},{cy - 6}L{cx + 6},{cy}L{cx},{cy + 6}L{cx - 6},{cy}Z" '
+                       f'fill="{COLORS[i % len(COLORS)]}" stroke="#000" stroke-width="0.8"/>')
+        elif published:
             out.append(f'<circle cx="{cx}" cy="{cy}" r="4.5" fill="{COLORS[i % len(COLORS)]}"/>')
         else:
             out.append(f'<path d="M{cx - 4},{cy - 4}L{cx + 4},{cy + 4}M{cx - 4},{cy + 4}L{cx + 4},{cy - 4}" '
@@ -169,7 +181,9 @@ def render_plot(manifest: dict, width: int = 700, height: int = 450) -> str:
                f'mean KL divergence vs {escape(base)} (log)</text>')
     sets = list(dict.fromkeys((i, es) for i, es, *_ in points))
     if sets:
-        w, h = 12 + 8 * max(len("eval set"), *(len(es) for _, es in sets)) + 18, 24 + 16 * len(sets)
+        extra = ["Pareto front"] + (["measured mix"] if any(p[6] for p in points) else [])
+        w = 12 + 8 * max(len("eval set"), *(len(es) for _, es in sets), *map(len, extra)) + 18
+        h = 24 + 16 * (len(sets) + len(extra))
         lx, ly = right - w - 8, top + 8
         out.append(f'<rect x="{lx}" y="{ly}" width="{w}" height="{h}" fill="white" stroke="#ccc" rx="3"/>')
         out.append(f'<text x="{lx + w / 2}" y="{ly + 15}" text-anchor="middle">eval set</text>')
@@ -177,6 +191,14 @@ def render_plot(manifest: dict, width: int = 700, height: int = 450) -> str:
             yy = ly + 30 + 16 * k
             out.append(f'<circle cx="{lx + 12}" cy="{yy - 4}" r="4.5" fill="{COLORS[i % len(COLORS)]}"/>')
             out.append(f'<text x="{lx + 24}" y="{yy}" font-size="11">{escape(es)}</text>')
+        yy = ly + 30 + 16 * len(sets)
+        out.append(f'<line x1="{lx + 4}" y1="{yy - 4}" x2="{lx + 20}" y2="{yy - 4}" stroke="#444" stroke-dasharray="5,3"/>'
+                   f'<text x="{lx + 24}" y="{yy}" font-size="11">Pareto front</text>')
+        if len(extra) > 1:
+            yy += 16
+            out.append(f'<path d="M{lx + 12},{yy - 10}L{lx + 18},{yy - 4}L{lx + 12},{yy + 2}L{lx + 6},{yy - 4}Z" '
+                       f'fill="#fff" stroke="#000" stroke-width="0.8"/><text x="{lx + 24}" y="{yy}" font-size="11">'
+                       'measured mix</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"
 
@@ -269,8 +291,9 @@ def conformance_text(manifest: dict) -> str:
 
 
 def write_report(manifest: dict, out_md: str | Path, out_svg: str | Path) -> None:
-    """report.md and its plot (report.svg)."""
+    """report.md, its plot (report.svg) and, with measured mixes, the sensitivity heat maps beside them."""
     write_text_atomic(out_svg, render_plot(manifest))
+    write_heatmaps(manifest, Path(out_svg).parent)
     parts = [f"# {manifest['name']}: quantization report", "",
              f"Build `{manifest['build_id']}` · llama.cpp b{manifest['tools']['llama_cpp_build']} · "
              f"built {manifest['build']['timestamp']}", ""]
@@ -281,6 +304,9 @@ def write_report(manifest: dict, out_md: str | Path, out_svg: str | Path) -> Non
         if es:
             parts += [f"## Eval set `{es}`", ""]
         parts += [markdown_table(manifest, es, speed=True), ""]
+    mixes = mixes_markdown(manifest)
+    if mixes:
+        parts += ["## Measured mixes", "", mixes, ""]
     if manifest.get("conformance"):
         parts += ["## Conformance", "", conformance_text(manifest), ""]
     if manifest.get("mtp"):
