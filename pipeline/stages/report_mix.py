@@ -166,7 +166,7 @@ def mixes_markdown(manifest: dict) -> str:
     where = "; ".join(f"`{t}` (ctx {c} × {n} chunks)" for t, c, n in sorted(texts))
     lines += ["", f"Predicted: the solver's additive model on the sensitivity text {where}; measured: "
               "`llama-perplexity --kl-divergence` of the file on each gate set's text, which the solver never saw. "
-              "Each mix's map (`<file>.tensor-types.txt` beside it) names every quantized tensor's type.", ""]
+              "Each mix's map (`<name>-<KEY>.tensor-types.txt` beside its GGUF) names every quantized tensor's type.", ""]
     for flavour, s in (manifest.get("sensitivity") or {}).items():
         c = s.get("cost", {})
         lines.append(f"- Sensitivity `{flavour}`: {len(s['groups'])} groups × {len(s['candidates'])} candidates "
