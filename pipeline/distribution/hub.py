@@ -24,7 +24,7 @@ from pathlib import Path
 
 from pipeline.errors import PipelineError
 from pipeline.fsutil import sha256_file, write_json_atomic
-from pipeline.stages.hubfiles import FOLDER_FILES, HUB_URL
+from pipeline.stages.hubfiles import FOLDER_FILES, HUB_URL, mix_files
 
 # --------------------------------------------------------------------------- the upload plan
 
@@ -114,6 +114,13 @@ def upload_plan(recipe, manifest: dict, folder: str | Path) -> list[dict]:
             _refuse(name, f"{path} does not name build {manifest['build_id']} (left from another build): re-publish "
                           "(`snakemake --forcerun publish`)")
         add(path, kind, sha256_file(path), path.stat().st_size)
+    for fname, kind, want in mix_files(manifest):  # the mixes' maps (SHA256 in the manifest) and heat maps
+        path = folder / fname
+        digest = sha256_file(path) if path.is_file() else None
+        if digest is None or (want is not None and digest != want):
+            _refuse(name, f"{path}: {'missing' if digest is None else 'SHA256 ' + digest} where the manifest says "
+                          f"{want}: re-publish (`snakemake --forcerun publish`)")
+        add(path, kind, digest, path.stat().st_size)
     return plan
 
 
