@@ -1,0 +1,57 @@
+"""``ggufpipe fit``: does a GGUF fit in a device's memory at a context size? See ``ggufpipe fit --help`` and
+docs/devices.md. Exit status 0 when it fits, 1 (one line ``error: ...``) when it does not."""
+
+from __future__ import annotations
+
+import re
+
+from pipeline.errors import PipelineError
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """``8G``, ``8GiB``, ``512M``, ``1.5G``, ``123456`` (bytes) -> bytes; binary units (G = GiB)."""
+    m = _SIZE.match(text)
+    if not m:
+        raise PipelineError(f"--mem {text!r}: a size such as 8G, 512M or 1.5GiB")
+    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+
+
+def _mib(n: float) -> str:
+    return f"{n / (1 << 20):10.1f} MiB"
+
+
+def cmd_fit(args) -> None:
+    from pipeline.devices.memory import predict_memory
+
+    mem = parse_size(args.mem)
+    p = predict_memory(args.gguf, args.ctx, kv_type=args.kv_type, arch=args.arch, threads=args.threads)
+    d = p["details"]
+    print(f"{args.gguf}: {d['architecture']}, ctx {args.ctx} (KV cells {d['n_ctx']}"
+          + (f", sliding-window layers {d['swa_layers']} at {d['swa_cells']}" if d["swa_layers"] else "")
+          + f"), KV {d['kv_type']}, CPU profile {args.arch}")
+    for key in ("weights", "repack", "kv", "compute", "output", "overhead"):
+        print(f"  {key:9} {_mib(p[key])}")
+    print(f"  {'total':9} {_mib(p['total'])}   (peak RSS of llama-bench -p {args.ctx}; docs/devices.md)")
+    margin = mem - p["total"]
+    if margin >= 0:
+        print(f"fits in {args.mem}: margin {margin / (1 << 20):.1f} MiB ({margin / mem:.0%})")
+        return
+    raise PipelineError(f"does not fit: {args.gguf} at ctx {args.ctx} needs {p['total'] / (1 << 20):.1f} MiB, "
+                        f"{-margin / (1 << 20):.1f} MiB more than --mem {args.mem}")
+
+
+def register(sub) -> None:
+    from pipeline.devices.memory import ARCH_FEATURES, KV_TYPES
+
+    p = sub.add_parser("fit", help="predict the memory a GGUF takes on a CPU device and whether it fits")
+    p.add_argument("gguf")
+    p.add_argument("--mem", required=True, help="the device's memory for the model, e.g. 8G, 512M (binary units)")
+    p.add_argument("--ctx", type=int, default=4096, help="context size (default 4096)")
+    p.add_argument("--kv-type", default="f16", choices=sorted(KV_TYPES), help="KV cache type (default f16)")
+    p.add_argument("--arch", default="x86_64", choices=sorted(ARCH_FEATURES),
+                   help="CPU profile: which tensor types ggml-cpu repacks (default x86_64, the pinned build)")
+    p.add_argument("--threads", type=int, default=2, help="threads (default 2)")
+    p.set_defaults(func=cmd_fit)

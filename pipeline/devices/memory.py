@@ -1,0 +1,302 @@
+"""How much memory llama.cpp's CPU build takes to run a GGUF at a context size, predicted from the GGUF alone.
+
+The quantity predicted is the peak resident set (VmHWM) of
+
+    llama-bench -m FILE -p CTX -n 16 -r 1 -t 2
+
+on the pinned build (b11312, CPU only, default mmap): one context of CTX tokens (padded) that processes a
+CTX-token prompt in ubatches of 512 with one output row each, then a 16-token generation in a smaller context.
+The components (bytes), with where in the pinned llama.cpp tree each comes from (docs/devices.md has more):
+
+- ``weights``: the tensor data section of the file. The model is mmap'd with MAP_POPULATE over the whole file
+  (src/llama-model.cpp:1812 ``init_mappings(true, ...)``, src/llama-model-loader.cpp:1429 prefetch = -1,
+  src/llama-mmap.cpp:480 MAP_POPULATE), so every page is resident; only the pages before the first and after
+  the last used tensor are unmapped after loading (src/llama-model-loader.cpp:1777-1787).
+- ``repack``: the CPU backend copies tensors of some types into a second, interleaved buffer (CPU_REPACK):
+  ggml/src/ggml-cpu/repack.cpp:4925-5138 ``ggml_repack_get_optimal_repack_type`` picks the layout by type, CPU
+  features and rows (``ne[1]``); only weights used by MUL_MAT (2-D) / MUL_MAT_ID (3-D) qualify (repack.cpp:5188-
+  5222 ``supports_op``; the loader asks per tensor and op, src/llama-model-loader.cpp:927 ``weight_buft_supported``),
+  so ``token_embd`` (GET_ROWS) never does, while the output matrix (``output.weight`` or, tied, the duplicate of
+  ``token_embd`` that src/models/*.cpp create with TENSOR_DUPLICATED) may. The repacked bytes equal the
+  tensor's bytes (no ``get_alloc_size``, repack.cpp:5234); the source pages stay mapped as well.
+- ``kv``: K and V per layer (src/llama-kv-cache.cpp:209-234: ``n_embd_k_gqa(il) x kv_size`` of the K type, same
+  for V), kv_size = n_ctx padded to 256 (src/llama-context.cpp:290); layers with a sliding window get their own
+  cache of ``GGML_PAD(min(kv_size, n_swa + n_ubatch), 256)`` cells (src/llama-kv-cache-iswa.cpp:73). The buffer is
+  cleared at creation (src/llama-kv-cache.cpp:293), so it is all resident.
+- ``output``: the logits buffer, n_vocab floats per output row (src/llama-context.cpp:2116-2141
+  ``output_reserve``): one row (n_seq_max) here, llama-bench asks for the last token's logits only.
+- ``compute``: what the run touches of the graph's compute buffer and the CPU work buffer. The reserved compute
+  buffer (``reserved['compute']``, what llama.cpp prints) is sized for the worst case of n_ubatch output rows
+  (src/llama-context.cpp:896-898): ``n_vocab x n_ubatch`` floats of logits that a one-output-row run never
+  touches. Touched: the activations and the KQ mask (f16 with flash attention, n_kv x n_ubatch,
+  src/llama-graph.cpp:29-46; one per cache), one logits row, and the matmul work buffer (activations converted
+  to the weight's vec_dot type, ggml/src/ggml-cpu/ggml-cpu.c:2883-2891).
+- ``overhead``: the process itself (binary, libraries, threads: a fitted constant) and the heap that holds the
+  vocabulary and the GGUF metadata (derived per token and per merge from the structures of src/llama-vocab.cpp
+  and ggml/src/gguf.cpp).
+
+``arch`` names a CPU feature profile (:data:`ARCH_FEATURES`) that decides which tensors are repacked; the
+constants were fitted on x86_64 (see :data:`FIT`). Standard library and :mod:`pipeline.gguf.reader` only.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from pipeline.errors import PipelineError
+from pipeline.gguf.reader import ArrayValue, read_header
+from pipeline.gguf.types import GGML_TYPES
+
+MIB = 1 << 20
+
+# ------------------------------------------------------------------ llama.cpp / llama-bench defaults (b11312)
+N_BATCH = 2048  # tools/llama-bench/llama-bench.cpp:391
+N_UBATCH = 512  # tools/llama-bench/llama-bench.cpp:392
+CTX_PAD = 256  # src/llama-context.cpp:290 (n_ctx), src/llama-kv-cache-iswa.cpp:73 (SWA cache)
+TENSOR_ALIGNMENT = 32  # ggml/src/ggml-impl.h:44: each tensor in a backend buffer is padded to it
+
+# CPU feature profiles -> the features ggml_repack_get_optimal_repack_type asks about.
+# x86_64: the pinned build (toolchain.json: -DGGML_NATIVE=OFF) compiles AVX, AVX2, FMA, F16C, BMI2 but not
+# AVX512 (ggml/CMakeLists.txt:141-166: INS_ENB on, GGML_AVX512 default OFF); its system_info prints
+# "AVX2 = 1 ... REPACK = 1" and no AVX512 even on this AVX512 machine, and ggml_cpu_has_avx512() is compile-time.
+ARCH_FEATURES: dict[str, frozenset[str]] = {
+    "x86_64": frozenset({"avx2"}),
+    "x86_64-avx512": frozenset({"avx2", "avx512"}),  # a GGML_NATIVE build on an AVX512 CPU
+    "arm64": frozenset({"neon", "dotprod", "i8mm"}),  # ARMv8.6+ (Graviton 3/4, Apple M2+, recent phones)
+    "arm64-dotprod": frozenset({"neon", "dotprod"}),  # ARMv8.2/8.4 without int8 matmul (Graviton 2, Pi 5)
+    "generic": frozenset(),  # no repack (a build with GGML_CPU_REPACK=OFF)
+}
+
+# ggml type -> [(features that must all be present, ne[1] must be a multiple of)], in the order repack.cpp tries
+# them (ggml/src/ggml-cpu/repack.cpp:4974-5135); the first that applies repacks the tensor. RISC-V, SVE and s390x
+# branches are left out (no profile here has them).
+_AVX2, _AVX512 = frozenset({"avx2"}), frozenset({"avx512"})
+_I8MM, _DOT = frozenset({"neon", "i8mm"}), frozenset({"neon", "dotprod"})
+REPACK_RULES: dict[str, list[tuple[frozenset[str], int]]] = {
+    "Q4_0": [(_AVX2, 8), (_I8MM, 4), (_DOT, 4)],  # repack.cpp:4974-4989
+    "Q4_K": [(_AVX2, 8), (_I8MM, 8), (_DOT, 8)],  # repack.cpp:5006-5021
+    "Q2_K": [(_AVX512, 8)],  # repack.cpp:5033-5038
+    "Q5_K": [(_I8MM, 8), (_DOT, 8)],  # repack.cpp:5050-5060
+    "Q6_K": [(_I8MM, 8), (_DOT, 8)],  # repack.cpp:5061-5071
+    "IQ4_NL": [(_AVX2, 8), (_DOT, 4)],  # repack.cpp:5072-5082
+    "MXFP4": [(_AVX2, 8), (_DOT, 4)],  # repack.cpp:5095-5105
+    "Q8_0": [(_I8MM, 4), (_DOT, 4)],  # repack.cpp:5106-5116
+    "Q1_0": [(_I8MM, 4), (_DOT, 4)],  # repack.cpp:5128-5137
+}
+
+# KV cache types llama.cpp accepts for -ctk/-ctv (common/arg.cpp kv_cache_types)
+KV_TYPES = {"f32": "F32", "f16": "F16", "bf16": "BF16", "q8_0": "Q8_0", "q4_0": "Q4_0", "q4_1": "Q4_1",
+            "iq4_nl": "IQ4_NL", "q5_0": "Q5_0", "q5_1": "Q5_1"}
+_TYPE_BY_NAME = {name: (blck, size) for name, blck, size in GGML_TYPES.values()}
+
+# Architectures with sliding-window layers, and the period each passes to load_swa_pattern when the GGUF has no
+# ``<arch>.attention.sliding_window_pattern`` (src/models/<arch>.cpp; "dense_first": the full-attention layer
+# comes first in each period, src/llama-hparams.cpp:8-22).
+SWA_PATTERNS: dict[str, tuple[int, bool]] = {
+    "gemma2": (2, False), "gemma3": (6, False), "gemma-embedding": (6, False), "gemma3n": (5, False),
+    "cohere2": (4, False), "cohere2moe": (4, True), "exaone4": (4, False), "exaone-moe": (4, False),
+    "olmo2": (4, False), "openai-moe": (2, False), "afmoe": (4, False), "smallthinker": (4, True),
+    "plamo3": (8, False), "llama4": (4, False),
+}
+
+# vec_dot_type bytes per activation element by weight block size (ggml/src/ggml-cpu/ggml-cpu.c:219-410 type_traits_cpu):
+# F32 weights: none; F16/BF16: 2; 32-element quants: Q8_0/Q8_1 (34-36 / 32); 256-element quants: Q8_K (292 / 256)
+_VEC_DOT_BYTES = {1: 2.0, 32: 36 / 32, 64: 36 / 32, 128: 36 / 32, 256: 292 / 256}
+
+# ------------------------------------------------------------------ fitted / derived constants
+# Derived (not fitted): heap per vocabulary entry and per BPE merge, from the structures that hold them.
+# Per token: id_to_token (std::string + float + attr: 40 B), token_to_id (unordered_map<string,int> node 56 -> 64
+# + bucket 8), cache_token_to_piece (std::string 32) (src/llama-vocab.cpp:1843-1847) + the GGUF context's copy of
+# the token string (std::string 32, ggml/src/gguf.cpp) = 176 B. Per merge: bpe_ranks (unordered_map<pair<string,
+# string>,int> node 88 -> 96 + bucket 8, src/llama-vocab.cpp:1854) + its GGUF string (32) = 136 B. The metadata
+# bytes themselves (everything before the tensor data) are counted once more as heap (the GGUF context's copy).
+VOCAB_BYTES_PER_TOKEN = 176
+VOCAB_BYTES_PER_MERGE = 136
+
+# Fitted on the FIT set only (SmolLM2-135M F16 and Q8_0, llama-bench -p 512 and -p 2048, this machine;
+# bench/memory_bench.py, docs/devices.md): see FIT for the values and how.
+FIT = {
+    # reserved compute buffer apart from the worst-case logits and the mask, per ubatch token per (n_embd + n_ff)
+    # float: least squares of (printed compute - n_vocab*n_ubatch*4) = a*n_ubatch*(n_embd+n_ff)*4 + m*n_ubatch*n_kv
+    # over the 4 fit runs (printed 98.25 MiB at ctx 512, 102.51 at 2048, F16 and Q8_0 alike): a = 0.201
+    "act_per_token_dim": 0.201,
+    # m of the same fit: bytes per (KV cell x ubatch token) per cache. The mask itself is f16 (2 B,
+    # src/llama-graph.cpp:39); the rest is where ggml-alloc places the buffers around it.
+    "mask_bytes": 5.68,
+    # the process without model, vocabulary or buffers (binary, libc/libstdc++/libgomp, 2 threads' stacks, the
+    # model's tensor structs): mean of (VmHWM - everything else predicted) over the 4 fit runs (22.19, 21.19,
+    # 22.17, 21.06 MiB)
+    "process_base": 22_703_163,
+}
+
+
+def _kv_type(kv_type: str) -> tuple[int, int]:
+    name = KV_TYPES.get(kv_type.lower())
+    if name is None:
+        raise PipelineError(f"unknown KV cache type {kv_type!r}: one of {', '.join(KV_TYPES)}")
+    return _TYPE_BY_NAME[name]
+
+
+def _row_bytes(type_bs: tuple[int, int], n: int) -> int:
+    blck, size = type_bs
+    return n // blck * size
+
+
+def _pad(x: int, n: int) -> int:
+    return (x + n - 1) // n * n
+
+
+def repacked(type_name: str, shape: tuple[int, ...], features: frozenset[str]) -> bool:
+    """Whether ggml-cpu repacks a matmul weight of this type and shape on a CPU with ``features``."""
+    if len(shape) < 2:
+        return False
+    for need, mult in REPACK_RULES.get(type_name, ()):
+        if need <= features and shape[1] % mult == 0:
+            return True
+    return False
+
+
+def _matmul_weight(name: str, shape: tuple[int, ...]) -> bool:
+    """A weight llama.cpp multiplies with (MUL_MAT: 2-D; MUL_MAT_ID: 3-D expert stacks). Embedding tables are
+    read with GET_ROWS; 1-D tensors are norms and biases."""
+    if len(shape) == 2:
+        return not ("token_embd" in name or "per_layer_token_embd" in name or "position_embd" in name
+                    or "token_types" in name or name.startswith("rope_") or ".rope_" in name)
+    return len(shape) == 3 and "_exps" in name
+
+
+def _layer_values(meta: dict, key: str, n_layer: int, default: int) -> list[int]:
+    v = meta.get(key, default)
+    if isinstance(v, list):
+        return [int(x) for x in v][:n_layer] + [int(v[-1]) if v else default] * max(0, n_layer - len(v))
+    return [int(v)] * n_layer
+
+
+def swa_layers(arch: str, meta: dict, n_layer: int) -> list[bool]:
+    """Per layer, whether it uses the sliding-window cache (llama_hparams::is_swa)."""
+    n_swa = int(meta.get(f"{arch}.attention.sliding_window", 0) or 0)
+    if arch not in SWA_PATTERNS or n_swa <= 0:
+        return [False] * n_layer
+    period, dense_first = SWA_PATTERNS[arch]
+    pat = meta.get(f"{arch}.attention.sliding_window_pattern")
+    if isinstance(pat, list):  # one flag per layer (src/llama-model.cpp:3435 get_arr)
+        flags = [bool(x) for x in pat]
+        return (flags + [False] * n_layer)[:n_layer]
+    if isinstance(pat, int) and not isinstance(pat, bool):
+        period = pat
+    if dense_first:
+        return [period == 0 or il % period != 0 for il in range(n_layer)]
+    return [period == 0 or il % period < period - 1 for il in range(n_layer)]
+
+
+def _metadata(header) -> dict[str, Any]:
+    """Scalars as they are; the per-layer arrays this model reads decoded (small), other arrays as counts."""
+    meta: dict[str, Any] = {}
+    for k, v in header.metadata.items():
+        if isinstance(v, ArrayValue):
+            if k.endswith(("head_count_kv", "head_count", "sliding_window_pattern", "feed_forward_length")):
+                meta[k] = header.array(k)
+            else:
+                meta[k] = v.count
+        else:
+            meta[k] = v
+    return meta
+
+
+def predict_memory(gguf_path: str | os.PathLike, ctx: int, kv_type: str = "f16", arch: str = "x86_64",
+                   threads: int = 2) -> dict:
+    """Predicted peak RSS (bytes) of llama-bench at ``ctx`` on the CPU build, with its components.
+
+    Returns ``{"weights", "repack", "kv", "compute", "output", "overhead", "total"}`` (bytes), ``"reserved"``
+    (the buffers as llama.cpp prints them: mapped model buffer, repack, kv, output, reserved compute) and
+    ``"details"`` (the numbers the components were computed from)."""
+    if ctx < 1:
+        raise PipelineError(f"context size must be at least 1 (got {ctx})")
+    if arch not in ARCH_FEATURES:
+        raise PipelineError(f"unknown arch {arch!r}: one of {', '.join(ARCH_FEATURES)}")
+    features = ARCH_FEATURES[arch]
+    kv_bs = _kv_type(kv_type)
+    header = read_header(gguf_path)
+    meta = _metadata(header)
+    model_arch = str(meta.get("general.architecture", ""))
+    g = lambda key, default=None: meta.get(f"{model_arch}.{key}", default)  # noqa: E731
+
+    tensors = {t.name: t for t in header.tensors}
+    n_layer = int(g("block_count", 0) or 0)
+    n_embd = int(g("embedding_length", 0) or 0)
+    n_head = _layer_values(meta, f"{model_arch}.attention.head_count", n_layer, 0)
+    n_head_kv = _layer_values(meta, f"{model_arch}.attention.head_count_kv", n_layer, max(n_head, default=0))
+    n_ff = max(_layer_values(meta, f"{model_arch}.feed_forward_length", n_layer, 0), default=0)
+    head_max = max(n_head, default=0) or 1
+    head_k = int(g("attention.key_length", 0) or (n_embd // head_max))
+    head_v = int(g("attention.value_length", 0) or (n_embd // head_max))
+    head_k_swa = int(g("attention.key_length_swa", 0) or head_k)
+    head_v_swa = int(g("attention.value_length_swa", 0) or head_v)
+    embd_t = tensors.get("token_embd.weight")
+    out_t = tensors.get("output.weight")
+    n_vocab = (embd_t.shape[1] if embd_t and len(embd_t.shape) > 1 else
+               out_t.shape[1] if out_t and len(out_t.shape) > 1 else int(meta.get("tokenizer.ggml.tokens", 0) or 0))
+    n_merges = int(meta.get("tokenizer.ggml.merges", 0) or 0)
+
+    # -- weights and repack
+    weights = header.data_end - header.data_offset
+    repack_names = [t.name for t in header.tensors if _matmul_weight(t.name, t.shape)
+                    and repacked(t.type_name, t.shape, features)]
+    repack = sum(_pad(tensors[n].n_bytes, TENSOR_ALIGNMENT) for n in repack_names)
+    if out_t is None and embd_t is not None and repacked(embd_t.type_name, embd_t.shape, features):
+        repack += _pad(embd_t.n_bytes, TENSOR_ALIGNMENT)  # the tied output: a repacked duplicate of token_embd
+        repack_names.append("token_embd.weight (as output)")
+    kept = [t for t in header.tensors if t.name not in set(repack_names)]
+    mapped = (max(t.offset + t.n_bytes for t in kept) - min(t.offset for t in kept)) if kept else 0
+
+    # -- KV cache
+    n_ctx = _pad(ctx, CTX_PAD)
+    n_batch = min(ctx, N_BATCH)  # src/llama-context.cpp:246-248 (n_ctx before padding)
+    n_ubatch = min(n_batch, N_UBATCH)
+    swa = swa_layers(model_arch, meta, n_layer)
+    n_swa = int(g("attention.sliding_window", 0) or 0)
+    swa_cells = _pad(min(n_ctx, n_swa + n_ubatch), CTX_PAD) if any(swa) else 0
+    kv = 0
+    for il in range(n_layer):
+        cells = swa_cells if swa[il] else n_ctx
+        hk, hv = (head_k_swa, head_v_swa) if swa[il] else (head_k, head_v)
+        kv += cells * (_row_bytes(kv_bs, hk * n_head_kv[il]) + _row_bytes(kv_bs, hv * n_head_kv[il]))
+    caches = [n_ctx] + ([swa_cells] if any(swa) else [])
+    if all(swa) and n_layer:
+        caches = [swa_cells]
+
+    # -- output, compute, overhead
+    output = n_vocab * 4
+    mask = FIT["mask_bytes"] * n_ubatch * sum(caches)
+    act = FIT["act_per_token_dim"] * n_ubatch * (n_embd + n_ff) * 4
+    blocks = {GGML_TYPES[t.ggml_type][1] for t in header.tensors if _matmul_weight(t.name, t.shape)}
+    vec_dot = max((_VEC_DOT_BYTES.get(b, 2.0) for b in blocks if not _f32_only(header, b)), default=0.0)
+    work = vec_dot * n_ubatch * max(n_ff, n_embd)
+    fa_scratch = 4 * (64 * head_k + 2 * 64 * 64 + 64 * head_v + 64 * head_v + 64 * head_k) * threads  # ggml-cpu.c:2995
+    compute_reserved = int(n_vocab * n_ubatch * 4 + act + mask)
+    compute = compute_reserved - n_vocab * n_ubatch * 4 + n_vocab * 4 + int(work) + fa_scratch
+    vocab_heap = n_vocab * VOCAB_BYTES_PER_TOKEN + n_merges * VOCAB_BYTES_PER_MERGE + header.data_offset
+    overhead = int(FIT["process_base"] + vocab_heap)
+
+    total = weights + repack + kv + compute + output + overhead
+    return {
+        "weights": weights, "repack": repack, "kv": kv, "compute": compute, "output": output,
+        "overhead": overhead, "total": total,
+        "reserved": {"mapped": mapped, "repack": repack, "kv": kv, "output": output, "compute": compute_reserved},
+        "details": {
+            "file": str(gguf_path), "architecture": model_arch, "arch": arch, "features": sorted(features),
+            "ctx": ctx, "n_ctx": n_ctx, "n_ubatch": n_ubatch, "kv_type": kv_type.lower(), "n_layer": n_layer,
+            "n_embd": n_embd, "n_ff": n_ff, "n_head_kv": n_head_kv, "head_k": head_k, "head_v": head_v,
+            "n_vocab": n_vocab, "n_merges": n_merges, "swa_layers": sum(swa), "n_swa": n_swa, "swa_cells": swa_cells,
+            "repacked_tensors": repack_names, "vocab_heap": vocab_heap, "work_buffer": int(work), "fa_scratch": fa_scratch,
+        },
+    }
+
+
+def _f32_only(header, blck: int) -> bool:
+    """Block size 1 covers F32 (no conversion) and F16/BF16 (2 bytes): true when only F32 weights have it."""
+    if blck != 1:
+        return False
+    return all(GGML_TYPES[t.ggml_type][0] in ("F32",) for t in header.tensors
+               if GGML_TYPES[t.ggml_type][1] == 1 and _matmul_weight(t.name, t.shape))
