@@ -65,6 +65,14 @@ def test_mix_is_written_as_solved(mix_build):
     assert gguf.stat().st_size == layout["predicted"]["bytes"] <= layout["bytes"] == stock.stat().st_size
     rec = json.loads((work / "records" / f"quant-{KEY}.json").read_text())
     assert rec["tensor_types"]["bytes"]["written"] == layout["predicted"]["bytes"]
+    # published: the map beside the GGUF (SHA256 in the manifest), the heat map, the report's section
+    art = folder / "artifacts" / NAME
+    manifest = json.loads((art / "manifest.json").read_text())
+    entry = next(e for e in manifest["artifacts"] if e["file"] == f"{NAME}-{KEY}.gguf")
+    assert entry["mix"]["map"]["sha256"] == sha256_file(art / entry["mix"]["map"]["file"])
+    assert entry["mix"]["predicted"]["bytes"] == entry["size_bytes"] and entry["mix"]["choice"] == layout["choice"]
+    assert set(manifest["sensitivity"]) == {"plain"} and (art / "sensitivity-plain.svg").is_file()
+    assert "Measured mixes" in (art / "report.md").read_text()
     cost = json.loads((work / "records" / "sensitivity-plain.json").read_text())
     # 7 roles x 2 bands + token_embd, 2 candidates, and the floor
     assert (cost["groups"], cost["candidates"], cost["measurements"]) == (15, 2, 31)
