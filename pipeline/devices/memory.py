@@ -157,6 +157,13 @@ def repacked(type_name: str, shape: tuple[int, ...], features: frozenset[str]) -
     return False
 
 
+def repack_types(arch: str) -> list[str]:
+    """The tensor types ggml-cpu repacks on CPU profile ``arch`` (given rows a multiple of 4 or 8), in
+    :data:`REPACK_RULES`' order."""
+    features = ARCH_FEATURES[arch]
+    return [t for t, rules in REPACK_RULES.items() if any(need <= features for need, _ in rules)]
+
+
 def _matmul_weight(name: str, shape: tuple[int, ...]) -> bool:
     """A weight llama.cpp multiplies with (MUL_MAT: 2-D; MUL_MAT_ID: 3-D expert stacks). Embedding tables are
     read with GET_ROWS; 1-D tensors are norms and biases."""

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from pipeline.errors import PipelineError
 from pipeline.recipe import naming
+from pipeline.recipe.devices import parse_devices
 from pipeline.recipe.model import MTP_MODES, NAME_RE, OUTTYPES, TOP_KEYS, Conformance, Recipe
 from pipeline.recipe.parse import (
     _parse_awq,
@@ -89,6 +90,7 @@ def load_recipe(path: str | Path, quantize_exe: str | None = None) -> Recipe:
             ctx.fail("eos_token_ids", f"must be a list of 1 to 3 token ids (eos, eot, eom), got {ids!r}")
         eos_ids = tuple(_integer(ctx, v, f"eos_token_ids[{i}]", 0) for i, v in enumerate(ids))
     add_bos = ctx.boolean(d["add_bos"], "add_bos") if d.get("add_bos") is not None else None
+    devices = parse_devices(ctx, d.get("devices"))
 
     for key in ("description", "license"):
         if key in d and d[key] is not None:
@@ -115,6 +117,7 @@ def load_recipe(path: str | Path, quantize_exe: str | None = None) -> Recipe:
         chat_template_override=template,
         eos_token_ids=eos_ids,
         add_bos=add_bos,
+        devices=devices,
         raw=d,
     )
     # names both resolvers read right, in the recipe's repository and in its draft's (pipeline/recipe/naming.py)

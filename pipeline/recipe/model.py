@@ -10,6 +10,7 @@ from typing import Any
 from pipeline.errors import PipelineError
 from pipeline.recipe import naming
 from pipeline.recipe import schema as _schema
+from pipeline.recipe.devices import Device
 from pipeline.recipe.mix import Mix, Sensitivity
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
@@ -326,6 +327,7 @@ class Recipe:
     chat_template_override: Path | None = None
     eos_token_ids: tuple[int, ...] | None = None
     add_bos: bool | None = None
+    devices: tuple[Device, ...] = ()  # target devices the publish stage predicts memory on (pipeline/recipe/devices.py)
     raw: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property

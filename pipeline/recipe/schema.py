@@ -127,6 +127,10 @@ TOP = Section("", "Top level", (
           "The conformance stage proves the base GGUF is the Hugging Face model (tokenizer, chat template, "
           "end-of-generation tokens, logits) before any quant is judged against it; a failure publishes nothing "
           "of the recipe. `false` skips it, and the manifest says so.", {"chunks": 2}),
+    Field("devices", "list of device (see `devices[]`)", [],
+          "Target devices: the publish stage predicts every published model file's memory on each "
+          "(docs/devices.md) and the report and card show which files fit; a device with `require: true` fails the "
+          "build when no published quant fits it.", [{"name": "pi5-8g", "memory": "8G", "arch": "arm64-dotprod"}]),
     Field("chat_template_override", "string: file path", None,
           "A Jinja chat template (a text file; relative paths: to the recipe file) written into the base GGUF as "
           "`tokenizer.chat_template`, so every quant carries it; recorded in the manifest and the card, then "
@@ -398,8 +402,32 @@ SPLIT = Section("split", "`split:`", (
           "2G"),
 ))
 
+DEVICE = Section("devices[]", "`devices[]`: each target device", (
+    "A device the published files are checked against: the memory llama.cpp's CPU build takes to run each model "
+    "file at the device's context and KV cache type is predicted from the GGUF alone (pipeline/devices/memory.py, "
+    "the model of `ggufpipe fit`; within 0.978-1.046 of measured peak RSS, docs/devices.md) and compared with the "
+    "device's memory. The manifest's `devices` section, the report and the card list every file per device and "
+    "the largest quant that fits."
+), (
+    Field("name", "string `[a-z0-9][a-z0-9._-]*`, at most 32 characters", REQUIRED,
+          "The device's name in the manifest, report and card; unique in the recipe.", "pi5-8g"),
+    Field("memory", "string: a size, e.g. `8G`, `6144M`, `1.5GiB` (a bare number: bytes)", REQUIRED,
+          "Memory the model may take on the device, parsed like `ggufpipe fit --mem`: binary units (K, M, G, T "
+          "= 2^10, 2^20, 2^30, 2^40 bytes; `8G` is 8 GiB), a trailing `B` or `iB` allowed.", "6144M"),
+    Field("ctx", "int >= 16", 4096, "The context size the device runs the model at.", 8192),
+    Field("kv_type", "`f32` | `f16` | `bf16` | `q8_0` | `q4_0` | `q4_1` | `iq4_nl` | `q5_0` | `q5_1`", "f16",
+          "KV cache type (llama.cpp `-ctk`/`-ctv`), case-insensitive.", "q8_0"),
+    Field("arch", "`x86_64` | `x86_64-avx512` | `arm64` | `arm64-dotprod` | `generic`", "x86_64",
+          "CPU profile: which tensor types ggml-cpu repacks into a second buffer (docs/devices.md#repack-profiles-arch). "
+          "For an `arm64` profile the publish stage warns when no published quant has a tensor repacked there.",
+          "arm64"),
+    Field("require", "bool", False,
+          "A published quant must fit this device: none fitting fails the build (naming the device and the smallest "
+          "quant's need), like a failed gate.", True),
+))
+
 SECTIONS: tuple[Section, ...] = (TOP, SOURCE, QUANT, QUANT_GATES, EVAL_SET, AWQ, IMATRIX, DRAFT, DRAFT_SOURCE,
-                                 PUBLISH, SPLIT, CONFORMANCE, SENSITIVITY)
+                                 PUBLISH, SPLIT, CONFORMANCE, SENSITIVITY, DEVICE)
 
 
 def section(path: str) -> Section:

@@ -10,7 +10,15 @@ import re
 from pathlib import Path
 
 from pipeline.fsutil import write_text_atomic
-from pipeline.stages.report import conformance_text, draft_table, eval_desc, label, markdown_table, mtp_text
+from pipeline.stages.report import (
+    conformance_text,
+    draft_table,
+    eval_desc,
+    fits_table,
+    label,
+    markdown_table,
+    mtp_text,
+)
 from pipeline.stages.report_mix import card_mix_lines
 from pipeline.stages.split import model_path
 
@@ -195,6 +203,9 @@ def card_text(manifest: dict) -> str:
     mixes = card_mix_lines(manifest)
     if mixes:  # two lines each: what the mix is, how to make it again from its published map
         body += ["## Measured mixes", "", *mixes, ""]
+    fits = fits_table(manifest, short=True)
+    if fits:  # recipe `devices:`: the best file per target device
+        body += ["## Fits on", "", fits, ""]
     if manifest.get("conformance"):
         body += ["## Conformance", "", conformance_text(manifest), ""]
     prompt = prompt_format(manifest)

@@ -8,7 +8,9 @@ workflow's last job) then fails the build, naming recipe, quant, eval set, metri
 threshold. With ``publish.ollama`` in the recipe, an Ollama ``Modelfile.<KEY>`` is written beside each
 published model file (pipeline/distribution/hub.py) and listed with its SHA256 under ``ollama``. A measured mix's
 tensor-type map is published beside its GGUF (``<name>-<KEY>.tensor-types.txt``, SHA256 in its ``mix.map``) and each
-sensitivity measurement drawn as ``sensitivity-<flavour>.svg`` (pipeline/stages/report_mix.py).
+sensitivity measurement drawn as ``sensitivity-<flavour>.svg`` (pipeline/stages/report_mix.py). With recipe ``devices:``, every published
+base and quant's memory is predicted per device (``devices``: pipeline/devices/memory.py, publish_sections.fits_section);
+a ``require: true`` device that no published quant fits fails :func:`check_gates` like a failed gate.
 
 The manifest is deterministic: identical inputs give identical manifests apart from the ``build``
 section (timestamp and build-box speed figures) and the sensitivity cost's seconds and cache counts
@@ -22,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -45,6 +48,7 @@ from pipeline.stages.publish_sections import (
     _overrides_entry,
     _tokenizer_keys,
     check_mix_sources,
+    devices_section,
     mix_entry,
     sensitivity_section,
     strip_sensitivity_cost,
@@ -64,7 +68,12 @@ from pipeline.stages.split import model_path
 #    map {file, sha256}: the map published beside the GGUF) and the top-level `sensitivity` section per flavour
 #    (text, settings, floor_kld_mean, groups with bytes and kld_mean per candidate, cost; the cost's seconds and cache
 #    counts are volatile); build_id covers the sensitivity text of a recipe with mixes.
-SCHEMA_VERSION = 6
+# 7: target devices (recipe `devices:`, #20): the top-level `devices` section, per device memory_bytes, ctx, kv_type,
+#    arch, require, files {KEY: {total, fits, margin_bytes}} (predicted peak RSS of each published base and quant,
+#    pipeline/devices/memory.py: deterministic, not volatile), best (the largest quant that fits, or null) and, for
+#    an arm64 profile where no published quant has a repacked tensor, warning; a `require: true` device that no
+#    published quant fits is a recipe-level failure (check "device"). Recipes without `devices:` are unchanged.
+SCHEMA_VERSION = 7
 
 
 def _canonical(obj) -> bytes:
@@ -305,6 +314,7 @@ def build_manifest(recipe: Recipe, layout: Layout) -> tuple[dict, dict]:
             e["failures"] = [*e.get("failures", []), {"check": "conformance", "message": CONFORMANCE_REJECTED}]
         rejected, artifacts = artifacts + rejected, []
 
+    devices, device_failures, _warnings = devices_section(recipe, layout, artifacts)
     paths = {artifact_key(name, e["file"]): model_path(e) for e in artifacts + rejected}
     draft, draft_failures, draft_timings = _draft_section(recipe, layout, paths) if recipe.draft else (None, [], {})
 
@@ -348,10 +358,12 @@ def build_manifest(recipe: Recipe, layout: Layout) -> tuple[dict, dict]:
         manifest["vocab_overrides"] = _overrides_entry(converted["vocab_overrides"])
     if recipe.mtp != "keep":
         manifest["mtp"] = _mtp_section(recipe, converted, artifacts)
+    if devices:
+        manifest["devices"] = devices
     if draft is not None:
         manifest["draft"] = draft
-    if draft is not None or conformance_failures:
-        manifest["failures"] = conformance_failures + draft_failures
+    if draft is not None or conformance_failures or device_failures:
+        manifest["failures"] = conformance_failures + draft_failures + device_failures
     manifest["build"] = build
     return manifest, metrics_out
 
@@ -374,6 +386,9 @@ def publish(recipe: Recipe, layout: Layout) -> dict:
         ggufs.append(layout.mtp_gguf(recipe))
     with hashing_ahead(ggufs, workers=2):
         manifest, metrics = build_manifest(recipe, layout)
+    for device, entry in manifest.get("devices", {}).items():  # an arm64 profile without repack-friendly quants
+        if entry.get("warning"):
+            print(f"warning: recipe {name}, device {device}: {entry['warning']}", file=sys.stderr, flush=True)
     # A manifest never lists a file that differs from it: the old one goes before any published file
     # changes, so a publish killed between linking and writing the new one leaves none (the rerun writes it).
     layout.manifest(name).unlink(missing_ok=True)

@@ -246,3 +246,61 @@ def strip_sensitivity_cost(sensitivity: dict) -> dict:
     """The ``sensitivity`` section without the volatile cost figures."""
     return {f: {**s, "cost": {k: v for k, v in s.get("cost", {}).items() if k not in SENSITIVITY_VOLATILE}}
             for f, s in sensitivity.items()}
+
+
+# --------------------------------------------------------------------------- target devices (docs/devices.md)
+
+MIB = 1 << 20
+
+def fits_section(name: str, devices, files: list[tuple[str, str, int, Path]], predict) -> tuple[dict, list[dict], list[str]]:
+    """The manifest's ``devices`` section (recipe ``devices:``), the failures of devices with ``require: true`` that no
+    published quant fits, and the warnings (printed by the publish stage). ``files``: ``(KEY, role, size_bytes, whole
+    GGUF)`` of each published model file (base, quants); ``predict(path, device)``: :func:`predict_memory`'s dict.
+    A device's ``best`` is the largest quant (by file bytes) that fits; per file: the predicted ``total``, ``fits``,
+    ``margin_bytes`` (memory minus total, negative when it does not fit)."""
+    from pipeline.devices.memory import repack_types
+
+    section: dict = {}
+    failures: list[dict] = []
+    warnings: list[str] = []
+    quants = [(key, size) for key, role, size, _ in files if role == "quant"]
+    for d in devices:
+        preds = {key: predict(path, d) for key, _, _, path in files}
+        entry = {**d.describe(), "files": {k: {"total": p["total"], "fits": p["total"] <= d.memory_bytes,
+                                               "margin_bytes": d.memory_bytes - p["total"]} for k, p in preds.items()}}
+        fitting = [(size, -i, key) for i, (key, size) in enumerate(quants) if entry["files"][key]["fits"]]
+        entry["best"] = max(fitting)[2] if fitting else None
+        if d.arch.startswith("arm64") and quants and not any(preds[k]["details"]["repacked_tensors"] for k, _ in quants):
+            entry["warning"] = (f"no published quant has a tensor that ggml-cpu repacks on {d.arch} (its interleaved "
+                                f"CPU_REPACK matmul kernels): the repack-friendly types there are "
+                                f"{', '.join(repack_types(d.arch))} (e.g. quants Q4_0, IQ4_NL, Q4_K_M, Q8_0)")
+            warnings.append(f"recipe {name}, device {d.name}: {entry['warning']}")
+        if d.require and entry["best"] is None:
+            where = (f"device does not fit: recipe {name}, device {d.name} ({d.memory}, {d.memory_bytes / MIB:.1f} MiB; "
+                     f"ctx {d.ctx}, KV {d.kv_type}, {d.arch}): ")
+            if quants:
+                key = min(quants, key=lambda q: (preds[q[0]]["total"], q[1]))[0]
+                need = preds[key]["total"]
+                why = (f"no published quant fits; the smallest, {key}, needs {need / MIB:.1f} MiB "
+                       f"({(need - d.memory_bytes) / MIB:.1f} MiB more)")
+            else:
+                why = "no quant was published"
+            failures.append({"check": "device", "device": d.name, "message": where + why})
+        section[d.name] = entry
+    return section, failures, warnings
+
+
+def devices_section(recipe: Recipe, layout: Layout, artifacts: list[dict]) -> tuple[dict, list[dict], list[str]]:
+    """:func:`fits_section` of the published base and quants (a split file by its whole GGUF in work/); empty for a
+    recipe without ``devices:``."""
+    if not recipe.devices:
+        return {}, [], []
+    from pipeline.devices.memory import predict_memory
+
+    files = []
+    for e in artifacts:
+        if e.get("role") in ("base", "quant"):
+            key = e["file"].removeprefix(f"{recipe.name}-").removesuffix(".gguf")
+            files.append((key, e["role"], e["size_bytes"], layout.gguf(recipe.name, key)))
+    return fits_section(recipe.name, recipe.devices, files,
+                        lambda path, d: predict_memory(path, d.ctx, kv_type=d.kv_type, arch=d.arch))

@@ -290,6 +290,55 @@ def conformance_text(manifest: dict) -> str:
     return "\n".join(lines)
 
 
+def mem_size(n: int) -> str:
+    """Bytes in binary units, as ``ggufpipe fit`` and the recipe's ``devices[].memory`` read them."""
+    return f"{n / (1 << 30):.1f} GiB" if abs(n) >= 1 << 30 else f"{n / MIB:.0f} MiB"
+
+
+def _fit_cell(f: dict) -> str:
+    return ("✓ " if f["fits"] else "✗ ") + mem_size(f["total"])
+
+
+def fits_table(manifest: dict, short: bool = False) -> str:
+    """The "Fits on" table of the manifest's ``devices`` (recipe ``devices:``): per device its memory, context, KV
+    type and CPU profile, each published file's predicted peak memory (✓ fits, ✗ does not) and the best file (the
+    largest quant that fits). ``short`` (the card): the device and the best file only. Empty without devices."""
+    devices = manifest.get("devices") or {}
+    if not devices:
+        return ""
+    name = manifest["name"]
+    keys = list(dict.fromkeys(k for d in devices.values() for k in d["files"]))
+
+    def best(d: dict) -> str:
+        b = d.get("best")
+        return f"`{name}-{b}` ({mem_size(d['files'][b]['total'])})" if b else "none fits"
+
+    if short:
+        lines = ["| device | memory | ctx | KV | CPU | best file (predicted memory) |", "|---|---|---|---|---|---|"]
+        lines += [f"| {dev} | {mem_size(d['memory_bytes'])} | {d['ctx']} | {d['kv_type']} | {d['arch']} | {best(d)} |"
+                  for dev, d in devices.items()]
+        lines += ["", "Predicted peak memory of llama.cpp's CPU build at that context (`ggufpipe fit`; "
+                  "`manifest.json` has every file per device)."]
+        return "\n".join(lines)
+    lines = ["Predicted peak memory of llama.cpp's CPU build running each published file at the device's context "
+             "(`llama-bench -p <ctx>`'s peak RSS, `pipeline/devices/memory.py`: within 0.978-1.046 of measured, "
+             "docs/devices.md); ✓: fits the device's memory. Best: the largest quant that fits.", "",
+             "| device | memory | ctx | KV | CPU | " + " | ".join(keys) + " | best |",
+             "|" + "---|" * (len(keys) + 6)]
+    for dev, d in devices.items():
+        cells = [_fit_cell(d["files"][k]) if k in d["files"] else "–" for k in keys]
+        req = " (required)" if d.get("require") else ""
+        lines.append(f"| {dev}{req} | {mem_size(d['memory_bytes'])} | {d['ctx']} | {d['kv_type']} | {d['arch']} | "
+                     + " | ".join(cells) + f" | {best(d)} |")
+    for dev, d in devices.items():
+        if d.get("warning"):
+            lines += ["", f"Warning ({dev}): {d['warning']}."]
+    for f in manifest.get("failures", []):
+        if f.get("check") == "device":
+            lines += ["", f"**FAIL**: {f['message']}."]
+    return "\n".join(lines)
+
+
 def write_report(manifest: dict, out_md: str | Path, out_svg: str | Path) -> None:
     """report.md, its plot (report.svg) and, with measured mixes, the sensitivity heat maps beside them."""
     write_text_atomic(out_svg, render_plot(manifest))
@@ -307,6 +356,9 @@ def write_report(manifest: dict, out_md: str | Path, out_svg: str | Path) -> Non
     mixes = mixes_markdown(manifest)
     if mixes:
         parts += ["## Measured mixes", "", mixes, ""]
+    fits = fits_table(manifest)
+    if fits:
+        parts += ["## Fits on", "", fits, ""]
     if manifest.get("conformance"):
         parts += ["## Conformance", "", conformance_text(manifest), ""]
     if manifest.get("mtp"):
