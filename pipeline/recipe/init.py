@@ -1,0 +1,441 @@
+"""``ggufpipe init``: a starter recipe for a Hugging Face checkpoint (docs/init.md).
+
+:func:`inspect_source` reads a local HF folder, or ``org/name[@revision]`` from the local hub cache (offline; the
+revision pinned to the snapshot's commit), and refuses in one line what the build would refuse or cannot convert:
+no ``config.json``, custom code (``auto_map``) or pickled-only weights without the matching opt-in, an architecture
+the pinned converter does not register (the names of ``@ModelBase.register(...)`` in ``convert_hf_to_gguf.py`` and
+its ``conversion/`` package, parsed as text, never imported). :func:`estimate_memory` predicts, before any GGUF
+exists, the memory llama.cpp's CPU build takes to run a stock quant at a context size: the components of
+:func:`pipeline.devices.memory.predict_memory`, with the weights estimated per tensor from the safetensors headers
+and a simplified copy of llama-quantize's type choice (:func:`quant_type_of`). :func:`render` writes the recipe text.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipeline.devices import memory as mem
+from pipeline.errors import PipelineError
+from pipeline.gguf.types import GGML_TYPES, tensor_nbytes
+from pipeline.stages.fetch import PICKLE_PATTERNS, _wanted, check_safetensors, hub_snapshot_dir
+
+# Stock quants a device suggestion chooses from, largest first (no IQ types: they need an importance matrix).
+STOCK_QUANTS = ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q3_K_M", "Q2_K")
+DEFAULT_QUANTS = ("Q8_0", "Q4_K_M")
+MTP_CONFIG_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_layers", "mtp_num_layers")
+_CODE = {name: code for code, (name, _, _) in GGML_TYPES.items()}
+_REGISTER = re.compile(r"@ModelBase\.register\(([^)]*)\)", re.S)
+_LAYER = re.compile(r"\.(?:layers|h|blocks|layer)\.(\d+)\.")
+_SAFETENSORS_DTYPES = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+                       "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+
+
+@dataclass
+class Source:
+    folder: Path
+    config: dict
+    tensors: dict[str, tuple[str, tuple[int, ...]]]  # name -> (safetensors dtype, shape)
+    repo: str | None = None
+    commit: str | None = None
+    architecture: str = ""
+    mtp_layers: int = 0
+    mtp_key: str | None = None
+    chat_template: str | None = None  # where it was found
+    license: str | None = None
+    license_from: str | None = None
+    pickles: list[str] = field(default_factory=list)
+
+    def text_config(self) -> dict:
+        tc = self.config.get("text_config")
+        return {**self.config, **tc} if isinstance(tc, dict) else self.config
+
+
+# ------------------------------------------------------------------ the pinned converter's architectures
+
+def converter_architectures(convert_script: Path) -> set[str]:
+    """The HF architecture names ``convert_hf_to_gguf.py`` (and its ``conversion/`` package) registers."""
+    files = [convert_script, *sorted((convert_script.parent / "conversion").glob("*.py"))]
+    names: set[str] = set()
+    for f in files:
+        try:
+            text = f.read_text(encoding="utf-8")
+        except OSError:
+            continue
+        for m in _REGISTER.finditer(text):
+            names.update(re.findall(r"[\"']([^\"']+)[\"']", m.group(1)))
+    if not names:
+        raise PipelineError(f"{convert_script}: no @ModelBase.register(...) found: not a llama.cpp converter")
+    return names
+
+
+def model_architecture(config: dict) -> str:
+    """The architecture the converter looks up (conversion/base.py get_model_architecture, text model)."""
+    arches = config.get("architectures") or []
+    tc = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+    if tc.get("architectures"):
+        arches = tc["architectures"]
+    return str(arches[0]) if arches else ""
+
+
+# ------------------------------------------------------------------ reading the source
+
+def resolve(spec: str, hub_cache: Path | None = None) -> tuple[Path, str | None, str | None]:
+    """``spec`` -> (folder, repo, commit): a local folder, or ``org/name[@revision]`` in the local hub cache."""
+    if Path(spec).expanduser().is_dir():
+        return Path(spec).expanduser().resolve(), None, None
+    repo, _, revision = spec.partition("@")
+    if not re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", repo):
+        raise PipelineError(f"{spec}: neither a folder nor a Hugging Face repo id (org/name[@revision])")
+    if hub_cache is None:
+        home = Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface")
+        hub_cache = Path(os.environ.get("HF_HUB_CACHE") or home / "hub")
+    snap = hub_snapshot_dir(hub_cache, repo, revision or "main")
+    if not snap.is_dir():
+        raise PipelineError(f"{spec}: not in the local hub cache {hub_cache} (revision {revision or 'main'}): download "
+                            f"it first (`huggingface-cli download {repo}`) or give a local folder")
+    if not re.fullmatch(r"[0-9a-f]{40}", snap.name):
+        raise PipelineError(f"{spec}: the hub cache's snapshot {snap.name!r} is not a commit SHA: cannot pin it")
+    return snap, repo, snap.name
+
+
+def _files(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*")
+                  if (p.is_file() or p.is_symlink()) and not any(s.startswith(".") for s in p.relative_to(folder).parts))
+
+
+def _safetensors_header(path: Path) -> dict:
+    with open(path, "rb") as fh:
+        n = int.from_bytes(fh.read(8), "little")
+        return json.loads(fh.read(n))
+
+
+def _front_matter(readme: Path) -> dict:
+    import yaml
+
+    try:
+        text = readme.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return {}
+    m = re.match(r"---\s*\n(.*?)\n---\s*(\n|$)", text, re.S)
+    try:
+        data = yaml.safe_load(m.group(1)) if m else None
+    except yaml.YAMLError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def inspect_source(spec: str, convert_script: Path, build: int, allow_pickle: bool = False,
+                   trust_remote_code: bool = False, hub_cache: Path | None = None) -> Source:
+    """Read and check the checkpoint ``spec``; refuse in one line what the build could not use."""
+    folder, repo, commit = resolve(spec, hub_cache)
+    files = _files(folder)
+    if "config.json" not in files:
+        raise PipelineError(f"{spec}: no config.json in {folder}: not a Hugging Face model folder")
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise PipelineError(f"{spec}: config.json is not valid JSON: {exc}") from None
+    if not isinstance(config, dict):
+        raise PipelineError(f"{spec}: config.json is not a JSON object")
+    if "auto_map" in config and not trust_remote_code:
+        raise PipelineError(f"{spec}: config.json needs custom code (auto_map): the recipe needs "
+                            "source.trust_remote_code: true; pass --trust-remote-code only if you trust it")
+    pickles = [f for f in files if _wanted(f, PICKLE_PATTERNS) and not f.endswith(".json")]
+    weights = [f for f in files if f.endswith(".safetensors")]
+    if not weights and pickles and not allow_pickle:
+        raise PipelineError(f"{spec}: only pickled weights ({pickles[0]}), which can run code when loaded: the recipe "
+                            "needs source.allow_pickle: true; pass --allow-pickle only if you trust them")
+    if not weights and not pickles:
+        raise PipelineError(f"{spec}: no *.safetensors weights in {folder}")
+    arch = model_architecture(config)
+    if not arch:
+        raise PipelineError(f"{spec}: config.json names no architecture (`architectures`): the converter cannot pick a model class")
+    if arch not in converter_architectures(convert_script):
+        raise PipelineError(f"{arch} is not supported by the pinned llama.cpp converter (b{build}); it needs a llama.cpp "
+                            f"build whose convert_hf_to_gguf.py registers {arch}: set LLAMA_CPP_DIR to such a build")
+    tensors: dict[str, tuple[str, tuple[int, ...]]] = {}
+    for f in weights:
+        check_safetensors(folder / f, f"{spec}: source")
+        for name, t in _safetensors_header(folder / f).items():
+            if name != "__metadata__" and isinstance(t, dict):
+                tensors[name] = (str(t.get("dtype")), tuple(int(x) for x in t.get("shape", ())))
+    src = Source(folder, config, tensors, repo, commit, arch, pickles=pickles)
+    tc = src.text_config()
+    for key in MTP_CONFIG_KEYS:
+        if isinstance(tc.get(key), int) and tc[key] > 0:
+            src.mtp_layers, src.mtp_key = tc[key], key
+            break
+    if "chat_template.jinja" in files:
+        src.chat_template = "chat_template.jinja"
+    elif "chat_template.json" in files:
+        src.chat_template = "chat_template.json"
+    else:
+        try:
+            tok = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+            if isinstance(tok, dict) and tok.get("chat_template"):
+                src.chat_template = "tokenizer_config.json"
+        except (OSError, ValueError):
+            pass
+    card = _front_matter(folder / "README.md")
+    lic = card.get("license") or config.get("license")
+    if isinstance(lic, list):
+        lic = lic[0] if lic else None
+    if isinstance(lic, str) and lic.strip():
+        src.license = lic.strip()
+        src.license_from = "the model card (README.md)" if card.get("license") else "config.json"
+    return src
+
+
+def checkpoint_dtype(src: Source) -> str:
+    """The dtype that holds most of the checkpoint's parameters (safetensors), else config's torch_dtype."""
+    count: dict[str, int] = {}
+    for dtype, shape in src.tensors.values():
+        count[dtype] = count.get(dtype, 0) + math.prod(shape)
+    if count:
+        return max(count, key=count.get)
+    return {"bfloat16": "BF16", "float16": "F16"}.get(str(src.config.get("torch_dtype") or src.config.get("dtype")), "F32")
+
+
+def slug(text: str) -> str:
+    s = re.sub(r"[^a-z0-9._-]+", "-", text.lower()).strip("-._")
+    s = re.sub(r"\.\.+", ".", s)[:64].strip("-._")
+    return s or "model"
+
+
+# ------------------------------------------------------------------ memory estimate before any GGUF exists
+
+def _role(name: str) -> str:
+    n = name.lower()
+    if "lm_head" in n or n.endswith("output.weight") and "layers" not in n:
+        return "output"
+    if any(k in n for k in ("embed_tokens", "wte.", "word_embeddings", "tok_embeddings", "embedding.weight")):
+        return "token_embd"
+    if any(k in n for k in ("qkv_proj", "query_key_value", "c_attn", "wqkv")):
+        return "attn_qkv"
+    if "v_proj" in n:
+        return "attn_v"
+    if any(k in n for k in ("o_proj", "out_proj", "attention.dense", "attn.c_proj", "self_attn.dense")):
+        return "attn_output"
+    if any(k in n for k in ("down_proj", ".w2.", "fc2", "dense_4h_to_h", "mlp.c_proj")):
+        return "ffn_down"
+    return "other"
+
+
+def _more_bits(i: int, n: int) -> bool:  # src/llama-quant.cpp:452 use_more_bits
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+def _fallback(t: str, ncols: int) -> str:
+    """src/llama-quant.cpp:397-440: a row size the type's block does not divide."""
+    blck = GGML_TYPES[_CODE[t]][1]
+    if ncols % blck == 0:
+        return t
+    t = {"Q2_K": "Q4_0", "Q3_K": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}.get(t, t)
+    return t if ncols % GGML_TYPES[_CODE[t]][1] == 0 else "F16"
+
+
+def quant_type_of(ftype: str, role: str, layer: int, n_layer: int, ncols: int, tied: bool, n_gqa: int) -> str:
+    """The ggml type llama-quantize gives a 2-D+ tensor under ``ftype``: a simplified copy of
+    llama_tensor_get_type_impl (src/llama-quant.cpp:475-700) for the stock types of :data:`STOCK_QUANTS`, dense
+    models, no importance matrix; then the shape fallback."""
+    base = {"Q8_0": "Q8_0", "Q6_K": "Q6_K", "Q5_K_M": "Q5_K", "Q4_K_M": "Q4_K", "Q3_K_M": "Q3_K", "Q2_K": "Q2_K"}[ftype]
+    t = base
+    if role == "output" or (tied and role == "token_embd"):
+        t = "Q8_0" if ncols % GGML_TYPES[_CODE[base]][1] else (base if base == "Q8_0" else "Q6_K")
+    elif role == "attn_v":
+        if ftype in ("Q4_K_M", "Q5_K_M") and _more_bits(layer, n_layer):
+            t = "Q6_K"
+        elif ftype == "Q3_K_M":
+            t = "Q5_K" if layer < 2 else "Q4_K"
+        elif ftype == "Q2_K":
+            t = "Q4_K" if n_gqa >= 4 else "Q3_K"
+    elif role == "ffn_down":
+        if ftype in ("Q4_K_M", "Q5_K_M") and _more_bits(layer, n_layer):
+            t = "Q6_K"
+        elif ftype == "Q3_K_M":
+            t = "Q5_K" if layer < n_layer // 16 else "Q4_K"
+        elif ftype == "Q2_K":
+            t = "Q3_K"
+    elif role == "attn_output":
+        t = {"Q2_K": "Q3_K", "Q3_K_M": "Q4_K"}.get(ftype, base)
+    elif role == "attn_qkv":
+        t = {"Q3_K_M": "Q4_K", "Q4_K_M": "Q5_K", "Q5_K_M": "Q6_K"}.get(ftype, base)
+    return _fallback(t, ncols)
+
+
+def _vocab_facts(src: Source, n_vocab: int) -> tuple[int, int]:
+    """(merges, metadata bytes): the tokenizer's BPE merges and an estimate of the GGUF header (each token: its
+    bytes + 8 length + 4 score + 4 type; each merge: its bytes + 8)."""
+    try:
+        tok = json.loads((src.folder / "tokenizer.json").read_text(encoding="utf-8"))
+        model = tok.get("model", {})
+        merges = model.get("merges") or []
+        vocab = model.get("vocab") or {}
+        tok_bytes = sum(len(str(k).encode()) for k in (vocab if isinstance(vocab, dict) else [v[0] for v in vocab]))
+        merge_bytes = sum(len((m if isinstance(m, str) else " ".join(m)).encode()) + 8 for m in merges)
+        return len(merges), tok_bytes + 16 * n_vocab + merge_bytes + 100 * len(src.tensors)
+    except (OSError, ValueError, TypeError, AttributeError, IndexError):
+        return 0, 24 * n_vocab + 100 * len(src.tensors)
+
+
+def estimate_memory(src: Source, ftype: str, ctx: int, arch: str = "x86_64", kv_type: str = "f16") -> dict:
+    """Predicted peak RSS (bytes) of ``llama-bench -p ctx`` on the pinned CPU build for the ``ftype`` quant of
+    ``src``, by the components of pipeline.devices.memory.predict_memory (docs/init.md)."""
+    if arch not in mem.ARCH_FEATURES:
+        raise PipelineError(f"unknown arch {arch!r}: one of {', '.join(mem.ARCH_FEATURES)}")
+    features = mem.ARCH_FEATURES[arch]
+    tc = src.text_config()
+    n_layer = int(tc.get("num_hidden_layers") or tc.get("n_layer") or 0)
+    n_embd = int(tc.get("hidden_size") or tc.get("n_embd") or 0)
+    n_head = int(tc.get("num_attention_heads") or tc.get("n_head") or 1)
+    n_head_kv = int(tc.get("num_key_value_heads") or n_head)
+    head_dim = int(tc.get("head_dim") or n_embd // max(n_head, 1))
+    n_ff = int(tc.get("intermediate_size") or tc.get("n_inner") or 4 * n_embd)
+    tied = not any(_role(n) == "output" for n in src.tensors)
+    emb = [s for n, (_, s) in src.tensors.items() if _role(n) == "token_embd" and len(s) == 2]
+    n_vocab = emb[0][0] if emb else int(tc.get("vocab_size") or 0)
+    weights = repack = 0
+    blocks = set()
+    for name, (_, shape) in src.tensors.items():
+        if len(shape) < 2:
+            weights += mem._pad(math.prod(shape) * 4, mem.TENSOR_ALIGNMENT)  # norms and biases: F32
+            continue
+        role = _role(name)
+        m = _LAYER.search(name)
+        t = quant_type_of(ftype, role, int(m.group(1)) if m else 0, max(n_layer, 1), shape[-1], tied,
+                          n_head // max(n_head_kv, 1))
+        gshape = tuple(reversed(shape))
+        nbytes = tensor_nbytes(_CODE[t], gshape)
+        weights += mem._pad(nbytes, mem.TENSOR_ALIGNMENT)
+        if role != "token_embd" or tied:
+            blocks.add(GGML_TYPES[_CODE[t]][1])
+            if mem.repacked(t, gshape, features):
+                repack += mem._pad(nbytes, mem.TENSOR_ALIGNMENT)
+    n_ctx = mem._pad(ctx, mem.CTX_PAD)
+    n_ubatch = min(ctx, mem.N_BATCH, mem.N_UBATCH)
+    kv_bs = mem._kv_type(kv_type)
+    kv = n_layer * n_ctx * 2 * mem._row_bytes(kv_bs, head_dim * n_head_kv)  # sliding windows counted at full ctx
+    output = n_vocab * 4
+    act = mem.FIT["act_per_token_dim"] * n_ubatch * (n_embd + n_ff) * 4
+    mask = mem.FIT["mask_bytes"] * n_ubatch * n_ctx
+    work = max((mem._VEC_DOT_BYTES.get(b, 2.0) for b in blocks), default=2.0) * n_ubatch * max(n_ff, n_embd)
+    fa = 4 * (64 * head_dim * 4 + 2 * 64 * 64) * 2
+    compute = int(act + mask) + n_vocab * 4 + int(work) + fa
+    merges, meta_bytes = _vocab_facts(src, n_vocab)
+    overhead = int(mem.FIT["process_base"] + n_vocab * mem.VOCAB_BYTES_PER_TOKEN
+                   + merges * mem.VOCAB_BYTES_PER_MERGE + meta_bytes)
+    total = weights + repack + kv + compute + output + overhead
+    return {"weights": weights, "repack": repack, "kv": kv, "compute": compute, "output": output,
+            "overhead": overhead, "total": total}
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str
+    memory: int
+    memory_text: str
+    ctx: int = 4096
+    arch: str = "x86_64"
+
+
+def suggest(src: Source, device: Device) -> tuple[str | None, dict[str, int]]:
+    """The largest stock quant whose estimated memory fits ``device`` (None: none does), and every estimate."""
+    est = {q: estimate_memory(src, q, device.ctx, device.arch)["total"] for q in STOCK_QUANTS}
+    return next((q for q in STOCK_QUANTS if est[q] <= device.memory), None), est
+
+
+# ------------------------------------------------------------------ the recipe text
+
+def _q(s: str) -> str:
+    return json.dumps(s, ensure_ascii=False)
+
+
+def render(src: Source, name: str, out: Path, gates_text: Path, quants: list[str], devices: list[Device],
+           build: int, allow_pickle: bool, trust_remote_code: bool) -> str:
+    mib = 1 << 20
+    where = f"{src.repo}@{src.commit}" if src.repo else str(src.folder)
+    lines = [f"# Starter recipe written by `ggufpipe init` from {where} (llama.cpp converter b{build}).",
+             "# Every choice below is commented; edit it, then `ggufpipe validate` and `ggufpipe build` it.",
+             f"name: {name}",
+             f"description: {_q((src.repo or src.folder.name) + ', GGUF')}"]
+    if src.license:
+        lines += [f"license: {_q(src.license)}  # from {src.license_from}"]
+    else:
+        lines += ["# license: no license found in the model card or config.json; set one before publishing"]
+    lines += ["source:"]
+    if src.repo:
+        lines += [f"  repo: {src.repo}", f"  revision: {_q(src.commit)}  # the commit the local hub cache holds"]
+    else:
+        lines += [f"  path: {_q(str(src.folder))}  # absolute: a relative path is read from the build's folder"]
+    if allow_pickle:
+        lines += ["  allow_pickle: true  # asked for with --allow-pickle: pickled weights can run code when loaded"]
+    if trust_remote_code:
+        lines += ["  trust_remote_code: true  # asked for with --trust-remote-code: config.json names custom code"]
+    dtype = checkpoint_dtype(src)
+    outtype = "bf16" if dtype == "BF16" else "f16"
+    lines += [f"outtype: {outtype}  # the checkpoint is {dtype}"
+              + (": bf16 keeps its values exactly" if outtype == "bf16" else "")]
+    lines += [f"# architecture {src.architecture}: registered by the pinned converter (b{build})"]
+    if src.mtp_layers:
+        lines += [f"mtp: keep  # {src.mtp_key} = {src.mtp_layers}: the multi-token-prediction layers stay in every file "
+                  "(strip / separate: docs/drafts.md)"]
+    lines += ["# chat template: " + (f"found in {src.chat_template}; the conformance stage renders it with both engines"
+                                      if src.chat_template else "none found (a base model?); chat_template_override adds one")]
+    notes: dict[str, list[str]] = {}
+    for d in devices:
+        pick, est = suggest(src, d)
+        desc = f"{d.name} ({d.memory_text}, ctx {d.ctx}, {d.arch})"
+        if pick is None:
+            lines += [f"# {desc}: no stock quant fits: {STOCK_QUANTS[-1]} needs about {est[STOCK_QUANTS[-1]] / mib:.0f} MiB"]
+            continue
+        notes.setdefault(pick, []).append(f"{desc}: about {est[pick] / mib:.0f} MiB")
+    chosen = [q for q in STOCK_QUANTS if q in notes or q in quants] + [q for q in quants if q not in STOCK_QUANTS]
+    lines += ["quants:"]
+    for q in chosen:
+        lines += [f"  # {n}: the largest stock quant that fits" for n in notes.get(q, [])]
+        why = ("default" if list(quants) == list(DEFAULT_QUANTS) else "asked for") if q in quants else "for the device above"
+        lines += [f"  - {q}  # {why}"]
+    if devices:
+        lines += ["# device estimates: weights from the safetensors shapes and llama-quantize's type rules, plus KV, compute",
+                  "# and process as `ggufpipe fit` counts them (docs/init.md); check the built file with `ggufpipe fit`"]
+    ctx = max(16, min(512, int(src.text_config().get("max_position_embeddings") or 512)))
+    scored = ctx - 1 - ctx // 2
+    chunks = max(16, -(-2048 // scored))
+    sha = hashlib.sha256(gates_text.read_bytes()).hexdigest()
+    rel = os.path.relpath(gates_text.resolve(), out.parent.resolve())
+    if rel.split(os.sep)[:3] == [os.pardir] * 3:  # far outside the recipe's folder: absolute is clearer
+        rel = str(gates_text.resolve())
+    rel_note = "relative to this file" if not os.path.isabs(rel) else "absolute: far from this file's folder"
+    lines += ["gates:  # each quant is measured against the unquantized file; thresholds: the quant family's defaults",
+              "  - name: " + (slug(gates_text.stem).replace(".", "-") or "eval")[:32],
+              f"    text: {_q(rel)}  # {rel_note}",
+              f"    text_sha256: {sha}",
+              f"    ctx: {ctx}  # min(512, max_position_embeddings)",
+              f"    chunks: {chunks}  # at least 2048 scored tokens (chunks x (ctx - 1 - ctx // 2))", ""]
+    return "\n".join(lines)
+
+
+def write_recipe(out: Path, text: str, quantize_exe: str | None):
+    """Write ``text`` to ``out`` atomically and never over an existing file; validate it first (load_recipe)."""
+    from pipeline.recipe.load import load_recipe
+
+    if out.exists() or out.is_symlink():
+        raise PipelineError(f"{out} exists: not overwritten (remove it or pass another --out)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.init-{os.getpid()}.yaml"
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        recipe = load_recipe(tmp, quantize_exe)
+        try:
+            os.link(tmp, out)  # fails if out appeared meanwhile: never overwritten
+        except FileExistsError:
+            raise PipelineError(f"{out} exists: not overwritten (remove it or pass another --out)") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+    return recipe
