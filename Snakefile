@@ -11,6 +11,7 @@
 import os
 import sys
 
+from pipeline.devices.plan_jobs import preflight, rule_resources
 from pipeline.errors import PipelineError
 from pipeline.workflow import (
     Workflow,
@@ -57,6 +58,10 @@ wildcard_constraints:
     mkey=W.pair_key_regex(),
     dkey=W.pair_key_regex(),
     flavour=W.flavour_regex(),
+
+
+onstart:
+    preflight(workflow, W)  # refuses, in one line, jobs this machine's disk or memory cannot hold (docs/planning.md)
 
 
 onsuccess:

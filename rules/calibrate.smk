@@ -16,9 +16,7 @@ rule awq:
         ENV
     threads: W.calib_threads
     resources:
-        mem_mb=lambda wc, input: mem_mb(input.size_mb, 8, 2048),
-        disk_mb=lambda wc, input: mem_mb(input.size_mb, 2),
-        runtime=lambda wc, input: int(30 + input.size_mb / 5),
+        **rule_resources("awq", W),
     params:
         **STAGE_PARAMS,
         threads=W.calib_threads,
@@ -39,9 +37,7 @@ rule convert_awq:
         ENV
     threads: 1
     resources:
-        mem_mb=lambda wc, input: mem_mb(input.size_mb, 1.5),
-        disk_mb=lambda wc, input: mem_mb(input.size_mb, 2.5),
-        runtime=lambda wc, input: int(30 + input.size_mb / 100),
+        **rule_resources("convert_awq", W),
     params:
         **STAGE_PARAMS,
         quantized_by=W.quantized_by,
@@ -63,9 +59,7 @@ rule imatrix:
         ENV
     threads: W.calib_threads
     resources:
-        mem_mb=lambda wc, input: mem_mb(input.size_mb, 1.3, 1024),
-        disk_mb=1024,
-        runtime=lambda wc, input: int(30 + input.size_mb / 10),
+        **rule_resources("imatrix", W),
     params:
         **STAGE_PARAMS,
         threads=W.calib_threads,

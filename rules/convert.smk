@@ -14,9 +14,7 @@ rule convert:
         ENV
     threads: 1
     resources:
-        mem_mb=lambda wc, input: mem_mb(input.size_mb, 1.5),
-        disk_mb=lambda wc, input: mem_mb(input.size_mb, 2.5),
-        runtime=lambda wc, input: int(30 + input.size_mb / 100),
+        **rule_resources("convert", W),
     params:
         **STAGE_PARAMS,
         quantized_by=W.quantized_by,
@@ -38,9 +36,7 @@ rule convert_mtp:
         ENV
     threads: 1
     resources:
-        mem_mb=lambda wc, input: mem_mb(input.size_mb, 1.5),
-        disk_mb=lambda wc, input: mem_mb(input.size_mb, 1.5),
-        runtime=lambda wc, input: int(30 + input.size_mb / 100),
+        **rule_resources("convert_mtp", W),
     params:
         **STAGE_PARAMS,
         quantized_by=W.quantized_by,

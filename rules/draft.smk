@@ -14,9 +14,7 @@ rule vocab_check:
         ENV
     threads: 1
     resources:
-        mem_mb=1024,
-        disk_mb=1024,
-        runtime=10,
+        **rule_resources("vocab_check", W),
     params:
         **STAGE_PARAMS,
     shell:
@@ -36,9 +34,7 @@ rule acceptance:
         ENV
     threads: W.eval_threads
     resources:
-        mem_mb=lambda wc, input: mem_mb(input.size_mb, 1.5, 1024),
-        disk_mb=1024,
-        runtime=lambda wc, input: int(60 + input.size_mb / 20),
+        **rule_resources("acceptance", W),
     params:
         **STAGE_PARAMS,
         threads=W.eval_threads,
@@ -58,9 +54,7 @@ rule agreement:
         ENV
     threads: W.eval_threads
     resources:
-        mem_mb=lambda wc, input: mem_mb(size_mb(input.draft), 1.3, 1024),
-        disk_mb=1024,
-        runtime=lambda wc, input: int(30 + size_mb(input.draft) / 20),
+        **rule_resources("agreement", W),
     params:
         **STAGE_PARAMS,
         threads=W.eval_threads,

@@ -14,9 +14,7 @@ rule eval_base:
         ENV
     threads: W.eval_threads  # capped by --cores; llama-perplexity's logits and statistics do not depend on it
     resources:
-        mem_mb=lambda wc, input: mem_mb(input.size_mb, 1.3, 1024),
-        disk_mb=lambda wc, input: W.logits_disk_mb(wc.name, wc.es, input.base),
-        runtime=lambda wc, input: int(30 + input.size_mb / 20),
+        **rule_resources("eval_base", W),
     params:
         **STAGE_PARAMS,
         trigger=lambda wc: W.eval_base_params(wc.name, wc.es),
@@ -37,9 +35,7 @@ rule eval:
         ENV
     threads: W.eval_threads  # capped by --cores; llama-perplexity's logits and statistics do not depend on it
     resources:
-        mem_mb=lambda wc, input: mem_mb(size_mb(input.gguf), 1.3, 1024),
-        disk_mb=1024,
-        runtime=lambda wc, input: int(30 + size_mb(input.gguf) / 20),
+        **rule_resources("eval", W),
     params:
         **STAGE_PARAMS,
         trigger=lambda wc: W.eval_base_params(wc.name, wc.es),
@@ -58,9 +54,7 @@ rule bench:
         ENV
     threads: W.eval_threads
     resources:
-        mem_mb=lambda wc, input: mem_mb(input.size_mb, 1.3, 1024),
-        disk_mb=1024,
-        runtime=lambda wc, input: int(30 + input.size_mb / 100),
+        **rule_resources("bench", W),
     params:
         **STAGE_PARAMS,
         threads=W.eval_threads,  # fixed, not scaled by --cores: every quant's figures at the same threads
@@ -80,10 +74,7 @@ rule conformance:
         ENV
     threads: W.eval_threads
     resources:
-        # the HF model in float32 (2 x the F16 file) beside the base logits being read
-        mem_mb=lambda wc, input: mem_mb(size_mb(input.base[0]), 2.5, 2048),
-        disk_mb=lambda wc, input: W.conformance_disk_mb(wc.name, input.base[0]),
-        runtime=lambda wc, input: int(30 + size_mb(input.base[0]) / 20),
+        **rule_resources("conformance", W),
     params:
         **STAGE_PARAMS,
         threads=W.eval_threads,  # fixed, not scaled by --cores: torch's float32 sums, so the numbers, stay identical

@@ -11,9 +11,7 @@ rule fetch:
         ENV
     threads: 1
     resources:
-        mem_mb=1024,
-        disk_mb=lambda wc: W.fetch_disk_mb(wc.name),
-        runtime=lambda wc: W.fetch_runtime(wc.name),
+        **rule_resources("fetch", W),
     params:
         **STAGE_PARAMS,
         hub_cache=W.hub_cache,

@@ -15,10 +15,7 @@ rule sensitivity:
         ENV
     threads: W.eval_threads
     resources:
-        # one quantized copy of the base at a time beside the reference logits
-        mem_mb=lambda wc, input: mem_mb(input.size_mb, 1.3, 1024),
-        disk_mb=lambda wc, input: mem_mb(size_mb(input.base), 1.0, 1024),
-        runtime=lambda wc, input: int(60 + input.size_mb),
+        **rule_resources("sensitivity", W),
     params:
         **STAGE_PARAMS,
         threads=W.eval_threads,  # fixed, not scaled by --cores: the measured figures do not depend on --cores
@@ -39,9 +36,7 @@ rule solve:
         ENV
     threads: 1
     resources:
-        mem_mb=1024,
-        disk_mb=64,
-        runtime=10,
+        **rule_resources("solve", W),
     params:
         **STAGE_PARAMS,
         trigger=lambda wc: W.solve_params(wc.name, wc.quant),

@@ -19,9 +19,7 @@ rule publish:
         ENV
     threads: 2  # the GGUFs' SHA256s by two helper threads (manifest.publish, fsutil.hashing_ahead)
     resources:
-        mem_mb=1024,
-        disk_mb=lambda wc, input: mem_mb(input.size_mb, 1.0),
-        runtime=lambda wc, input: int(30 + input.size_mb / 5000),
+        **rule_resources("publish", W),
     params:
         **STAGE_PARAMS,
         trigger=lambda wc: W.publish_params(wc.name),
@@ -42,9 +40,7 @@ rule gate:
         ENV
     threads: 1
     resources:
-        mem_mb=512,
-        disk_mb=512,
-        runtime=10,
+        **rule_resources("gate", W),
     params:
         **STAGE_PARAMS,
     shell:

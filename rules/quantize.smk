@@ -13,9 +13,7 @@ rule quantize:
         ENV
     threads: W.threads  # capped by --cores and passed as {threads}: the quantized file does not depend on it
     resources:
-        mem_mb=lambda wc, input: mem_mb(input.size_mb, 1.2),
-        disk_mb=lambda wc, input: mem_mb(input.size_mb, 1.0),
-        runtime=lambda wc, input: int(20 + input.size_mb / 200),
+        **rule_resources("quantize", W),
     params:
         **STAGE_PARAMS,
         trigger=lambda wc: W.quant_params(wc.name, wc.quant),

@@ -12,9 +12,7 @@ rule split:
         ENV
     threads: 1
     resources:
-        mem_mb=1024,
-        disk_mb=lambda wc, input: mem_mb(input.size_mb, 1.0),
-        runtime=lambda wc, input: int(10 + input.size_mb / 200),
+        **rule_resources("split", W),
     params:
         **STAGE_PARAMS,
         trigger=lambda wc: W.split_params(wc.name, wc.skey),

@@ -1,0 +1,444 @@
+"""What a recipe's build will need, before it runs: disk per output, RAM per stage, the Slurm resources of each rule
+(``ggufpipe plan``, the Snakefile's pre-flight; docs/planning.md).
+
+Everything is predicted from the source checkpoint's ``config.json`` and its safetensors headers (each tensor's
+dtype and shape; the 8-byte length and JSON at the start of every ``*.safetensors`` file), or, where only the
+index is at hand (``model.safetensors.index.json``: tensor names and ``metadata.total_size``), from shapes derived
+from ``config.json`` (a Llama-style decoder: :func:`config_tensors`).
+
+- **disk** (:func:`disk_plan`): the snapshot, the base GGUF (2-D weights at the outtype, 1-D in F32, each padded to
+  32 bytes, plus the metadata: the vocabulary's strings from ``tokenizer.json``), each quant (per tensor the type
+  llama-quantize picks, :func:`quant_tensor_type`, a condensed ``llama_tensor_get_type`` of src/llama-quant.cpp with
+  its shape fallbacks), the base logits (:func:`pipeline.workflow.logits_bytes`), shards, the AWQ copy and its GGUF.
+- **RAM** (:func:`ram_plan`): the peak RSS (VmHWM) of the largest process of each stage: the converter (Python,
+  the safetensors mapped), llama-quantize, llama-perplexity / llama-imatrix (llama.cpp's buffers, the components of
+  :mod:`pipeline.devices.memory` computed from hyperparameters instead of a GGUF: :func:`llama_run_bytes`), AutoAWQ
+  and the conformance stage's float32 HF forward. Constants measured on this machine: :data:`RAM_FIT`.
+- **Slurm**, jobs and the pre-flight: :mod:`pipeline.devices.plan_jobs` (the ``resources:`` of every rule in
+  rules/*.smk are built there, so ``ggufpipe plan`` evaluates the very expressions Snakemake does).
+- **free memory** (:func:`free_memory`): MemAvailable from /proc/meminfo, or from the file ``GGUFPIPE_MEMINFO``
+  names (the tests' fake meminfo).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipeline.errors import PipelineError
+
+MIB = 1 << 20
+GIB = 1 << 30
+ALIGN = 32  # GGUF tensor data alignment (general.alignment default)
+
+_ST_DTYPE = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I64": 8, "I32": 4, "I16": 2,
+             "I8": 1, "U8": 1, "BOOL": 1}
+_CFG_DTYPE = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+# ------------------------------------------------------------------ source facts
+@dataclass
+class Facts:
+    """The source checkpoint as the plan sees it. ``tensors``: (HF name, shape as stored, bytes per element)."""
+
+    origin: str  # where the numbers came from: "safetensors headers" or "config.json (+ index)"
+    model_type: str
+    n_layer: int
+    n_embd: int
+    n_ff: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_vocab: int
+    tied: bool
+    tensors: list[tuple[str, tuple[int, ...], int]]
+    snapshot_bytes: int  # every file of the snapshot (weights, tokenizer, configs)
+    vocab_bytes: int  # GGUF bytes of the vocabulary arrays (tokens, types, scores, merges)
+    other_bytes: int = 0  # the snapshot's files besides the weights (tokenizer, configs, README)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def n_params(self) -> int:
+        return sum(_numel(s) for _, s, _ in self.tensors)
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(_numel(s) * b for _, s, b in self.tensors)
+
+    @property
+    def largest_tensor(self) -> int:
+        return max((_numel(s) for _, s, _ in self.tensors), default=0)
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def safetensors_header(path: str | os.PathLike) -> dict:
+    """The JSON header of a safetensors file (name -> {dtype, shape, data_offsets}; ``__metadata__``)."""
+    with open(path, "rb") as f:
+        raw = f.read(8)
+        if len(raw) != 8:
+            raise PipelineError(f"{path}: not a safetensors file (shorter than 8 bytes)")
+        (n,) = struct.unpack("<Q", raw)
+        if n > 100 * MIB:
+            raise PipelineError(f"{path}: not a safetensors file (header length {n})")
+        return json.loads(f.read(n))
+
+
+def config_tensors(cfg: dict, dtype_bytes: int) -> list[tuple[str, tuple[int, ...], int]]:
+    """The tensors of a Llama-style decoder (Llama, Mistral, Qwen2, ...) from its config: what an index without
+    headers stands for. Biases on q/k/v where the config has ``attention_bias`` (or is Qwen2)."""
+    h, nl, ff, v = (int(cfg[k]) for k in ("hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size"))
+    nh = int(cfg["num_attention_heads"])
+    nkv = int(cfg.get("num_key_value_heads") or nh)
+    hd = int(cfg.get("head_dim") or h // nh)
+    bias = bool(cfg.get("attention_bias")) or cfg.get("model_type") == "qwen2"
+    b = dtype_bytes
+    out = [("model.embed_tokens.weight", (v, h), b), ("model.norm.weight", (h,), b)]
+    if not cfg.get("tie_word_embeddings"):
+        out.append(("lm_head.weight", (v, h), b))
+    for i in range(nl):
+        p = f"model.layers.{i}."
+        out += [(p + "self_attn.q_proj.weight", (nh * hd, h), b), (p + "self_attn.k_proj.weight", (nkv * hd, h), b),
+                (p + "self_attn.v_proj.weight", (nkv * hd, h), b), (p + "self_attn.o_proj.weight", (h, nh * hd), b),
+                (p + "mlp.gate_proj.weight", (ff, h), b), (p + "mlp.up_proj.weight", (ff, h), b),
+                (p + "mlp.down_proj.weight", (h, ff), b), (p + "input_layernorm.weight", (h,), b),
+                (p + "post_attention_layernorm.weight", (h,), b)]
+        if bias:
+            out += [(p + "self_attn.q_proj.bias", (nh * hd,), b), (p + "self_attn.k_proj.bias", (nkv * hd,), b),
+                    (p + "self_attn.v_proj.bias", (nkv * hd,), b)]
+    return out
+
+
+def _vocab_bytes(folder: Path, n_vocab: int) -> tuple[int, int]:
+    """(GGUF bytes of the vocabulary arrays, merges count) from tokenizer.json: each token string (8-byte length +
+    UTF-8), its type (int32), and each merge string; a SentencePiece model without tokenizer.json: 8 bytes per
+    token string and a float32 score. Vocabulary padded to n_vocab as the converter does ([PAD<i>])."""
+    tj = folder / "tokenizer.json"
+    if tj.is_file():
+        try:
+            data = json.loads(tj.read_text(encoding="utf-8"))
+            model = data.get("model") or {}
+            vocab = model.get("vocab") or {}
+            toks = list(vocab) if isinstance(vocab, dict) else [t[0] for t in vocab]
+            toks += [t.get("content", "") for t in data.get("added_tokens") or [] if t.get("content") not in vocab]
+            merges = model.get("merges") or []
+            mb = sum(8 + len((" ".join(m) if isinstance(m, list) else m).encode()) for m in merges)
+            tb = sum(8 + len(t.encode()) for t in toks) + max(0, n_vocab - len(toks)) * 14
+            scores = 4 * n_vocab if model.get("type") in ("Unigram",) else 0
+            return tb + 4 * n_vocab + scores + mb, len(merges)
+        except (OSError, ValueError, AttributeError, TypeError, IndexError):
+            pass
+    return n_vocab * (8 + 8 + 4 + 4), 0
+
+
+def source_facts(source: str | os.PathLike) -> Facts:
+    """Facts of a checkpoint folder (config.json + ``*.safetensors`` or ``model.safetensors.index.json``), or of a
+    config.json file with the index beside it."""
+    p = Path(source)
+    folder = p.parent if p.is_file() else p
+    cfg_path = folder / "config.json"
+    if not cfg_path.is_file():
+        raise PipelineError(f"{folder}: no config.json")
+    cfg = json.loads(cfg_path.read_text())
+    if "text_config" in cfg and "hidden_size" not in cfg:  # multimodal wrappers: the language model's config
+        cfg = {**cfg, **cfg["text_config"]}
+    files = sorted(folder.glob("*.safetensors"))
+    tensors: list[tuple[str, tuple[int, ...], int]] = []
+    notes: list[str] = []
+    if files:
+        origin = "safetensors headers"
+        for f in files:
+            for name, info in safetensors_header(f).items():
+                if name != "__metadata__":
+                    tensors.append((name, tuple(info["shape"]), _ST_DTYPE.get(info["dtype"], 2)))
+    else:
+        origin = "config.json (+ index)"
+        dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
+        tensors = config_tensors(cfg, _CFG_DTYPE.get(dtype, 2))
+        index = folder / "model.safetensors.index.json"
+        if index.is_file():
+            idx = json.loads(index.read_text())
+            total = int((idx.get("metadata") or {}).get("total_size") or 0)
+            derived = sum(_numel(s) * b for _, s, b in tensors)
+            names = set(idx.get("weight_map") or {})
+            missing = {n for n in names - {n for n, _, _ in tensors} if not n.endswith("rotary_emb.inv_freq")}
+            if missing:
+                notes.append(f"{len(missing)} tensors of the index not derived from config.json (e.g. {min(missing)})")
+            if total and abs(derived - total) > 0.001 * total:
+                notes.append(f"derived {derived} bytes vs index total_size {total}")
+    n_layer = int(cfg.get("num_hidden_layers") or 0)
+    h = int(cfg.get("hidden_size") or 0)
+    nh = int(cfg.get("num_attention_heads") or 1)
+    n_vocab = int(cfg.get("vocab_size") or 0)
+    on_disk = [f for f in folder.rglob("*") if f.is_file()]
+    weights_on_disk = sum(f.stat().st_size for f in files)
+    other = sum(f.stat().st_size for f in on_disk if f not in files and f.suffix != ".safetensors")
+    if not files:
+        other = max(other, 20 * MIB)  # tokenizer and configs of a snapshot described only by its index
+    weight_bytes = sum(_numel(s) * b for _, s, b in tensors)
+    vocab_bytes, _ = _vocab_bytes(folder, n_vocab)
+    return Facts(
+        origin=origin, model_type=str(cfg.get("model_type", "")), n_layer=n_layer, n_embd=h,
+        n_ff=int(cfg.get("intermediate_size") or 4 * h), n_head=nh, n_head_kv=int(cfg.get("num_key_value_heads") or nh),
+        head_dim=int(cfg.get("head_dim") or h // nh), n_vocab=n_vocab,
+        tied=bool(cfg.get("tie_word_embeddings", False)) or not any("lm_head" in n for n, _, _ in tensors),
+        tensors=tensors, snapshot_bytes=(weights_on_disk or weight_bytes) + other, vocab_bytes=vocab_bytes,
+        other_bytes=other, notes=notes)
+
+
+# ------------------------------------------------------------------ GGUF sizes
+_ROLES = (("embed_tokens", "token_embd"), ("lm_head", "output"), ("q_proj", "attn_q"), ("k_proj", "attn_k"),
+          ("v_proj", "attn_v"), ("o_proj", "attn_output"), ("gate_proj", "ffn_gate"), ("up_proj", "ffn_up"),
+          ("down_proj", "ffn_down"), ("qkv_proj", "attn_qkv"), ("gate_up_proj", "ffn_up"))
+_LAYER = re.compile(r"\.(?:layers|h|blocks)\.(\d+)\.")
+
+
+def _role(name: str) -> tuple[str, int]:
+    m = _LAYER.search(name)
+    layer = int(m.group(1)) if m else -1
+    for key, role in _ROLES:
+        if f"{key}." in name or name.startswith(key):
+            return role, layer
+    return "other", layer
+
+
+def _type_bytes(type_name: str, n: int) -> int:
+    from pipeline.gguf.types import GGML_TYPES
+
+    for name, blck, size in GGML_TYPES.values():
+        if name == type_name:
+            return n // blck * size
+    raise PipelineError(f"unknown ggml type {type_name}")
+
+
+def _use_more_bits(i: int, n: int) -> bool:
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+# default tensor type of each llama-quantize ftype (src/llama-quant.cpp: llama_model_quantize_impl)
+FTYPE_BASE = {"Q4_0": "Q4_0", "Q4_1": "Q4_1", "Q5_0": "Q5_0", "Q5_1": "Q5_1", "Q8_0": "Q8_0", "F16": "F16",
+              "BF16": "BF16", "Q2_K": "Q2_K", "Q2_K_S": "Q2_K", "Q3_K_S": "Q3_K", "Q3_K_M": "Q3_K", "Q3_K_L": "Q3_K",
+              "Q4_K_S": "Q4_K", "Q4_K_M": "Q4_K", "Q5_K_S": "Q5_K", "Q5_K_M": "Q5_K", "Q6_K": "Q6_K",
+              "IQ4_NL": "IQ4_NL", "IQ4_XS": "IQ4_XS", "TQ1_0": "TQ1_0", "TQ2_0": "TQ2_0"}
+_FALLBACK = {"Q2_K": "IQ4_NL", "Q3_K": "IQ4_NL", "IQ4_XS": "IQ4_NL", "Q4_K": "Q5_0", "Q5_K": "Q5_1",
+             "Q6_K": "Q8_0"}  # src/llama-quant.cpp: ncols not a multiple of 256
+
+
+def quant_tensor_type(ftype: str, role: str, layer: int, n_layer: int, ncols: int, tied: bool) -> str:
+    """The type llama-quantize gives a 2-D weight (condensed ``llama_tensor_get_type``, llama.cpp b11312, dense
+    models): the output matrix (or the tied embedding) at Q6_K, ``attn_v`` / ``ffn_down`` / ``attn_output`` raised
+    per ftype and layer (``use_more_bits``), then the shape fallback of K/IQ types when ncols % 256 != 0."""
+    t = FTYPE_BASE.get(ftype, "Q8_0")
+    if t in ("F16", "BF16"):
+        return t
+    if role == "output" or (tied and role == "token_embd"):
+        t = "Q8_0" if (ncols % 256 or t == "Q8_0") else "Q6_K"
+    elif role == "attn_v":
+        t = {"Q2_K": "Q3_K", "Q3_K_M": "Q5_K" if layer < 2 else "Q4_K", "Q3_K_L": "Q5_K",
+             "Q4_K_S": "Q5_K" if layer < 4 else t}.get(ftype, t)
+        if ftype in ("Q4_K_M", "Q5_K_M") and _use_more_bits(layer, n_layer):
+            t = "Q6_K"
+    elif role == "ffn_down":
+        if ftype == "Q2_K":
+            t = "Q3_K"
+        elif ftype == "Q3_K_M":
+            t = "Q5_K" if layer < n_layer // 16 else "Q4_K"
+        elif ftype == "Q3_K_L":
+            t = "Q5_K"
+        elif ftype in ("Q4_K_M", "Q5_K_M") and _use_more_bits(layer, n_layer):
+            t = "Q6_K"
+        elif ftype == "Q4_K_S" and layer < n_layer // 8:
+            t = "Q5_K"
+    elif role == "attn_output":
+        t = {"Q2_K": "Q3_K", "Q3_K_M": "Q4_K", "Q3_K_L": "Q5_K"}.get(ftype, t)
+    blck = 256 if t[0:2] in ("Q2", "Q3", "Q4", "Q5", "Q6") and t.endswith("_K") or t.startswith("IQ4_XS") else 32
+    if ncols % blck:
+        t = _FALLBACK.get(t, t)
+        if ncols % 32:
+            t = "F16"
+    return t
+
+
+def _header_bytes(facts: Facts, n_tensors: int) -> int:
+    """GGUF metadata + tensor infos, padded: the vocabulary arrays, ~8 KiB of other keys (chat template, ids,
+    hyperparameters) and per tensor its info (name ~24 B, dims, type, offset)."""
+    return _pad(24 + facts.vocab_bytes + 8192 + n_tensors * (8 + 28 + 4 + 4 * 8 + 4 + 8), ALIGN)
+
+
+def _pad(x: int, n: int) -> int:
+    return (x + n - 1) // n * n
+
+
+def gguf_bytes(facts: Facts, ftype: str) -> int:
+    """Predicted size of the base GGUF (ftype F16/BF16) or of a quant of it (llama-quantize ftype name)."""
+    total = 0
+    n = 0
+    for name, shape, _ in facts.tensors:
+        numel = _numel(shape)
+        n += 1
+        if len(shape) < 2 or name.endswith((".bias", "norm.weight")):
+            total += _pad(4 * numel, ALIGN)  # norms and biases in F32
+            continue
+        role, layer = _role(name)
+        t = quant_tensor_type(ftype, role, layer, facts.n_layer, int(shape[-1]), facts.tied)
+        total += _pad(_type_bytes(t, numel), ALIGN)
+    return _header_bytes(facts, n) + total
+
+
+def imatrix_bytes(facts: Facts) -> int:
+    """llama-imatrix's GGUF: per matmul weight its in_sum2 (ncols floats) and counts, with their tensor infos."""
+    mats = [s for n, s, _ in facts.tensors if len(s) == 2 and "embed_tokens" not in n]
+    return 64 * 1024 + sum(int(s[-1]) * 4 + 4 + 2 * 96 for s in mats)
+
+
+# ------------------------------------------------------------------ disk
+def disk_plan(recipe, facts: Facts, hub_on_work_fs: bool = True) -> list[dict]:
+    """One row per output the build writes: ``{"stage", "key", "what", "bytes"}``, in build order. The snapshot
+    counts once (the fetched folder is hard links of the hub cache's files; ``hub_on_work_fs=False``: a copy)."""
+    from pipeline.workflow import logits_bytes
+
+    out = [{"stage": "fetch", "key": "", "what": "snapshot (hub cache)", "bytes": facts.snapshot_bytes}]
+    if not hub_on_work_fs:
+        out.append({"stage": "fetch", "key": "", "what": "work/<name>/hf (copy)", "bytes": facts.snapshot_bytes})
+    base = gguf_bytes(facts, recipe.outtype.upper())
+    out.append({"stage": "convert", "key": recipe.outtype.upper(), "what": "base GGUF", "bytes": base})
+    if recipe.awq is not None and any(q.awq for q in recipe.quants):
+        n16 = sum(_numel(s) for _, s, _ in facts.tensors)
+        out.append({"stage": "awq", "key": "", "what": "AWQ-scaled copy (FP16)", "bytes": 2 * n16 + facts.other_bytes})
+        out.append({"stage": "convert_awq", "key": recipe.outtype.upper(), "what": "AWQ base GGUF", "bytes": base})
+    for b in recipe.imatrix_bases if recipe.imatrix is not None else []:
+        out.append({"stage": "imatrix", "key": b, "what": "importance matrix", "bytes": imatrix_bytes(facts)})
+    for q in recipe.quants:
+        out.append({"stage": "quantize", "key": q.key, "what": f"{q.type} GGUF", "bytes": gguf_bytes(facts, q.type)})
+    for key in recipe.model_keys:
+        if recipe.split_for(key):
+            size = base if key in ("F16", "BF16") else next(
+                (r["bytes"] for r in out if r["stage"] == "quantize" and r["key"] == key), base)
+            out.append({"stage": "split", "key": key, "what": "shards", "bytes": size})
+    for es in recipe.eval_sets:
+        out.append({"stage": "eval_base", "key": es.name, "what": f"base logits (ctx {es.ctx} x {es.chunks})",
+                    "bytes": logits_bytes(es.ctx, es.chunks, facts.n_vocab)})
+    return out
+
+
+# ------------------------------------------------------------------ RAM
+# Measured on this machine (docs/planning.md: bench/plan_check.py, VmHWM of each stage on the tiny model and the demo).
+RAM_FIT = {
+    # the converter's Python (torch, transformers, gguf imported, the tokenizer loaded): the tiny model's convert
+    # VmHWM (292.7 MiB) less its largest tensor's share; the demo's (451.5 MiB) is this + 6 B x its largest tensor
+    "python_convert": 291 * MIB,
+    "python_eval_stage": 37 * MIB,  # the eval-base stage's own Python (numpy, the token count): the tiny model's peak
+    "python_awq": 520 * MIB,  # AutoAWQ's process before the model
+    "python_conformance": 358 * MIB,  # torch, transformers, the stage: the tiny model's peak less its model
+}
+
+
+def llama_run_bytes(facts: Facts, gguf_size: int, ctx: int, n_outputs: int, kv_bytes: int = 2,
+                    kl: str | None = None) -> dict:
+    """A llama.cpp CPU run's peak RSS from hyperparameters (the GGUF-free twin of
+    :func:`pipeline.devices.memory.predict_memory`, same constants): the whole file mapped and resident, the KV
+    cache (ctx padded to 256), ``n_outputs`` logits rows (llama-perplexity / llama-imatrix keep every token of a
+    chunk), the compute buffer's activations and mask, the process with its vocabulary heap; ``kl``: the
+    ``--kl-divergence-base`` log-probability buffers of llama-perplexity (``"base"``: a whole chunk as uint16,
+    ``"quant"``: the scored half read back; ``"imatrix"``: llama-imatrix's copy of the chunk's logits for its
+    perplexity, one more ``n_outputs x n_vocab`` floats: the demo's imatrix VmHWM is 91.6 MiB above the other
+    components, its logits 96 MiB)."""
+    from pipeline.devices.memory import FIT, VOCAB_BYTES_PER_TOKEN
+
+    n_ctx = _pad(ctx, 256)
+    n_ub = min(ctx, 512)
+    kv = facts.n_layer * n_ctx * 2 * facts.n_head_kv * facts.head_dim * kv_bytes
+    output = facts.n_vocab * n_outputs * 4
+    act = FIT["act_per_token_dim"] * n_ub * (facts.n_embd + facts.n_ff) * 4 + FIT["mask_bytes"] * n_ub * n_ctx
+    work = 2 * n_ub * max(facts.n_ff, facts.n_embd)
+    nv = 2 * ((facts.n_vocab + 1) // 2) + 4
+    klbuf = {"base": ctx * nv * 2, "quant": (ctx - 1 - ctx // 2) * nv * 2,
+             "imatrix": n_outputs * facts.n_vocab * 4}.get(kl or "", 0)
+    compute = int(act + work + klbuf)
+    overhead = FIT["process_base"] + facts.n_vocab * VOCAB_BYTES_PER_TOKEN + facts.vocab_bytes * 2
+    total = gguf_size + kv + output + compute + overhead
+    return {"weights": gguf_size, "kv": kv, "output": output, "compute": compute, "overhead": overhead, "total": total}
+
+
+def ram_plan(recipe, facts: Facts) -> list[dict]:
+    """One row per stage kind: ``{"stage", "key", "bytes", "how"}`` (peak RSS of its largest process)."""
+    from pipeline.devices.memory import FIT
+
+    base = gguf_bytes(facts, recipe.outtype.upper())
+    rows = []
+    rows.append({"stage": "convert", "key": recipe.outtype.upper(), "bytes": int(
+        RAM_FIT["python_convert"] + 6 * facts.largest_tensor),
+        "how": "Python + the largest tensor as read (F16) and in F32"})
+    if recipe.awq is not None:
+        a = recipe.awq
+        n = facts.n_params
+        acts = a.n_samples * a.seq_len * (facts.n_embd * 4 + facts.n_ff) * 4 * 2
+        rows.append({"stage": "awq", "key": "", "bytes": int(RAM_FIT["python_awq"] + 4 * n + 2 * n + acts),
+                     "how": "AutoAWQ: the model in float32 + the FP16 copy written + calibration activations"})
+    if recipe.imatrix is not None:
+        im = recipe.imatrix
+        p = llama_run_bytes(facts, base, im.ctx, im.ctx, kl="imatrix")
+        rows.append({"stage": "imatrix", "key": "plain", "bytes": p["total"], "how": _how(p)})
+    for q in recipe.quants:
+        rows.append({"stage": "quantize", "key": q.key, "bytes": int(
+            FIT["process_base"] + facts.largest_tensor * (4 + 2) + _type_bytes("Q8_0", facts.largest_tensor)),
+            "how": "llama-quantize: the largest tensor as read, in F32 and quantized"})
+    for es in recipe.eval_sets:
+        p = llama_run_bytes(facts, base, es.ctx, es.ctx, kl="base")
+        rows.append({"stage": "eval_base", "key": es.name, "bytes": max(p["total"], RAM_FIT["python_eval_stage"]),
+                     "how": _how(p)})
+        for q in recipe.quants:
+            p = llama_run_bytes(facts, gguf_bytes(facts, q.type), es.ctx, es.ctx, kl="quant")
+            rows.append({"stage": "eval", "key": f"{es.name}/{q.key}", "bytes": p["total"], "how": _how(p)})
+    if recipe.conformance.enabled:
+        ctx = recipe.eval_sets[0].ctx if recipe.eval_sets else 512
+        fwd = facts.n_vocab * ctx * 4 * 3 + ctx * (facts.n_embd * 16 + facts.n_ff * 3) * 4
+        rows.append({"stage": "conformance", "key": "", "bytes": int(
+            RAM_FIT["python_conformance"] + 4 * facts.n_params + fwd),
+            "how": "the HF model in float32 (4 B/parameter) + one chunk's forward"})
+    return rows
+
+
+def _how(p: dict) -> str:
+    return ", ".join(f"{k} {p[k] / MIB:.0f}" for k in ("weights", "kv", "output", "compute", "overhead")) + " MiB"
+
+
+# ------------------------------------------------------------------ free memory and disk
+def free_memory(meminfo_path: str | os.PathLike | None = None) -> int:
+    """MemAvailable (bytes) of /proc/meminfo, or of the file ``meminfo_path`` / ``$GGUFPIPE_MEMINFO`` names."""
+    path = meminfo_path or os.environ.get("GGUFPIPE_MEMINFO") or "/proc/meminfo"
+    fields = {}
+    for line in Path(path).read_text().splitlines():
+        k, _, v = line.partition(":")
+        parts = v.split()
+        if parts and parts[0].isdigit():
+            fields[k.strip()] = int(parts[0]) * (1024 if parts[1:2] == ["kB"] else 1)
+    if "MemAvailable" in fields:
+        return fields["MemAvailable"]
+    return fields.get("MemFree", 0) + fields.get("Cached", 0)
+
+
+def free_disk(path: str | os.PathLike) -> tuple[int, int]:
+    """(device, bytes free to an unprivileged writer) of the filesystem holding ``path`` (its nearest existing
+    ancestor)."""
+    p = Path(path).absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    st = os.statvfs(p)
+    return os.stat(p).st_dev, st.f_bavail * st.f_frsize
+
+
+def fmt(n: float) -> str:
+    for unit, size in (("GiB", GIB), ("MiB", MIB), ("KiB", 1024)):
+        if abs(n) >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{int(n)} B"

@@ -1,0 +1,377 @@
+"""The jobs of a build, planned (pipeline/devices/plan.py predicts the sizes): the Slurm resources of every rule
+(:data:`RESOURCES`: rules/*.smk are built from it, ``ggufpipe plan`` evaluates it on predicted sizes), each job's disk,
+RAM and hours on a stated box (:func:`plan_jobs`, :func:`hours`), and the Snakefile's pre-flight (:func:`preflight`,
+:func:`check_jobs`). docs/planning.md."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from pipeline.devices.plan import (
+    GIB,
+    MIB,
+    Facts,
+    disk_plan,
+    fmt,
+    free_disk,
+    free_memory,
+    ram_plan,
+    source_facts,
+)
+
+
+# ------------------------------------------------------------------ Slurm resources (rules/*.smk use these)
+def _mm(input_mb: float, factor: float, floor: int = 512) -> int:
+    from pipeline.workflow import mem_mb
+
+    return mem_mb(input_mb, factor, floor)
+
+
+def _fetch_disk(s) -> int:
+    from pipeline.workflow import FETCH_UNKNOWN_MB
+
+    src = s.source_mb()
+    return _mm(src, 2.0) if src else FETCH_UNKNOWN_MB
+
+
+def _fetch_runtime(s) -> int:
+    src = s.source_mb()
+    return int(30 + src / 100) if src else 120
+
+
+def _logits_mb(s) -> int:
+    from pipeline.workflow import logits_bytes
+
+    e = s.recipe.eval_set(s.wc["es"])
+    return _mm(logits_bytes(e.ctx, e.chunks, s.n_vocab("base")) / MIB, 1.0)
+
+
+def _conformance_disk(s) -> int:
+    from pipeline.workflow import logits_bytes
+
+    r = s.recipe
+    if r.eval_sets:
+        return 512
+    return _mm(logits_bytes(512, r.conformance.chunks, s.n_vocab("base")) / MIB, 1.0)
+
+
+# rule -> resource -> a constant or a function of the job's input sizes (:class:`JobSizes`): MiB and minutes.
+# ``s.total``: every input (folders counted file by file); ``s.mb(key)``: one named input.
+RESOURCES = {
+    "fetch": {"mem_mb": 1024, "disk_mb": _fetch_disk, "runtime": _fetch_runtime},
+    "convert": {"mem_mb": lambda s: _mm(s.total, 1.5), "disk_mb": lambda s: _mm(s.total, 2.5),
+                "runtime": lambda s: int(30 + s.total / 100)},
+    "convert_mtp": {"mem_mb": lambda s: _mm(s.total, 1.5), "disk_mb": lambda s: _mm(s.total, 1.5),
+                    "runtime": lambda s: int(30 + s.total / 100)},
+    # float32 model (2 x the FP16 folder) + the FP16 copy written + activations: 3.5 x (AutoAWQ, docs/planning.md)
+    "awq": {"mem_mb": lambda s: _mm(s.total, 3.5, 2048), "disk_mb": lambda s: _mm(s.total, 2),
+            "runtime": lambda s: int(30 + s.total / 5)},
+    "convert_awq": {"mem_mb": lambda s: _mm(s.total, 1.5), "disk_mb": lambda s: _mm(s.total, 2.5),
+                    "runtime": lambda s: int(30 + s.total / 100)},
+    "imatrix": {"mem_mb": lambda s: _mm(s.total, 1.3, 1024), "disk_mb": 1024,
+                "runtime": lambda s: int(30 + s.total / 10)},
+    "sensitivity": {"mem_mb": lambda s: _mm(s.total, 1.3, 1024), "disk_mb": lambda s: _mm(s.mb("base"), 1.0, 1024),
+                    "runtime": lambda s: int(60 + s.total)},
+    "solve": {"mem_mb": 1024, "disk_mb": 64, "runtime": 10},
+    "quantize": {"mem_mb": lambda s: _mm(s.total, 1.2), "disk_mb": lambda s: _mm(s.total, 1.0),
+                 "runtime": lambda s: int(20 + s.total / 200)},
+    "eval_base": {"mem_mb": lambda s: _mm(s.total, 1.3, 1024), "disk_mb": _logits_mb,
+                  "runtime": lambda s: int(30 + s.total / 20)},
+    "eval": {"mem_mb": lambda s: _mm(s.mb("gguf"), 1.3, 1024), "disk_mb": 1024,
+             "runtime": lambda s: int(30 + s.mb("gguf") / 20)},
+    "bench": {"mem_mb": lambda s: _mm(s.total, 1.3, 1024), "disk_mb": 1024,
+              "runtime": lambda s: int(30 + s.total / 100)},
+    # the HF model in float32 (2 x the F16 file) beside the base logits being read
+    "conformance": {"mem_mb": lambda s: _mm(s.mb("base"), 2.5, 2048), "disk_mb": _conformance_disk,
+                    "runtime": lambda s: int(30 + s.mb("base") / 20)},
+    "split": {"mem_mb": 1024, "disk_mb": lambda s: _mm(s.total, 1.0), "runtime": lambda s: int(10 + s.total / 200)},
+    "vocab_check": {"mem_mb": 1024, "disk_mb": 1024, "runtime": 10},
+    "acceptance": {"mem_mb": lambda s: _mm(s.total, 1.5, 1024), "disk_mb": 1024,
+                   "runtime": lambda s: int(60 + s.total / 20)},
+    "agreement": {"mem_mb": lambda s: _mm(s.mb("draft"), 1.3, 1024), "disk_mb": 1024,
+                  "runtime": lambda s: int(30 + s.mb("draft") / 20)},
+    "publish": {"mem_mb": 1024, "disk_mb": lambda s: _mm(s.total, 1.0), "runtime": lambda s: int(30 + s.total / 5000)},
+    "gate": {"mem_mb": 512, "disk_mb": 512, "runtime": 10},
+}
+
+
+class JobSizes:
+    """A Snakemake job's inputs as the resource functions see them: the files' sizes on disk now (a file not built
+    yet counts as empty, as Snakemake's own ``input.size_mb``; a folder counts file by file)."""
+
+    def __init__(self, W, wc, input):
+        self.W, self.wc, self.input = W, wc, input
+        self.recipe = W.recipe(wc["name"])
+
+    @property
+    def total(self) -> float:
+        from pipeline.workflow import size_mb
+
+        return sum(size_mb(f) for f in self.input)
+
+    def _path(self, key: str) -> str:
+        v = self.input[key]
+        return str(v if isinstance(v, (str, os.PathLike)) else v[0])
+
+    def mb(self, key: str) -> float:
+        from pipeline.workflow import size_mb
+
+        return size_mb(self._path(key))
+
+    def source_mb(self) -> float | None:
+        return self.W.source_mb(self.wc["name"])
+
+    def n_vocab(self, key: str) -> int:
+        from pipeline.workflow import _n_vocab
+
+        return _n_vocab(self._path(key))
+
+
+class PlannedSizes:
+    """The same view of a job planned before anything exists: input sizes (MiB) and the vocabulary predicted."""
+
+    def __init__(self, recipe, wc: dict, inputs: dict[str, float], facts: Facts):
+        self.recipe, self.wc, self.inputs, self.facts = recipe, wc, inputs, facts
+
+    @property
+    def total(self) -> float:
+        return sum(self.inputs.values())
+
+    def mb(self, key: str) -> float:
+        return self.inputs.get(key, 0.0)
+
+    def source_mb(self) -> float | None:
+        return self.facts.snapshot_bytes / MIB
+
+    def n_vocab(self, key: str) -> int:
+        return self.facts.n_vocab
+
+
+def rule_resources(rule: str, W) -> dict:
+    """The ``resources:`` of a rule in rules/*.smk (``**rule_resources("convert", W)``): constants as they are,
+    functions wrapped for Snakemake (called with the job's wildcards and input)."""
+    out = {}
+    for key, f in RESOURCES[rule].items():
+        out[key] = f if isinstance(f, int) else _wrap(W, f)
+    return out
+
+
+def _wrap(W, f):
+    return lambda wc, input: f(JobSizes(W, wc, input))
+
+
+def evaluate_resources(rule: str, sizes) -> dict[str, int]:
+    return {k: (f if isinstance(f, int) else int(f(sizes))) for k, f in RESOURCES[rule].items()}
+
+
+# ------------------------------------------------------------------ the build's jobs, planned
+def plan_jobs(recipe, facts: Facts) -> list[dict]:
+    """Every job of a recipe's build that the plan covers, in build order: ``{"rule", "key", "wc", "inputs" (MiB),
+    "disk" (bytes it writes), "ram" (peak RSS bytes or None), "slurm" ({mem_mb, disk_mb, runtime})}``. Not planned:
+    draft checks and measured mixes (their jobs count 0 here)."""
+    disk = {(d["stage"], d["key"]): d["bytes"] for d in disk_plan(recipe, facts)}
+    ram = {(r["stage"], r["key"]): r["bytes"] for r in ram_plan(recipe, facts)}
+    mb = lambda stage, key="": disk.get((stage, key), 0) / MIB  # noqa: E731
+    ot = recipe.outtype.upper()
+    snap = facts.snapshot_bytes / MIB
+    text = lambda p: (Path(p).stat().st_size / MIB) if p and Path(p).is_file() else 0.0  # noqa: E731
+    jobs = []
+
+    def add(rule, key, wc, inputs, disk_key=None, ram_key=None):
+        jobs.append({"rule": rule, "key": key, "wc": {"name": recipe.name, **wc}, "inputs": inputs,
+                     "disk": disk.get(disk_key or (rule, key), 0), "ram": ram.get(ram_key or (rule, key))})
+
+    add("fetch", "", {}, {})
+    if len(disk_plan(recipe, facts)) and disk.get(("fetch", "")) is not None:
+        jobs[-1]["disk"] = facts.snapshot_bytes
+    add("convert", ot, {"outtype": ot}, {"hf": snap})
+    if ("awq", "") in disk:
+        add("awq", "", {}, {"hf": snap, "text": text(recipe.awq.calibration)})
+        add("convert_awq", ot, {"outtype": ot}, {"hf": mb("awq")})
+    for b in recipe.imatrix_bases if recipe.imatrix is not None else []:
+        src = mb("convert_awq", ot) if b == "awq" else mb("convert", ot)
+        add("imatrix", b, {"base": b}, {"base": src, "text": text(recipe.imatrix.calibration)}, ram_key=("imatrix", "plain"))
+    for q in recipe.quants:
+        src = mb("convert_awq", ot) if q.awq else mb("convert", ot)
+        inputs = {"base": src}
+        if q.imatrix:
+            inputs["imatrix"] = mb("imatrix", q.base)
+        add("quantize", q.key, {"quant": q.key}, inputs)
+    for key in recipe.model_keys:
+        if recipe.split_for(key):
+            add("split", key, {"skey": key}, {"gguf": mb("quantize", key) if key != ot else mb("convert", ot)})
+    for es in recipe.eval_sets:
+        add("eval_base", es.name, {"es": es.name}, {"base": mb("convert", ot)})
+        for q in recipe.quants:
+            add("eval", f"{es.name}/{q.key}", {"es": es.name, "quant": q.key},
+                {"gguf": mb("quantize", q.key), "logits": mb("eval_base", es.name)})
+    if recipe.bench:
+        for key in [ot, *(q.key for q in recipe.quants)]:
+            add("bench", key, {"bkey": key}, {"gguf": mb("quantize", key) if key != ot else mb("convert", ot)})
+    if recipe.conformance.enabled:
+        add("conformance", "", {}, {"base": mb("convert", ot), "hf": snap})
+    published = mb("convert", ot) + sum(mb("quantize", q.key) for q in recipe.quants)
+    add("publish", "", {}, {"files": published})
+    add("gate", "", {}, {"files": published})
+    for j in jobs:
+        j["slurm"] = evaluate_resources(j["rule"], PlannedSizes(recipe, j["wc"], j["inputs"], facts))
+    return jobs
+
+
+def job_key(rule: str, wc: dict) -> str:
+    """The plan's key of a Snakemake job (its wildcards as :func:`plan_jobs` names them)."""
+    if rule == "eval":
+        return f"{wc.get('es')}/{wc.get('quant')}"
+    for k in ("outtype", "base", "quant", "skey", "es", "bkey"):
+        if k in wc:
+            return str(wc[k])
+    return ""
+
+
+# ------------------------------------------------------------------ hours on a stated box
+# The box of the paper table (docs/planning.md): 32 x86-64 cores (AVX2), 256 GiB RAM, 100 MB/s download. Rates per
+# core measured on this machine (2 cores, loaded; bench/plan_check.py on the demo): llama-perplexity 8192 tokens of
+# the 135M model in 33.6 s (2 x params FLOPs per token: 33 GFLOP/s per core), llama-quantize 258 MiB in 2.6 s at 2
+# threads (52 MB/s per core), the converter 257 MiB in 7.1 s (one core, 38 MB/s: it does not scale with cores),
+# AutoAWQ (scale search, no clipping) at 3 x the forward's FLOPs per calibration token and layer: AWQ_FLOPS.
+BOX = {"cores": 32, "ram": 256 * GIB, "net_bps": 100e6, "pp_flops_per_core": 33e9, "convert_bps": 38e6,
+       "quantize_bps_per_core": 52e6, "awq_flops_per_core": 5e9}
+
+
+def hours(job: dict, facts: Facts, recipe, box: dict = BOX) -> float:
+    """A job's hours on ``box``: downloads and conversions by bytes, llama.cpp runs by 2 x params FLOPs per token."""
+    rule, n = job["rule"], facts.n_params
+    tokens = 0
+    if rule == "fetch":
+        return facts.snapshot_bytes / box["net_bps"] / 3600
+    if rule in ("convert", "convert_awq", "split", "publish"):
+        return (sum(job["inputs"].values()) * MIB) / box["convert_bps"] / 3600
+    if rule == "quantize":
+        return job["inputs"].get("base", 0) * MIB / (box["quantize_bps_per_core"] * box["cores"]) / 3600
+    if rule in ("eval_base", "eval"):
+        es = recipe.eval_set(job["wc"]["es"])
+        tokens = es.ctx * es.chunks
+    elif rule == "imatrix":
+        tokens = recipe.imatrix.ctx * recipe.imatrix.chunks
+    elif rule == "conformance":
+        tokens = (recipe.eval_sets[0].ctx if recipe.eval_sets else 512) * recipe.conformance.chunks
+    elif rule == "bench":
+        tokens = 512 + 128 * 20  # llama-bench pp512 + tg128 (token generation is bandwidth-bound: ~20x a pp token)
+    elif rule == "awq":
+        a = recipe.awq
+        return 2 * n * a.n_samples * a.seq_len * 6 / (box["awq_flops_per_core"] * box["cores"]) / 3600
+    return 2 * n * tokens / (box["pp_flops_per_core"] * box["cores"]) / 3600
+
+
+# ------------------------------------------------------------------ pre-flight (the Snakefile's onstart)
+RULE_ORDER = ("fetch", "convert", "convert_mtp", "awq", "convert_awq", "imatrix", "sensitivity", "solve", "quantize",
+              "split", "eval_base", "eval", "bench", "conformance", "vocab_check", "acceptance", "agreement",
+              "publish", "gate")
+
+
+def source_dir(W, name: str) -> Path | None:
+    """Where a recipe's checkpoint is on this machine already: the fetched folder, a local source, or the pinned
+    revision's snapshot in the hub cache; None before the download."""
+    fetched = W.layout.hf(name)
+    if (fetched / "config.json").is_file():
+        return fetched
+    src = W.recipes[name].source
+    if src.path:
+        p = Path(src.path).expanduser()
+        return p if (p / "config.json").is_file() else None
+    if not src.repo:
+        return None
+    from pipeline.stages.fetch import hub_snapshot_dir
+
+    cache = W.hub_cache
+    if not cache:
+        from huggingface_hub.constants import HF_HUB_CACHE
+
+        cache = HF_HUB_CACHE
+    snap = hub_snapshot_dir(Path(cache), src.repo, src.revision or "main")
+    return snap if (snap / "config.json").is_file() else None
+
+
+def check_jobs(W, jobs: list[tuple[str, dict]], local: bool = True, node_mem_mb: float | None = None) -> str | None:
+    """The pre-flight of a build about to run ``jobs`` ((rule, wildcards) of every job Snakemake will run): None when
+    they fit, else the one-line reason naming the stage, the need and the free amount.
+
+    Disk: the outputs of the jobs to run, summed in build order per filesystem (work/, artifacts/ and the hub cache
+    may differ) against its free space; the first job that would not fit is named. RAM: each job's predicted peak
+    RSS against MemAvailable (:func:`free_memory`) when jobs run here (``local``); on a cluster against
+    ``node_mem_mb`` when given (else the scheduler's own allocation judges, the rules' ``mem_mb``). Recipes whose
+    checkpoint is not on this machine yet are not judged (nothing to predict from)."""
+    plans: dict[str, dict] = {}
+    for _rule, wc in jobs:
+        name = wc.get("name")
+        if name in plans or name not in W.recipes:
+            continue
+        folder = source_dir(W, name)
+        plans[name] = {}
+        if folder is None:
+            continue
+        try:
+            facts = source_facts(folder)
+            rows = plan_jobs(W.recipes[name], facts)
+        except Exception as exc:  # noqa: BLE001  a plan that fails never stops a build: it is not judged
+            print(f"pre-flight: {name}: not judged ({type(exc).__name__}: {exc})", flush=True)
+            continue
+        plans[name] = {(j["rule"], j["key"]): j for j in rows}
+        plans[name]["_facts"] = facts
+    work_dev, _ = free_disk(W.layout.work)
+    free: dict[int, list] = {}
+    ram_free = free_memory() if local else None
+
+    def fs(path) -> int:
+        dev, avail = free_disk(path)
+        free.setdefault(dev, [avail, 0, str(path)])
+        return dev
+
+    order = {r: i for i, r in enumerate(RULE_ORDER)}
+    for rule, wc in sorted(jobs, key=lambda j: order.get(j[0], len(order))):
+        name = wc.get("name", "")
+        plan = plans.get(name) or {}
+        row = plan.get((rule, job_key(rule, wc)))
+        if row is None:
+            continue
+        what = f"{rule}{' ' + row['key'] if row['key'] else ''} of {name}"
+        need = row["disk"]
+        if rule == "fetch":
+            need = 0 if W.layout.hf(name).exists() or fs(source_dir(W, name) or W.layout.work) == work_dev else need
+        dev = fs(W.layout.art_dir(name) if rule == "publish" else W.layout.work)
+        if rule == "publish" and dev != work_dev:  # a copy where hard links cannot reach
+            need = int(sum(row["inputs"].values()) * MIB)
+        entry = free[dev]
+        entry[1] += need
+        if entry[1] > entry[0]:
+            return (f"not enough disk for {what}: the jobs to run need {fmt(entry[1])} on the filesystem of "
+                    f"{entry[2]} by then, {fmt(entry[0])} free (nothing started; `ggufpipe plan` has the details)")
+        ram = row.get("ram")
+        if ram is None:
+            continue
+        if local and ram > ram_free:
+            return (f"not enough memory for {what}: predicted peak {fmt(ram)}, {fmt(ram_free)} available "
+                    f"(MemAvailable; nothing started; `ggufpipe plan` has the details)")
+        if not local and node_mem_mb and ram > float(node_mem_mb) * MIB:
+            return (f"not enough memory on a node for {what}: predicted peak {fmt(ram)}, node_mem_mb "
+                    f"{float(node_mem_mb):.0f} MiB (nothing submitted)")
+    return None
+
+
+def preflight(smk_workflow, W) -> None:
+    """The Snakefile's ``onstart`` (after the DAG is built, before any job; Snakemake calls it only when some job
+    will run, never on a dry or no-op run): refuse in one line a build whose jobs this machine's disk or memory
+    cannot hold (:func:`check_jobs`: the stage, the need, the free amount). Under a cluster executor the submitting
+    host's memory is not judged; ``--config node_mem_mb=N`` judges each job against a node's.
+    ``--config preflight=false`` (or ``GGUFPIPE_PREFLIGHT=0``) turns it off."""
+    off = ("0", "false", "no", "off")
+    if str(W.config.get("preflight", "true")).lower() in off or os.environ.get("GGUFPIPE_PREFLIGHT", "1").lower() in off:
+        return
+    jobs = [(job.rule.name, dict(job.wildcards.items())) for job in smk_workflow.dag.needrun_jobs()]
+    local = bool(getattr(smk_workflow, "local_exec", True))
+    problem = check_jobs(W, jobs, local=local, node_mem_mb=W.config.get("node_mem_mb"))
+    if problem:
+        print(f"error: {problem}", file=sys.stderr, flush=True)
+        sys.exit(1)
