@@ -235,9 +235,10 @@ def job_key(rule: str, wc: dict) -> str:
 # core measured on this machine (2 cores, loaded; bench/plan_check.py on the demo): llama-perplexity 8192 tokens of
 # the 135M model in 33.6 s (2 x params FLOPs per token: 33 GFLOP/s per core), llama-quantize 258 MiB in 2.6 s at 2
 # threads (52 MB/s per core), the converter 257 MiB in 7.1 s (one core, 38 MB/s: it does not scale with cores),
-# AutoAWQ (scale search, no clipping) at 3 x the forward's FLOPs per calibration token and layer: AWQ_FLOPS.
+# AutoAWQ's scale search (no clipping) 16 x 128 tokens in 762.8 s at 2 threads, counted as 6 x 2 x params FLOPs per
+# calibration token (2.2 GFLOP/s per core).
 BOX = {"cores": 32, "ram": 256 * GIB, "net_bps": 100e6, "pp_flops_per_core": 33e9, "convert_bps": 38e6,
-       "quantize_bps_per_core": 52e6, "awq_flops_per_core": 5e9}
+       "quantize_bps_per_core": 52e6, "awq_flops_per_core": 2.2e9}
 
 
 def hours(job: dict, facts: Facts, recipe, box: dict = BOX) -> float:
@@ -326,7 +327,7 @@ def check_jobs(W, jobs: list[tuple[str, dict]], local: bool = True, node_mem_mb:
 
     def fs(path) -> int:
         dev, avail = free_disk(path)
-        free.setdefault(dev, [avail, 0, str(path)])
+        free.setdefault(dev, [avail, 0, os.path.abspath(path)])
         return dev
 
     order = {r: i for i, r in enumerate(RULE_ORDER)}
