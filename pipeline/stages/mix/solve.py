@@ -8,7 +8,8 @@ rounded up to a unit (at most 2^17 units in all, so the rounding can only make t
 - ``budget``: the lowest predicted KLD whose file (header and every tensor, padded) fits the budget: the bytes of
   the stock type named by ``size_of`` (from ``llama-quantize --dry-run``, nothing built), ``bpw`` x weights / 8 of
   tensor data, or ``max_mb`` x 10^6;
-- ``target``: the fewest bytes whose predicted mean KLD meets it.
+- ``target``: the fewest bytes whose predicted mean KLD meets :data:`TARGET_MARGIN` x the target (the prediction is
+  made on the sensitivity text, the gates measure on theirs).
 
 Groups are taken in name order and, within a group, the options in (bytes, type name) order; on equal predicted KLD
 the earlier option is kept, so equal inputs give the same map. The map names every quantized tensor exactly
@@ -30,8 +31,12 @@ from pipeline.stages.mix.groups import aligned_bytes
 from pipeline.stages.mix.plan import budget_bytes, dry_run_types, header_bytes, imatrix_args, map_text
 from pipeline.tools import Toolchain, find_toolchain
 
-SOLVER = "mckp-dp 1"
+SOLVER = "mckp-dp 2"
 MAX_UNITS = 1 << 17
+# A target is solved for this share of it: the predicted mean KLD is on the sensitivity text, the gates measure the
+# mix on theirs, and the tolerance for a prediction is 15 %. Measured on the rotated demo without it (solver
+# 1): target 0.02, predicted 0.01999, measured 0.0212 on the gate text, so the mix failed its own target.
+TARGET_MARGIN = 0.85
 
 
 def _options(group: dict, allowed: tuple[str, ...], floor: str, floor_kld: float) -> list[tuple[int, float, str]]:
@@ -121,9 +126,9 @@ def solve(recipe: Recipe, key: str, sensitivity_json: str | Path, base_gguf: str
             goal = {"budget": {q.mix.budget[0]: q.mix.budget[1]}, "bytes": limit}
             choice, total, kld = choose(data["groups"], q.mix.candidates, floor, floor_kld, fixed, budget=limit)
         else:
-            goal = {"target": {q.mix.target[0]: q.mix.target[1]}}
+            goal = {"target": {q.mix.target[0]: q.mix.target[1]}, "aim": round(q.mix.target[1] * TARGET_MARGIN, 8)}
             choice, total, kld = choose(data["groups"], q.mix.candidates, floor, floor_kld, fixed,
-                                        target=q.mix.target[1])
+                                        target=goal["aim"])
     except PipelineError as exc:
         raise PipelineError(f"{where}: {exc}") from None
     assign = {n: c for g in data["groups"] for n in g["tensors"] for c in [choice[g["group"]]]}
