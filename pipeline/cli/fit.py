@@ -3,20 +3,8 @@ docs/devices.md. Exit status 0 when it fits, 1 (one line ``error: ...``) when it
 
 from __future__ import annotations
 
-import re
-
+from pipeline.devices.memory import parse_size
 from pipeline.errors import PipelineError
-
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B?)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-
-
-def parse_size(text: str) -> int:
-    """``8G``, ``8GiB``, ``512M``, ``1.5G``, ``123456`` (bytes) -> bytes; binary units (G = GiB)."""
-    m = _SIZE.match(text)
-    if not m:
-        raise PipelineError(f"--mem {text!r}: a size such as 8G, 512M or 1.5GiB")
-    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
 
 
 def _mib(n: float) -> str:
@@ -26,7 +14,10 @@ def _mib(n: float) -> str:
 def cmd_fit(args) -> None:
     from pipeline.devices.memory import predict_memory
 
-    mem = parse_size(args.mem)
+    try:
+        mem = parse_size(args.mem)
+    except PipelineError as exc:
+        raise PipelineError(f"--mem: {exc}") from None
     p = predict_memory(args.gguf, args.ctx, kv_type=args.kv_type, arch=args.arch, threads=args.threads)
     d = p["details"]
     print(f"{args.gguf}: {d['architecture']}, ctx {args.ctx} (KV cells {d['n_ctx']}"

@@ -13,8 +13,7 @@ DEFAULT_GATES = ROOT / "data" / "botchan.txt"
 
 def parse_device(text: str):
     """``name:memory[:ctx[:arch]]``, e.g. ``pi5:8G:4096:arm64-dotprod`` -> Device."""
-    from pipeline.cli.fit import parse_size
-    from pipeline.devices.memory import ARCH_FEATURES
+    from pipeline.devices.memory import ARCH_FEATURES, parse_size
     from pipeline.recipe.init import Device
 
     parts = text.split(":")

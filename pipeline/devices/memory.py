@@ -42,6 +42,7 @@ constants were fitted on x86_64 (see :data:`FIT`). Standard library and :mod:`pi
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 from pipeline.errors import PipelineError
@@ -307,3 +308,16 @@ def _f32_only(header, blck: int) -> bool:
         return False
     return all(GGML_TYPES[t.ggml_type][0] in ("F32",) for t in header.tensors
                if GGML_TYPES[t.ggml_type][1] == 1 and _matmul_weight(t.name, t.shape))
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """A memory size as ``ggufpipe fit --mem`` and recipe ``devices[].memory`` take it: ``8G``, ``8GiB``, ``512M``,
+    ``1.5G``, ``123456`` (bytes) -> bytes; binary units (G = GiB)."""
+    m = _SIZE.match(text)
+    if not m:
+        raise PipelineError(f"{text!r} is not a memory size such as 8G, 512M or 1.5GiB")
+    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])

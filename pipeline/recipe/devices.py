@@ -35,8 +35,7 @@ class Device:
 
 def parse_devices(ctx, value) -> tuple[Device, ...]:
     """``devices:``: a list of devices with unique names (``ctx``: the parser's ``_Ctx``, one-line errors)."""
-    from pipeline.cli.fit import parse_size
-    from pipeline.devices.memory import ARCH_FEATURES, KV_TYPES
+    from pipeline.devices.memory import ARCH_FEATURES, KV_TYPES, parse_size
     from pipeline.errors import PipelineError
 
     if value is None:
