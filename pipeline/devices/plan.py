@@ -229,21 +229,31 @@ FTYPE_BASE = {"Q4_0": "Q4_0", "Q4_1": "Q4_1", "Q5_0": "Q5_0", "Q5_1": "Q5_1", "Q
               "BF16": "BF16", "Q2_K": "Q2_K", "Q2_K_S": "Q2_K", "Q3_K_S": "Q3_K", "Q3_K_M": "Q3_K", "Q3_K_L": "Q3_K",
               "Q4_K_S": "Q4_K", "Q4_K_M": "Q4_K", "Q5_K_S": "Q5_K", "Q5_K_M": "Q5_K", "Q6_K": "Q6_K",
               "IQ4_NL": "IQ4_NL", "IQ4_XS": "IQ4_XS", "TQ1_0": "TQ1_0", "TQ2_0": "TQ2_0"}
-_FALLBACK = {"Q2_K": "IQ4_NL", "Q3_K": "IQ4_NL", "IQ4_XS": "IQ4_NL", "Q4_K": "Q5_0", "Q5_K": "Q5_1",
-             "Q6_K": "Q8_0"}  # src/llama-quant.cpp: ncols not a multiple of 256
+# src/llama-quant.cpp:400-440 (tensor_type_fallback): a row length the type's block does not divide
+_FALLBACK = {**dict.fromkeys(("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_XS"), "IQ4_NL"),
+             **dict.fromkeys(("Q2_0", "Q2_K", "Q3_K", "TQ1_0", "TQ2_0"), "Q4_0"), "Q4_K": "Q5_0", "Q5_K": "Q5_1",
+             "Q6_K": "Q8_0"}
 
 
-def quant_tensor_type(ftype: str, role: str, layer: int, n_layer: int, ncols: int, tied: bool) -> str:
-    """The type llama-quantize gives a 2-D weight (condensed ``llama_tensor_get_type``, llama.cpp b11312, dense
-    models): the output matrix (or the tied embedding) at Q6_K, ``attn_v`` / ``ffn_down`` / ``attn_output`` raised
-    per ftype and layer (``use_more_bits``), then the shape fallback of K/IQ types when ncols % 256 != 0."""
+def _block(type_name: str) -> int:
+    from pipeline.gguf.types import GGML_TYPES
+
+    return next(blck for name, blck, _ in GGML_TYPES.values() if name == type_name)
+
+
+def quant_tensor_type(ftype: str, role: str, layer: int, n_layer: int, ncols: int, tied: bool, n_gqa: int = 1) -> str:
+    """The type llama-quantize gives a 2-D weight (condensed ``llama_tensor_get_type_impl``, src/llama-quant.cpp:
+    475-700 of b11312, dense models, no importance matrix): the output matrix (or the tied embedding) at Q6_K,
+    ``attn_v`` / ``ffn_down`` / ``attn_output`` / ``attn_qkv`` raised per ftype and layer (``use_more_bits``), then the
+    shape fallback (src/llama-quant.cpp:400-440). The one copy of that rule here: ``ggufpipe plan`` and
+    ``ggufpipe init`` use it; the real plan of a quant is llama-quantize's own dry run (pipeline/stages/quant_plan.py)."""
     t = FTYPE_BASE.get(ftype, "Q8_0")
     if t in ("F16", "BF16"):
         return t
     if role == "output" or (tied and role == "token_embd"):
         t = "Q8_0" if (ncols % 256 or t == "Q8_0") else "Q6_K"
     elif role == "attn_v":
-        t = {"Q2_K": "Q3_K", "Q3_K_M": "Q5_K" if layer < 2 else "Q4_K", "Q3_K_L": "Q5_K",
+        t = {"Q2_K": "Q4_K" if n_gqa >= 4 else "Q3_K", "Q3_K_M": "Q5_K" if layer < 2 else "Q4_K", "Q3_K_L": "Q5_K",
              "Q4_K_S": "Q5_K" if layer < 4 else t}.get(ftype, t)
         if ftype in ("Q4_K_M", "Q5_K_M") and _use_more_bits(layer, n_layer):
             t = "Q6_K"
@@ -260,10 +270,11 @@ def quant_tensor_type(ftype: str, role: str, layer: int, n_layer: int, ncols: in
             t = "Q5_K"
     elif role == "attn_output":
         t = {"Q2_K": "Q3_K", "Q3_K_M": "Q4_K", "Q3_K_L": "Q5_K"}.get(ftype, t)
-    blck = 256 if t[0:2] in ("Q2", "Q3", "Q4", "Q5", "Q6") and t.endswith("_K") or t.startswith("IQ4_XS") else 32
-    if ncols % blck:
+    elif role == "attn_qkv":
+        t = {"Q3_K_M": "Q4_K", "Q4_K_M": "Q5_K", "Q5_K_M": "Q6_K"}.get(ftype, t)
+    if ncols % _block(t):
         t = _FALLBACK.get(t, t)
-        if ncols % 32:
+        if ncols % _block(t):
             t = "F16"
     return t
 

@@ -7,7 +7,7 @@ the pinned converter does not register (the names of ``@ModelBase.register(...)`
 its ``conversion/`` package, parsed as text, never imported). :func:`estimate_memory` predicts, before any GGUF
 exists, the memory llama.cpp's CPU build takes to run a stock quant at a context size: the components of
 :func:`pipeline.devices.memory.predict_memory`, with the weights estimated per tensor from the safetensors headers
-and a simplified copy of llama-quantize's type choice (:func:`quant_type_of`). :func:`render` writes the recipe text.
+and llama-quantize's type choice as ``ggufpipe plan`` condenses it (pipeline/devices/plan.py ``quant_tensor_type``). :func:`render` writes the recipe text.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.devices import memory as mem
+from pipeline.devices.plan import quant_tensor_type
 from pipeline.errors import PipelineError
 from pipeline.gguf.types import GGML_TYPES, tensor_nbytes
 from pipeline.stages.fetch import PICKLE_PATTERNS, _wanted, check_safetensors, hub_snapshot_dir
@@ -227,48 +228,6 @@ def _role(name: str) -> str:
     return "other"
 
 
-def _more_bits(i: int, n: int) -> bool:  # src/llama-quant.cpp:452 use_more_bits
-    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
-
-
-def _fallback(t: str, ncols: int) -> str:
-    """src/llama-quant.cpp:397-440: a row size the type's block does not divide."""
-    blck = GGML_TYPES[_CODE[t]][1]
-    if ncols % blck == 0:
-        return t
-    t = {"Q2_K": "Q4_0", "Q3_K": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}.get(t, t)
-    return t if ncols % GGML_TYPES[_CODE[t]][1] == 0 else "F16"
-
-
-def quant_type_of(ftype: str, role: str, layer: int, n_layer: int, ncols: int, tied: bool, n_gqa: int) -> str:
-    """The ggml type llama-quantize gives a 2-D+ tensor under ``ftype``: a simplified copy of
-    llama_tensor_get_type_impl (src/llama-quant.cpp:475-700) for the stock types of :data:`STOCK_QUANTS`, dense
-    models, no importance matrix; then the shape fallback."""
-    base = {"Q8_0": "Q8_0", "Q6_K": "Q6_K", "Q5_K_M": "Q5_K", "Q4_K_M": "Q4_K", "Q3_K_M": "Q3_K", "Q2_K": "Q2_K"}[ftype]
-    t = base
-    if role == "output" or (tied and role == "token_embd"):
-        t = "Q8_0" if ncols % GGML_TYPES[_CODE[base]][1] else (base if base == "Q8_0" else "Q6_K")
-    elif role == "attn_v":
-        if ftype in ("Q4_K_M", "Q5_K_M") and _more_bits(layer, n_layer):
-            t = "Q6_K"
-        elif ftype == "Q3_K_M":
-            t = "Q5_K" if layer < 2 else "Q4_K"
-        elif ftype == "Q2_K":
-            t = "Q4_K" if n_gqa >= 4 else "Q3_K"
-    elif role == "ffn_down":
-        if ftype in ("Q4_K_M", "Q5_K_M") and _more_bits(layer, n_layer):
-            t = "Q6_K"
-        elif ftype == "Q3_K_M":
-            t = "Q5_K" if layer < n_layer // 16 else "Q4_K"
-        elif ftype == "Q2_K":
-            t = "Q3_K"
-    elif role == "attn_output":
-        t = {"Q2_K": "Q3_K", "Q3_K_M": "Q4_K"}.get(ftype, base)
-    elif role == "attn_qkv":
-        t = {"Q3_K_M": "Q4_K", "Q4_K_M": "Q5_K", "Q5_K_M": "Q6_K"}.get(ftype, base)
-    return _fallback(t, ncols)
-
-
 def _vocab_facts(src: Source, n_vocab: int) -> tuple[int, int]:
     """(merges, metadata bytes): the tokenizer's BPE merges and an estimate of the GGUF header (each token: its
     bytes + 8 length + 4 score + 4 type; each merge: its bytes + 8)."""
@@ -308,8 +267,8 @@ def estimate_memory(src: Source, ftype: str, ctx: int, arch: str = "x86_64", kv_
             continue
         role = _role(name)
         m = _LAYER.search(name)
-        t = quant_type_of(ftype, role, int(m.group(1)) if m else 0, max(n_layer, 1), shape[-1], tied,
-                          n_head // max(n_head_kv, 1))
+        t = quant_tensor_type(ftype, role, int(m.group(1)) if m else 0, max(n_layer, 1), shape[-1], tied,
+                              n_head // max(n_head_kv, 1))
         gshape = tuple(reversed(shape))
         nbytes = tensor_nbytes(_CODE[t], gshape)
         weights += mem._pad(nbytes, mem.TENSOR_ALIGNMENT)
