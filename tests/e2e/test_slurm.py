@@ -106,11 +106,14 @@ def test_every_rule_declares_its_resources(tmp_path, demo_hub):
             found.setdefault(rule, set()).update(k for k in ("mem_mb", "disk_mb", "runtime") if values[k] == "1")
     snakefile = "\n".join(p.read_text() for p in [ROOT / "Snakefile", *sorted((ROOT / "rules").glob("*.smk"))])
     rules = set(re.findall(r"^rule (\w+):", snakefile, re.M)) - {"all"}
-    assert rules - set(found) == {"convert_mtp", "split"}  # no recipe here uses them
+    assert rules - set(found) == {"convert_mtp", "split", "sensitivity", "solve"}  # no recipe here uses them
     assert {r: d for r, d in found.items() if d and r != "all"} == {}
-    for r in rules:  # threads too, in every rule (those two included)
+    from pipeline.devices.plan_jobs import RESOURCES
+
+    for r in rules:  # threads too, in every rule (those unused here included); resources from the one table
         block = snakefile.split(f"\nrule {r}:\n", 1)[1].split("\nrule ", 1)[0]
-        assert "    threads:" in block and all(f"        {k}=" in block for k in ("mem_mb", "disk_mb", "runtime")), r
+        assert "    threads:" in block and f'**rule_resources("{r}", W)' in block, r
+        assert set(RESOURCES[r]) == {"mem_mb", "disk_mb", "runtime"}, r
 
 
 def test_derived_resources_match_real_files(demo_build, demo_hub):
