@@ -176,7 +176,7 @@ class Workflow:
         s = self.recipes[name].split_for(key)
         return repr((s.args() if s else None, self.toolchain.build_number, self.toolchain.commit))
 
-    # resources that input sizes alone do not give
+    # the source's size where it is known (the fetch rule's resources, pipeline/devices/plan_jobs.py)
     def source_mb(self, name: str) -> float | None:
         """Size of a recipe's source weights where they are on this machine already: a local folder, or the
         pinned revision's snapshot in the hub cache; None when unknown (not downloaded yet)."""
@@ -192,33 +192,12 @@ class Workflow:
 
         return size_mb(hub_snapshot_dir(cache, src.repo, src.revision)) or None
 
-    def fetch_disk_mb(self, name: str) -> int:
-        """The download (hub cache) plus ``work/<name>/hf`` (hard links where possible, else a copy)."""
-        known = self.source_mb(name)
-        return mem_mb(known, 2.0) if known else FETCH_UNKNOWN_MB
-
-    def fetch_runtime(self, name: str) -> int:
-        known = self.source_mb(name)
-        return int(30 + known / 100) if known else 120  # minutes: a download at >= 100 MB per minute
-
-    def logits_disk_mb(self, name: str, es: str, base_gguf: str) -> int:
-        """The base logits file of an eval set, from its ctx and chunks and the base GGUF's vocabulary."""
-        e = self.recipes[name].eval_set(es)
-        return mem_mb(logits_bytes(e.ctx, e.chunks, _n_vocab(base_gguf)) / 2**20, 1.0)
-
     def conformance_inputs(self, name: str) -> dict[str, list[str]]:
         return self.layout.conformance_inputs(self.recipes[name])
 
     def conformance_params(self, name: str) -> str:
         c = self.recipes[name].conformance
         return repr((c.describe(), str(c.text) if c.text else None, self.toolchain.build_number, self.toolchain.commit))
-
-    def conformance_disk_mb(self, name: str, base_gguf: str) -> int:
-        """Reads eval-base's logits; a recipe without eval sets (a built draft) writes its own, ctx 512."""
-        r = self.recipes[name]
-        if r.eval_sets:
-            return 512
-        return mem_mb(logits_bytes(512, r.conformance.chunks, _n_vocab(base_gguf)) / 2**20, 1.0)
 
     def publish_params(self, name: str) -> str:
         return self.recipes[name].sha256  # thresholds, eval sets, bench...: any recipe change re-publishes

@@ -126,9 +126,14 @@ def test_derived_resources_match_real_files(demo_build, demo_hub):
     logits = demo_build / "work" / NAME / "eval" / es.name / "base.logits"
     assert logits.stat().st_size == logits_bytes(es.ctx, es.chunks, 49152)  # SmolLM2: 49152 tokens
     base = demo_build / "work" / NAME / "quants" / f"{NAME}-F16.gguf"
-    assert wf.logits_disk_mb(NAME, es.name, str(base)) == int(logits.stat().st_size / 2**20 + 512)
+    from pipeline.devices.plan_jobs import RESOURCES, JobSizes
+
+    def disk(rule: str, wc: dict, inputs: dict) -> int:  # as rules/*.smk's resources evaluate it
+        return RESOURCES[rule]["disk_mb"](JobSizes(wf, {"name": NAME, **wc}, inputs))
+
+    assert disk("eval_base", {"es": es.name}, {"base": str(base)}) == int(logits.stat().st_size / 2**20 + 512)
     # before the base GGUF exists: the bound, never less than the real file
-    assert wf.logits_disk_mb(NAME, es.name, str(base) + ".absent") > logits.stat().st_size / 2**20
+    assert disk("eval_base", {"es": es.name}, {"base": str(base) + ".absent"}) > logits.stat().st_size / 2**20
     hf = size_mb(demo_build / "work" / NAME / "hf")
     assert hf > 200 and abs(wf.source_mb(NAME) - hf) < 1  # the snapshot holds what fetch took (and a little)
-    assert wf.fetch_disk_mb(NAME) == int(2 * wf.source_mb(NAME) + 512)
+    assert disk("fetch", {}, {}) == int(2 * wf.source_mb(NAME) + 512)
