@@ -11,8 +11,8 @@ For one flavour (base GGUF, with or without the importance matrix) of a recipe's
    --kl-divergence`` against 1. A candidate that writes a group exactly as the floor does is not measured.
 
 Every measurement is cached under ``work/<name>/mix/<flavour>/runs/`` by the SHA256 of everything that decides it
-(base and importance matrix, the map's text, the text, ctx, chunks, threads, tools): adding a candidate measures
-only what is new, and the solve stage never measures. The JSON written holds no time (a rebuild reproduces it byte
+(base, reference and importance matrix, the map's text, the text, ctx, chunks, threads, tools): adding a candidate
+measures only what is new, and the solve stage never measures. The JSON written holds no time (a rebuild reproduces it byte
 for byte); seconds and counts go to the stage record.
 """
 
@@ -128,8 +128,8 @@ def sensitivity(recipe: Recipe, flavour: str, base_gguf: str | Path, ref_gguf: s
 
     def measure(label: str, assign: dict[str, str]) -> dict:
         text = map_text(assign)
-        key = hashlib.sha256(json.dumps([base_sha, data["imatrix_sha256"], text, MEASURE_FTYPE, text_sha, s.ctx,
-                                         s.chunks, threads, tc.build_number, tc.commit]).encode()).hexdigest()
+        key = hashlib.sha256(json.dumps([base_sha, ref_sha, data["imatrix_sha256"], text, MEASURE_FTYPE, text_sha,
+                                         s.ctx, s.chunks, threads, tc.build_number, tc.commit]).encode()).hexdigest()
         cached = scratch / "runs" / f"{key}.json"
         if cached.is_file():
             cost["reused"] += 1
