@@ -19,6 +19,7 @@ llama-quantize will write each tensor as predicted and the file at the predicted
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from pathlib import Path
@@ -117,7 +118,8 @@ def solve(recipe: Recipe, key: str, sensitivity_json: str | Path, base_gguf: str
     scratch.mkdir(parents=True, exist_ok=True)
     logp = Path(log) if log else None
     alignment = read_header(base).alignment
-    fixed = header_bytes(base, im) + data["kept_bytes"]
+    header = header_bytes(base, im)
+    fixed = header + data["kept_bytes"]  # what every mix holds: the header and the tensors left as they are
     floor, floor_kld = data["floor"], data["floor_kld"]["kld_mean"]
     goal: dict = {}
     try:
@@ -145,7 +147,7 @@ def solve(recipe: Recipe, key: str, sensitivity_json: str | Path, base_gguf: str
         if listed[n]["type"] != want:
             raise PipelineError(f"{where}: llama-quantize would write {n} as {listed[n]['type']}, the sensitivity "
                                 f"measured it as {want}")
-    planned = header_bytes(base, im) + sum(aligned_bytes(t["type"], t["shape"], alignment) for t in listed.values())
+    planned = header + sum(aligned_bytes(t["type"], t["shape"], alignment) for t in listed.values())
     if planned != total:
         raise PipelineError(f"{where}: the dry run plans {planned} bytes, the solver predicted {total}")
     hist: dict[str, int] = {}
@@ -165,18 +167,13 @@ def solve(recipe: Recipe, key: str, sensitivity_json: str | Path, base_gguf: str
                         "text_sha256": data["text_sha256"], "ctx": data["ctx"], "chunks": data["chunks"],
                         "floor_kld_mean": floor_kld},
         "choice": choice,
-        "predicted": {"bytes": total, "bpw": round((total - fixed + data["kept_bytes"]) * 8 / data["n_weights"], 4),
+        "predicted": {"bytes": total, "bpw": round((total - header) * 8 / data["n_weights"], 4),  # padded tensor data
                       "kld_mean": round(kld, 8)},
         "histogram": dict(sorted(hist.items())),
-        "map_sha256": _sha(text),
+        "map_sha256": hashlib.sha256(text.encode()).hexdigest(),
     }
     with atomic_output(out_map) as tmp:
         tmp.write_text(text)
     write_json_atomic(out_layout, layout)
     return layout
 
-
-def _sha(text: str) -> str:
-    import hashlib
-
-    return hashlib.sha256(text.encode()).hexdigest()
