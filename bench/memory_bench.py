@@ -42,6 +42,9 @@ sys.path.insert(0, str(ROOT))
 from pipeline.devices.memory import MIB, predict_memory  # noqa: E402
 from pipeline.tools import find_toolchain  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "bench"))
+from pipeline_bench import _hwm_kb  # noqa: E402  the VmHWM reader of the pipeline bench
+
 DEMO = ROOT / "artifacts" / "smollm2-135m"
 CALIB_QUANTS = ROOT / "work" / "smollm2-135m-calib" / "quants"
 TOLERANCE = 0.15
@@ -112,17 +115,6 @@ PRINTED = {
 }
 
 
-def _vmhwm(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/status") as fh:
-            for line in fh:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
 def measure(tc, gguf: Path, ctx: int) -> dict:
     cmd = ["nice", "-n", "10", str(tc.tool("llama-bench")), "-m", str(gguf), "-p", str(ctx), "-n", str(N_GEN),
            "-r", str(REPS), "-t", str(THREADS), "-v"]
@@ -133,7 +125,7 @@ def measure(tc, gguf: Path, ctx: int) -> dict:
 
     def poll():  # nice(1) exec()s llama-bench: same pid
         while not stop.is_set():
-            peak[0] = max(peak[0], _vmhwm(proc.pid))
+            peak[0] = max(peak[0], _hwm_kb(proc.pid))
             time.sleep(0.01)
 
     th = threading.Thread(target=poll, daemon=True)

@@ -24,7 +24,7 @@ from pipeline.devices import memory as mem
 from pipeline.devices.plan import quant_tensor_type
 from pipeline.errors import PipelineError
 from pipeline.gguf.types import GGML_TYPES, tensor_nbytes
-from pipeline.stages.fetch import PICKLE_PATTERNS, _wanted, check_safetensors, hub_snapshot_dir
+from pipeline.stages.fetch import PICKLE_PATTERNS, _wanted, check_safetensors, hub_snapshot_dir, read_config
 
 # Stock quants a device suggestion chooses from, largest first (no IQ types: they need an importance matrix).
 STOCK_QUANTS = ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q3_K_M", "Q2_K")
@@ -136,14 +136,7 @@ def inspect_source(spec: str, convert_script: Path, build: int, allow_pickle: bo
     """Read and check the checkpoint ``spec``; refuse in one line what the build could not use."""
     folder, repo, commit = resolve(spec, hub_cache)
     files = _files(folder)
-    if "config.json" not in files:
-        raise PipelineError(f"{spec}: no config.json in {folder}: not a Hugging Face model folder")
-    try:
-        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise PipelineError(f"{spec}: config.json is not valid JSON: {exc}") from None
-    if not isinstance(config, dict):
-        raise PipelineError(f"{spec}: config.json is not a JSON object")
+    config = read_config(folder, files, spec)
     if "auto_map" in config and not trust_remote_code:
         raise PipelineError(f"{spec}: config.json needs custom code (auto_map): the recipe needs "
                             "source.trust_remote_code: true; pass --trust-remote-code only if you trust it")

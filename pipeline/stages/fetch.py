@@ -77,9 +77,8 @@ def _local_source(recipe: Recipe) -> Path:
     return path
 
 
-def check_folder(folder: Path, recipe: Recipe, files: list[str]) -> None:
-    """Refuse folders without usable weights, with pickled weights or custom code not opted in."""
-    where = f"{recipe.path}: source"
+def read_config(folder: Path, files: list[str], where: str) -> dict:
+    """A Hugging Face folder's config.json as a mapping; one line naming the folder when it is missing or broken."""
     if "config.json" not in files:
         raise PipelineError(f"{where}: {folder} has no config.json: not a Hugging Face model folder")
     try:
@@ -88,6 +87,13 @@ def check_folder(folder: Path, recipe: Recipe, files: list[str]) -> None:
         raise PipelineError(f"{where}: config.json is not valid JSON: {exc}") from None
     if not isinstance(config, dict):
         raise PipelineError(f"{where}: config.json is not a JSON object")
+    return config
+
+
+def check_folder(folder: Path, recipe: Recipe, files: list[str]) -> None:
+    """Refuse folders without usable weights, with pickled weights or custom code not opted in."""
+    where = f"{recipe.path}: source"
+    config = read_config(folder, files, where)
     if "auto_map" in config and not recipe.source.trust_remote_code:
         raise PipelineError(
             f"{where}: config.json needs custom code (auto_map); set source.trust_remote_code: true only if you trust it"
