@@ -47,7 +47,7 @@ from typing import Any
 
 from pipeline.errors import PipelineError
 from pipeline.gguf.reader import ArrayValue, read_header
-from pipeline.gguf.types import GGML_TYPES
+from pipeline.gguf.types import GGML_TYPE_CODES, GGML_TYPES
 
 MIB = 1 << 20
 
@@ -89,7 +89,6 @@ REPACK_RULES: dict[str, list[tuple[frozenset[str], int]]] = {
 # KV cache types llama.cpp accepts for -ctk/-ctv (common/arg.cpp kv_cache_types)
 KV_TYPES = {"f32": "F32", "f16": "F16", "bf16": "BF16", "q8_0": "Q8_0", "q4_0": "Q4_0", "q4_1": "Q4_1",
             "iq4_nl": "IQ4_NL", "q5_0": "Q5_0", "q5_1": "Q5_1"}
-_TYPE_BY_NAME = {name: (blck, size) for name, blck, size in GGML_TYPES.values()}
 
 # Architectures with sliding-window layers, and the period each passes to load_swa_pattern when the GGUF has no
 # ``<arch>.attention.sliding_window_pattern`` (src/models/<arch>.cpp; "dense_first": the full-attention layer
@@ -136,7 +135,7 @@ def _kv_type(kv_type: str) -> tuple[int, int]:
     name = KV_TYPES.get(kv_type.lower())
     if name is None:
         raise PipelineError(f"unknown KV cache type {kv_type!r}: one of {', '.join(KV_TYPES)}")
-    return _TYPE_BY_NAME[name]
+    return GGML_TYPES[GGML_TYPE_CODES[name]][1:]
 
 
 def _row_bytes(type_bs: tuple[int, int], n: int) -> int:

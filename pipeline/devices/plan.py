@@ -212,12 +212,11 @@ def _role(name: str) -> tuple[str, int]:
 
 
 def _type_bytes(type_name: str, n: int) -> int:
-    from pipeline.gguf.types import GGML_TYPES
+    from pipeline.gguf.types import GGML_TYPE_CODES, tensor_nbytes
 
-    for name, blck, size in GGML_TYPES.values():
-        if name == type_name:
-            return n // blck * size
-    raise PipelineError(f"unknown ggml type {type_name}")
+    if type_name not in GGML_TYPE_CODES:
+        raise PipelineError(f"unknown ggml type {type_name}")
+    return tensor_nbytes(GGML_TYPE_CODES[type_name], (n,))
 
 
 def _use_more_bits(i: int, n: int) -> bool:
@@ -236,9 +235,9 @@ _FALLBACK = {**dict.fromkeys(("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "I
 
 
 def _block(type_name: str) -> int:
-    from pipeline.gguf.types import GGML_TYPES
+    from pipeline.gguf.types import GGML_TYPE_CODES, GGML_TYPES
 
-    return next(blck for name, blck, _ in GGML_TYPES.values() if name == type_name)
+    return GGML_TYPES[GGML_TYPE_CODES[type_name]][1]
 
 
 def quant_tensor_type(ftype: str, role: str, layer: int, n_layer: int, ncols: int, tied: bool, n_gqa: int = 1) -> str:

@@ -108,9 +108,18 @@ def tensor_nbytes(ggml_type: int, shape: tuple[int, ...]) -> int:
     return n // blck * tsize
 
 
+# ggml type name -> enum value (``Q4_K`` -> 12): the one lookup by name
+GGML_TYPE_CODES: dict[str, int] = {name: code for code, (name, _, _) in GGML_TYPES.items()}
+
+
+def padded_nbytes(type_name: str, shape: tuple[int, ...] | list[int], alignment: int) -> int:
+    """A tensor's bytes in a GGUF's data section as ``type_name``: its data (:func:`tensor_nbytes`) padded to the
+    file's alignment, as llama-quantize writes each tensor (src/llama-quant.cpp:1368)."""
+    n = tensor_nbytes(GGML_TYPE_CODES[type_name], tuple(shape))
+    return (n + alignment - 1) // alignment * alignment
+
+
 def type_bpw(name: str) -> float:
     """Bits per weight of a ggml tensor type by name (``Q4_K``: 4.5), from its block size and bytes."""
-    for tname, blck, tsize in GGML_TYPES.values():
-        if tname == name.upper():
-            return tsize * 8 / blck
-    raise KeyError(name)
+    _, blck, tsize = GGML_TYPES[GGML_TYPE_CODES[name.upper()]]
+    return tsize * 8 / blck

@@ -23,14 +23,13 @@ from pathlib import Path
 from pipeline.devices import memory as mem
 from pipeline.devices.plan import quant_tensor_type
 from pipeline.errors import PipelineError
-from pipeline.gguf.types import GGML_TYPES, tensor_nbytes
+from pipeline.gguf.types import GGML_TYPE_CODES, GGML_TYPES, tensor_nbytes
 from pipeline.stages.fetch import PICKLE_PATTERNS, _wanted, check_safetensors, hub_snapshot_dir, read_config
 
 # Stock quants a device suggestion chooses from, largest first (no IQ types: they need an importance matrix).
 STOCK_QUANTS = ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q3_K_M", "Q2_K")
 DEFAULT_QUANTS = ("Q8_0", "Q4_K_M")
 MTP_CONFIG_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_layers", "mtp_num_layers")
-_CODE = {name: code for code, (name, _, _) in GGML_TYPES.items()}
 _REGISTER = re.compile(r"@ModelBase\.register\(([^)]*)\)", re.S)
 _LAYER = re.compile(r"\.(?:layers|h|blocks|layer)\.(\d+)\.")
 _SAFETENSORS_DTYPES = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
@@ -263,10 +262,10 @@ def estimate_memory(src: Source, ftype: str, ctx: int, arch: str = "x86_64", kv_
         t = quant_tensor_type(ftype, role, int(m.group(1)) if m else 0, max(n_layer, 1), shape[-1], tied,
                               n_head // max(n_head_kv, 1))
         gshape = tuple(reversed(shape))
-        nbytes = tensor_nbytes(_CODE[t], gshape)
+        nbytes = tensor_nbytes(GGML_TYPE_CODES[t], gshape)
         weights += mem._pad(nbytes, mem.TENSOR_ALIGNMENT)
         if role != "token_embd" or tied:
-            blocks.add(GGML_TYPES[_CODE[t]][1])
+            blocks.add(GGML_TYPES[GGML_TYPE_CODES[t]][1])
             if mem.repacked(t, gshape, features):
                 repack += mem._pad(nbytes, mem.TENSOR_ALIGNMENT)
     n_ctx = mem._pad(ctx, mem.CTX_PAD)

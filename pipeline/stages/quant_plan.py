@@ -18,9 +18,8 @@ from collections import Counter
 
 from pipeline.errors import PipelineError
 from pipeline.gguf.reader import GGUFHeader
-from pipeline.gguf.types import GGML_TYPES, tensor_nbytes
+from pipeline.gguf.types import GGML_TYPE_CODES, padded_nbytes
 
-_TYPE_BY_NAME = {name.upper(): code for code, (name, _, _) in GGML_TYPES.items()}
 # "[  3/ 272] blk.0.attn_k.weight - [  576,  192,  1,  1], type =    f16, size =  0.21 MiB ->  0.07 MiB (q5_0)";
 # a tensor kept as it is ends at "size = 0.002 MiB"
 _TENSOR_LINE = re.compile(r"^\[\s*\d+/\s*\d+\]\s+(\S+)\s+- \[([\d,\s]+)\], type =\s*(\S+), size =\s*[\d.]+ MiB"
@@ -33,7 +32,7 @@ _KEPT_REASON = "not quantized: llama-quantize keeps 1-D, norm and a few named te
 
 def _type(name: str) -> str:
     t = name.upper()
-    if t not in _TYPE_BY_NAME:
+    if t not in GGML_TYPE_CODES:
         raise PipelineError(f"llama-quantize --dry-run printed a ggml type this reader does not know: {name}")
     return t
 
@@ -158,11 +157,7 @@ def predict_header(base: GGUFHeader, imatrix_file: str | None = None, imatrix: G
 
 def predicted_bytes(planned: dict, header_bytes: int, alignment: int) -> int:
     """Σ align(rows × row_size(type, ne0)) over the planned tensors, plus the output header's bytes."""
-    total = header_bytes
-    for t in planned["tensors"].values():
-        n = tensor_nbytes(_TYPE_BY_NAME[t["type"]], tuple(t["shape"]))
-        total += (n + alignment - 1) // alignment * alignment
-    return total
+    return header_bytes + sum(padded_nbytes(t["type"], t["shape"], alignment) for t in planned["tensors"].values())
 
 
 def check_written(planned: dict, header_bytes: int, written: GGUFHeader, where: str) -> dict:

@@ -12,10 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from pipeline.gguf.types import GGML_TYPES, tensor_nbytes
-
 _BLOCK = re.compile(r"^blk\.(\d+)\.(.+?)(?:\.weight)?$")
-TYPE_CODE = {name: code for code, (name, _, _) in GGML_TYPES.items()}
 
 
 @dataclass(frozen=True)
@@ -50,9 +47,3 @@ def group_tensors(names: list[str], n_bands: int) -> list[Group]:
         members.setdefault(key, []).append(n)
         info[key] = (role, band)
     return [Group(k, info[k][0], info[k][1], tuple(members[k])) for k in sorted(members)]
-
-
-def aligned_bytes(qtype: str, shape: tuple[int, ...] | list[int], alignment: int) -> int:
-    """A tensor's bytes in a GGUF as ``qtype``, padded to the file's alignment (llama-quant.cpp pads each to 32)."""
-    n = tensor_nbytes(TYPE_CODE[qtype], tuple(shape))
-    return (n + alignment - 1) // alignment * alignment

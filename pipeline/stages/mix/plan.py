@@ -9,8 +9,8 @@ from pathlib import Path
 
 from pipeline.errors import PipelineError
 from pipeline.gguf.reader import read_header
+from pipeline.gguf.types import padded_nbytes
 from pipeline.recipe import Recipe
-from pipeline.stages.mix.groups import aligned_bytes
 from pipeline.tools import Toolchain, run_tool
 
 _NAME = re.compile(r"^[a-z0-9_.]+$")
@@ -67,7 +67,7 @@ def budget_bytes(q, data: dict, base: Path, imatrix: Path | None, tc: Toolchain,
     args, cwd = imatrix_args(imatrix)
     tensors = dry_run_types(tc, base, value, args, cwd, scratch, log, f"{where}: budget size_of {value}")
     alignment = read_header(base).alignment
-    return header + sum(aligned_bytes(t["type"], t["shape"], alignment) for t in tensors.values())
+    return header + sum(padded_nbytes(t["type"], t["shape"], alignment) for t in tensors.values())
 
 
 def check_budgets(recipe: Recipe, flavour: str, data: dict, base: Path, imatrix: Path | None, tc: Toolchain,
@@ -80,7 +80,7 @@ def check_budgets(recipe: Recipe, flavour: str, data: dict, base: Path, imatrix:
             continue
         where = f"{recipe.path}: quant {q.key}"
         smallest = header + data["kept_bytes"] + sum(
-            min(aligned_bytes(t["types"][c], t["shape"], alignment) for c in (data["floor"], *q.mix.candidates))
+            min(padded_nbytes(t["types"][c], t["shape"], alignment) for c in (data["floor"], *q.mix.candidates))
             for t in data["tensors"].values())
         limit = budget_bytes(q, data, base, imatrix, tc, scratch, log, where)
         if limit < smallest:

@@ -26,8 +26,9 @@ from pathlib import Path
 from pipeline.errors import PipelineError
 from pipeline.fsutil import atomic_output, sha256_file, write_json_atomic
 from pipeline.gguf.reader import read_header
+from pipeline.gguf.types import padded_nbytes
 from pipeline.recipe import EvalSet, Recipe
-from pipeline.stages.mix.groups import aligned_bytes, bands, group_tensors
+from pipeline.stages.mix.groups import bands, group_tensors
 from pipeline.stages.mix.plan import check_budgets, dry_run_types, imatrix_args, map_text
 from pipeline.tools import Toolchain, find_toolchain, run_tool
 
@@ -103,7 +104,7 @@ def sensitivity(recipe: Recipe, flavour: str, base_gguf: str | Path, ref_gguf: s
     alignment = header.alignment
 
     def group_bytes(g, c):
-        return sum(aligned_bytes(types[c][n], shapes[n], alignment) for n in g.tensors)
+        return sum(padded_nbytes(types[c][n], shapes[n], alignment) for n in g.tensors)
 
     data = {
         "version": VERSION,
@@ -115,7 +116,7 @@ def sensitivity(recipe: Recipe, flavour: str, base_gguf: str | Path, ref_gguf: s
         "floor": s.floor, "candidates": list(cands),
         "bands": [list(b) for b in bands(1 + max((g.band[1] for g in groups if g.band), default=0), s.bands)],
         "tensors": {n: {"shape": shapes[n], "types": {c: types[c][n] for c in (s.floor, *cands)}} for n in quantized},
-        "kept_bytes": sum(aligned_bytes(t["type"], t["shape"], alignment) for n, t in listed.items()
+        "kept_bytes": sum(padded_nbytes(t["type"], t["shape"], alignment) for n, t in listed.items()
                           if not t["quantized"]),
         "n_weights": sum(_elements(t["shape"]) for t in listed.values()),
     }

@@ -27,8 +27,8 @@ from pathlib import Path
 from pipeline.errors import PipelineError
 from pipeline.fsutil import atomic_output, sha256_file, write_json_atomic
 from pipeline.gguf.reader import read_header
+from pipeline.gguf.types import padded_nbytes
 from pipeline.recipe import Recipe
-from pipeline.stages.mix.groups import aligned_bytes
 from pipeline.stages.mix.plan import budget_bytes, dry_run_types, header_bytes, imatrix_args, map_text
 from pipeline.tools import Toolchain, find_toolchain
 
@@ -147,7 +147,7 @@ def solve(recipe: Recipe, key: str, sensitivity_json: str | Path, base_gguf: str
         if listed[n]["type"] != want:
             raise PipelineError(f"{where}: llama-quantize would write {n} as {listed[n]['type']}, the sensitivity "
                                 f"measured it as {want}")
-    planned = header + sum(aligned_bytes(t["type"], t["shape"], alignment) for t in listed.values())
+    planned = header + sum(padded_nbytes(t["type"], t["shape"], alignment) for t in listed.values())
     if planned != total:
         raise PipelineError(f"{where}: the dry run plans {planned} bytes, the solver predicted {total}")
     hist: dict[str, int] = {}
