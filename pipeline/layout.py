@@ -150,11 +150,16 @@ class Layout:
     def imatrix_record(self, name: str, base: str) -> Path:
         return self.wrk(name, "records", f"imatrix-{base}.json")
 
+    def _base_inputs(self, r: Recipe, base: str, imatrix: bool) -> dict[str, str]:
+        """The base GGUF a file is made from and, with ``imatrix``, that base's importance matrix."""
+        out = {"base": str(self.source_gguf(r, base))}
+        if imatrix:
+            out["imatrix"] = str(self.imatrix(r.name, base))
+        return out
+
     def quant_inputs(self, r: Recipe, key: str) -> dict[str, str]:
         q = r.quant(key)
-        out = {"base": str(self.source_gguf(r, q.base))}
-        if q.imatrix:
-            out["imatrix"] = str(self.imatrix(r.name, q.base))
+        out = self._base_inputs(r, q.base, q.imatrix)
         if q.mix:
             out["map"] = str(self.mix_map(r.name, key))
             out["layout"] = str(self.mix_layout(r.name, key))
@@ -173,11 +178,8 @@ class Layout:
         return self.wrk(name, "mix", flavour)
 
     def sensitivity_inputs(self, r: Recipe, flavour: str) -> dict[str, str]:
-        base = flavour.removesuffix("-imatrix")
-        out = {"base": str(self.source_gguf(r, base)), "ref": str(self.base_gguf(r)), "text": str(r.sensitivity.text)}
-        if flavour.endswith("-imatrix"):
-            out["imatrix"] = str(self.imatrix(r.name, base))
-        return out
+        out = self._base_inputs(r, flavour.removesuffix("-imatrix"), flavour.endswith("-imatrix"))
+        return {**out, "ref": str(self.base_gguf(r)), "text": str(r.sensitivity.text)}
 
     def mix_map(self, name: str, key: str) -> Path:
         """The solved tensor-type map, published beside the GGUF under this name."""
@@ -188,10 +190,7 @@ class Layout:
 
     def solve_inputs(self, r: Recipe, key: str) -> dict[str, str]:
         q = r.quant(key)
-        out = {"sensitivity": str(self.sensitivity(r.name, q.flavour)), "base": str(self.source_gguf(r, q.base))}
-        if q.imatrix:
-            out["imatrix"] = str(self.imatrix(r.name, q.base))
-        return out
+        return {"sensitivity": str(self.sensitivity(r.name, q.flavour)), **self._base_inputs(r, q.base, q.imatrix)}
 
     def mtp_record_at(self, name: str, outtype: str) -> Path:
         return self.wrk(name, "records", f"convert-mtp-{outtype}.json")
