@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 from pipeline.errors import PipelineError
-from pipeline.gguf.reader import read_header
+from pipeline.gguf.reader import GGUFHeader, read_header
 from pipeline.gguf.types import padded_nbytes
 from pipeline.recipe import Recipe
 from pipeline.tools import Toolchain, run_tool
@@ -49,32 +49,30 @@ def dry_run_types(tc: Toolchain, base: Path, ftype: str, args: list[str], cwd: P
     return tensors
 
 
-def header_bytes(base: Path, imatrix: Path | None) -> int:
+def header_bytes(base: GGUFHeader, imatrix: Path | None) -> int:
     from pipeline.stages.quant_plan import predict_header
 
-    return predict_header(read_header(base), imatrix.name if imatrix else None,
+    return predict_header(base, imatrix.name if imatrix else None,
                           read_header(imatrix) if imatrix else None)
 
 
-def budget_bytes(q, data: dict, base: Path, imatrix: Path | None, tc: Toolchain, scratch: Path, log, where: str) -> int:
-    """The largest file (bytes) quant ``q``'s budget allows."""
+def budget_bytes(q, data: dict, base: Path, header: int, alignment: int, imatrix: Path | None, tc: Toolchain,
+                 scratch: Path, log, where: str) -> int:
+    """The largest file (bytes) quant ``q``'s budget allows (``header``: the output header's bytes, :func:`header_bytes`;
+    ``alignment``: the base file's)."""
     kind, value = q.mix.budget
-    header = header_bytes(base, imatrix)
     if kind == "max_mb":
         return int(value * 1_000_000)
     if kind == "bpw":
         return header + int(value * data["n_weights"] / 8)
     args, cwd = imatrix_args(imatrix)
     tensors = dry_run_types(tc, base, value, args, cwd, scratch, log, f"{where}: budget size_of {value}")
-    alignment = read_header(base).alignment
     return header + sum(padded_nbytes(t["type"], t["shape"], alignment) for t in tensors.values())
 
 
-def check_budgets(recipe: Recipe, flavour: str, data: dict, base: Path, imatrix: Path | None, tc: Toolchain,
-                  scratch: Path, log) -> None:
+def check_budgets(recipe: Recipe, flavour: str, data: dict, base: Path, header: int, alignment: int,
+                  imatrix: Path | None, tc: Toolchain, scratch: Path, log) -> None:
     """Refuse, before anything is measured, a mix whose budget is below its all-smallest file."""
-    header = header_bytes(base, imatrix)
-    alignment = read_header(base).alignment
     for q in recipe.quants:
         if not (q.mix and q.flavour == flavour and q.mix.budget):
             continue
@@ -82,7 +80,7 @@ def check_budgets(recipe: Recipe, flavour: str, data: dict, base: Path, imatrix:
         smallest = header + data["kept_bytes"] + sum(
             min(padded_nbytes(t["types"][c], t["shape"], alignment) for c in (data["floor"], *q.mix.candidates))
             for t in data["tensors"].values())
-        limit = budget_bytes(q, data, base, imatrix, tc, scratch, log, where)
+        limit = budget_bytes(q, data, base, header, alignment, imatrix, tc, scratch, log, where)
         if limit < smallest:
             kind, value = q.mix.budget
             raise PipelineError(f"{where}: budget {kind} {value} allows {limit} bytes, below the smallest mix of its "

@@ -29,7 +29,7 @@ from pipeline.gguf.reader import read_header
 from pipeline.gguf.types import padded_nbytes
 from pipeline.recipe import EvalSet, Recipe
 from pipeline.stages.mix.groups import bands, group_tensors
-from pipeline.stages.mix.plan import check_budgets, dry_run_types, imatrix_args, map_text
+from pipeline.stages.mix.plan import check_budgets, dry_run_types, header_bytes, imatrix_args, map_text
 from pipeline.tools import Toolchain, find_toolchain, run_tool
 
 VERSION = 1
@@ -81,7 +81,8 @@ def sensitivity(recipe: Recipe, flavour: str, base_gguf: str | Path, ref_gguf: s
 
     # 1. the reference logits, reused while the reference file and the text are those they were made from
     logits = scratch / "base.logits"
-    ref_sha, base_sha = sha256_file(ref), sha256_file(base)
+    ref_sha = sha256_file(ref)
+    base_sha = ref_sha if base == ref else sha256_file(base)  # the plain flavour measures the reference itself
     ref_key = hashlib.sha256(json.dumps([ref_sha, text_sha, s.ctx, s.chunks, threads, tc.build_number, tc.commit])
                              .encode()).hexdigest()
     stamp = scratch / "base.logits.key"
@@ -120,7 +121,8 @@ def sensitivity(recipe: Recipe, flavour: str, base_gguf: str | Path, ref_gguf: s
                           if not t["quantized"]),
         "n_weights": sum(_elements(t["shape"]) for t in listed.values()),
     }
-    check_budgets(recipe, flavour, data, base, im, tc, scratch, logp)  # before any measurement
+    check_budgets(recipe, flavour, data, base, header_bytes(header, im), alignment, im, tc, scratch,
+                  logp)  # before any measurement
 
     # 3. the floor, then each group at each candidate
     floor_map = dict.fromkeys(quantized, s.floor)

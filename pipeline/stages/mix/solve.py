@@ -117,14 +117,14 @@ def solve(recipe: Recipe, key: str, sensitivity_json: str | Path, base_gguf: str
     scratch = Path(out_layout).parent / f".solve-{key}"
     scratch.mkdir(parents=True, exist_ok=True)
     logp = Path(log) if log else None
-    alignment = read_header(base).alignment
-    header = header_bytes(base, im)
+    base_header = read_header(base)
+    alignment, header = base_header.alignment, header_bytes(base_header, im)
     fixed = header + data["kept_bytes"]  # what every mix holds: the header and the tensors left as they are
     floor, floor_kld = data["floor"], data["floor_kld"]["kld_mean"]
     goal: dict = {}
     try:
         if q.mix.budget:
-            limit = budget_bytes(q, data, base, im, tc, scratch, logp, where)
+            limit = budget_bytes(q, data, base, header, alignment, im, tc, scratch, logp, where)
             goal = {"budget": {q.mix.budget[0]: q.mix.budget[1]}, "bytes": limit}
             choice, total, kld = choose(data["groups"], q.mix.candidates, floor, floor_kld, fixed, budget=limit)
         else:
