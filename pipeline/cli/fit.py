@@ -3,7 +3,6 @@ docs/devices.md. Exit status 0 when it fits, 1 (one line ``error: ...``) when it
 
 from __future__ import annotations
 
-from pipeline.devices.memory import parse_size
 from pipeline.errors import PipelineError
 
 
@@ -12,7 +11,7 @@ def _mib(n: float) -> str:
 
 
 def cmd_fit(args) -> None:
-    from pipeline.devices.memory import predict_memory
+    from pipeline.devices.memory import parse_size, predict_memory  # not at import: every command imports this module
 
     try:
         mem = parse_size(args.mem)
@@ -35,7 +34,7 @@ def cmd_fit(args) -> None:
 
 
 def register(sub) -> None:
-    from pipeline.devices.memory import ARCH_FEATURES, KV_TYPES
+    from pipeline.devices.profiles import ARCH_FEATURES, KV_TYPES
 
     p = sub.add_parser("fit", help="predict the memory a GGUF takes on a CPU device and whether it fits")
     p.add_argument("gguf")

@@ -45,6 +45,7 @@ import os
 import re
 from typing import Any
 
+from pipeline.devices.profiles import ARCH_FEATURES, KV_TYPES
 from pipeline.errors import PipelineError
 from pipeline.gguf.reader import ArrayValue, read_header
 from pipeline.gguf.types import GGML_TYPE_CODES, GGML_TYPES
@@ -56,18 +57,6 @@ N_BATCH = 2048  # tools/llama-bench/llama-bench.cpp:391
 N_UBATCH = 512  # tools/llama-bench/llama-bench.cpp:392
 CTX_PAD = 256  # src/llama-context.cpp:290 (n_ctx), src/llama-kv-cache-iswa.cpp:73 (SWA cache)
 TENSOR_ALIGNMENT = 32  # ggml/src/ggml-impl.h:44: each tensor in a backend buffer is padded to it
-
-# CPU feature profiles -> the features ggml_repack_get_optimal_repack_type asks about.
-# x86_64: the pinned build (toolchain.json: -DGGML_NATIVE=OFF) compiles AVX, AVX2, FMA, F16C, BMI2 but not
-# AVX512 (ggml/CMakeLists.txt:141-166: INS_ENB on, GGML_AVX512 default OFF); its system_info prints
-# "AVX2 = 1 ... REPACK = 1" and no AVX512 even on this AVX512 machine, and ggml_cpu_has_avx512() is compile-time.
-ARCH_FEATURES: dict[str, frozenset[str]] = {
-    "x86_64": frozenset({"avx2"}),
-    "x86_64-avx512": frozenset({"avx2", "avx512"}),  # a GGML_NATIVE build on an AVX512 CPU
-    "arm64": frozenset({"neon", "dotprod", "i8mm"}),  # ARMv8.6+ (Graviton 3/4, Apple M2+, recent phones)
-    "arm64-dotprod": frozenset({"neon", "dotprod"}),  # ARMv8.2/8.4 without int8 matmul (Graviton 2, Pi 5)
-    "generic": frozenset(),  # no repack (a build with GGML_CPU_REPACK=OFF)
-}
 
 # ggml type -> [(features that must all be present, ne[1] must be a multiple of)], in the order repack.cpp tries
 # them (ggml/src/ggml-cpu/repack.cpp:4974-5135); the first that applies repacks the tensor. RISC-V, SVE and s390x
@@ -86,9 +75,6 @@ REPACK_RULES: dict[str, list[tuple[frozenset[str], int]]] = {
     "Q1_0": [(_I8MM, 4), (_DOT, 4)],  # repack.cpp:5128-5137
 }
 
-# KV cache types llama.cpp accepts for -ctk/-ctv (common/arg.cpp kv_cache_types)
-KV_TYPES = {"f32": "F32", "f16": "F16", "bf16": "BF16", "q8_0": "Q8_0", "q4_0": "Q4_0", "q4_1": "Q4_1",
-            "iq4_nl": "IQ4_NL", "q5_0": "Q5_0", "q5_1": "Q5_1"}
 
 # Architectures with sliding-window layers, and the period each passes to load_swa_pattern when the GGUF has no
 # ``<arch>.attention.sliding_window_pattern`` (src/models/<arch>.cpp; "dense_first": the full-attention layer

@@ -1,0 +1,21 @@
+"""The device profiles the memory model knows (pipeline/devices/memory.py): CPU feature profiles and KV cache types.
+Standard library only and apart from the model, so that `ggufpipe fit` can offer them as choices without importing the
+GGUF reader at every `ggufpipe` command's start."""
+
+from __future__ import annotations
+
+# CPU feature profiles -> the features ggml_repack_get_optimal_repack_type asks about.
+# x86_64: the pinned build (toolchain.json: -DGGML_NATIVE=OFF) compiles AVX, AVX2, FMA, F16C, BMI2 but not
+# AVX512 (ggml/CMakeLists.txt:141-166: INS_ENB on, GGML_AVX512 default OFF); its system_info prints
+# "AVX2 = 1 ... REPACK = 1" and no AVX512 even on this AVX512 machine, and ggml_cpu_has_avx512() is compile-time.
+ARCH_FEATURES: dict[str, frozenset[str]] = {
+    "x86_64": frozenset({"avx2"}),
+    "x86_64-avx512": frozenset({"avx2", "avx512"}),  # a GGML_NATIVE build on an AVX512 CPU
+    "arm64": frozenset({"neon", "dotprod", "i8mm"}),  # ARMv8.6+ (Graviton 3/4, Apple M2+, recent phones)
+    "arm64-dotprod": frozenset({"neon", "dotprod"}),  # ARMv8.2/8.4 without int8 matmul (Graviton 2, Pi 5)
+    "generic": frozenset(),  # no repack (a build with GGML_CPU_REPACK=OFF)
+}
+
+# KV cache types llama.cpp accepts for -ctk/-ctv (common/arg.cpp kv_cache_types)
+KV_TYPES = {"f32": "F32", "f16": "F16", "bf16": "BF16", "q8_0": "Q8_0", "q4_0": "Q4_0", "q4_1": "Q4_1",
+            "iq4_nl": "IQ4_NL", "q5_0": "Q5_0", "q5_1": "Q5_1"}
