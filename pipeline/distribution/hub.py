@@ -92,20 +92,19 @@ def upload_plan(recipe, manifest: dict, folder: str | Path) -> list[dict]:
     ollama = manifest.get("ollama")
     if pub.ollama and ollama is None:
         _refuse(name, f"{mpath} lists no Modelfiles though publish.ollama is on: rebuild (`snakemake`)")
+    def add_vouched(fname: str, kind: str, want: str | None) -> None:
+        """A file the manifest names: present, and with its recorded SHA256 where it records one."""
+        path = folder / fname
+        digest = sha256_file(path) if path.is_file() else None
+        if digest is None or (want is not None and digest != want):
+            _refuse(name, f"{path}: {'missing' if digest is None else 'SHA256 ' + digest} where the manifest says "
+                          f"{want}: re-publish (`snakemake --forcerun publish`)")
+        add(path, kind, digest, path.stat().st_size)
+
     for m in ollama or []:
-        path = folder / m["file"]
-        digest = sha256_file(path) if path.is_file() else None
-        if digest != m["sha256"]:
-            _refuse(name, f"{path}: {'missing' if digest is None else 'SHA256 ' + digest} where the manifest says "
-                          f"{m['sha256']}: re-publish (`snakemake --forcerun publish`)")
-        add(path, "modelfile", digest, path.stat().st_size)
+        add_vouched(m["file"], "modelfile", m["sha256"])
     for h in (manifest.get("hub") or {}).get("files", []):  # params, template, system: the Hub's Ollama files
-        path = folder / h["file"]
-        digest = sha256_file(path) if path.is_file() else None
-        if digest != h["sha256"]:
-            _refuse(name, f"{path}: {'missing' if digest is None else 'SHA256 ' + digest} where the manifest says "
-                          f"{h['sha256']}: re-publish (`snakemake --forcerun publish`)")
-        add(path, h["file"], digest, path.stat().st_size)
+        add_vouched(h["file"], h["file"], h["sha256"])
     for fname, kind in FOLDER_FILES:
         path = folder / fname
         if not path.is_file():
@@ -115,12 +114,7 @@ def upload_plan(recipe, manifest: dict, folder: str | Path) -> list[dict]:
                           "(`snakemake --forcerun publish`)")
         add(path, kind, sha256_file(path), path.stat().st_size)
     for fname, kind, want in mix_files(manifest):  # the mixes' maps (SHA256 in the manifest) and heat maps
-        path = folder / fname
-        digest = sha256_file(path) if path.is_file() else None
-        if digest is None or (want is not None and digest != want):
-            _refuse(name, f"{path}: {'missing' if digest is None else 'SHA256 ' + digest} where the manifest says "
-                          f"{want}: re-publish (`snakemake --forcerun publish`)")
-        add(path, kind, digest, path.stat().st_size)
+        add_vouched(fname, kind, want)
     return plan
 
 
