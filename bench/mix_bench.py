@@ -60,6 +60,8 @@ def held_out(r, L, sens: dict, layouts: list[dict], n: int, seed: int, threads: 
     from pipeline.recipe import EvalSet
     from pipeline.stages.evaluate import kl_divergence
     from pipeline.stages.mix.plan import map_text
+    from pipeline.stages.mix.sensitivity import MEASURE_FTYPE, RETRIES
+    from pipeline.stages.mix.solve import predicted_kld, tensor_types
     from pipeline.tools import find_toolchain, run_tool
 
     tc = find_toolchain()
@@ -81,14 +83,12 @@ def held_out(r, L, sens: dict, layouts: list[dict], n: int, seed: int, threads: 
     out = []
     with tempfile.TemporaryDirectory() as tmp:
         for label, choice in mixes:
-            pred = fk + sum(0.0 if choice[g["group"]] == floor else g["kld"][choice[g["group"]]]["kld_mean"] - fk
-                            for g in sens["groups"])
-            assign = {n: choice[g["group"]] for g in sens["groups"] for n in g["tensors"]}
+            pred = predicted_kld(sens["groups"], choice, floor, fk)  # the solver's own model
             mp = Path(tmp) / "map.txt"
-            mp.write_text(map_text({n: assign[n] for n in sens["tensors"]}))
+            mp.write_text(map_text(tensor_types(sens, choice)))
             gguf = Path(tmp) / "mix.gguf"
-            run_tool(tc, "llama-quantize", ["--tensor-type-file", mp, base, gguf, "Q8_0", str(threads)], None)
-            metrics, _ = kl_divergence(tc, es, gguf, logits, threads, None, f"held-out {label}", 6)
+            run_tool(tc, "llama-quantize", ["--tensor-type-file", mp, base, gguf, MEASURE_FTYPE, str(threads)], None)
+            metrics, _ = kl_divergence(tc, es, gguf, logits, threads, None, f"held-out {label}", RETRIES)
             out.append((label, pred, metrics["kld_mean"]))
             print(f"  {label:12} predicted {pred:.5f}  measured {metrics['kld_mean']:.5f}  "
                   f"error {pred / metrics['kld_mean'] - 1:+.1%}", flush=True)

@@ -50,6 +50,18 @@ def _options(group: dict, allowed: tuple[str, ...], floor: str, floor_kld: float
     return sorted(out.values(), key=lambda o: (o[0], o[2]))
 
 
+def predicted_kld(groups: list[dict], choice: dict[str, str], floor: str, floor_kld: float) -> float:
+    """The additive model: the floor's mean KLD plus, per group, what that group alone at its chosen type added."""
+    return floor_kld + sum(0.0 if choice[g["group"]] == floor else g["kld"][choice[g["group"]]]["kld_mean"] - floor_kld
+                           for g in groups)
+
+
+def tensor_types(data: dict, choice: dict[str, str]) -> dict[str, str]:
+    """Every quantized tensor of a sensitivity ``data`` -> the type its group's ``choice`` gives it, in file order."""
+    assign = {n: choice[g["group"]] for g in data["groups"] for n in g["tensors"]}
+    return {n: assign[n] for n in data["tensors"] if n in assign}
+
+
 def choose(groups: list[dict], allowed: tuple[str, ...], floor: str, floor_kld: float, fixed: int,
            budget: int | None = None, target: float | None = None) -> tuple[dict[str, str], int, float]:
     """(group -> type, predicted bytes, predicted mean KLD) of the optimal mix; exactly one of ``budget`` (bytes)
@@ -88,14 +100,13 @@ def choose(groups: list[dict], allowed: tuple[str, ...], floor: str, floor_kld: 
             raise PipelineError(f"no mix of these candidates meets mean KLD {target}: the best predicted is "
                                 f"{floor_kld + best.min():.6g}")
         s = int(ok[0])
-    choice, total, kld = {}, fixed, floor_kld
+    choice, total = {}, fixed
     for g, o, arg in zip(reversed(groups), reversed(opts), reversed(picks), strict=True):
-        b, d, c = o[int(arg[s])]
+        b, _, c = o[int(arg[s])]
         choice[g["group"]] = c
         total += b
-        kld += d
         s -= math.ceil((b - o[0][0]) / unit)
-    return dict(sorted(choice.items())), total, kld
+    return dict(sorted(choice.items())), total, predicted_kld(groups, choice, floor, floor_kld)
 
 
 def solve(recipe: Recipe, key: str, sensitivity_json: str | Path, base_gguf: str | Path, out_map: str | Path,
@@ -133,17 +144,16 @@ def solve(recipe: Recipe, key: str, sensitivity_json: str | Path, base_gguf: str
                                         target=goal["aim"])
     except PipelineError as exc:
         raise PipelineError(f"{where}: {exc}") from None
-    assign = {n: c for g in data["groups"] for n in g["tensors"] for c in [choice[g["group"]]]}
-    order = [n for n in data["tensors"] if n in assign]
-    text = map_text({n: assign[n] for n in order})
+    assign = tensor_types(data, choice)
+    text = map_text(assign)
     # what llama-quantize will write with this map under the mix's own type: as predicted, to the byte
     mp = scratch / "map.txt"
     mp.write_text(text)
     args, cwd = imatrix_args(im)
     listed = dry_run_types(tc, base, q.type, [*args, "--tensor-type-file", str(mp.resolve())], cwd, scratch, logp,
                            where)
-    for n in order:
-        want = data["tensors"][n]["types"][assign[n]]
+    for n, c in assign.items():
+        want = data["tensors"][n]["types"][c]
         if listed[n]["type"] != want:
             raise PipelineError(f"{where}: llama-quantize would write {n} as {listed[n]['type']}, the sensitivity "
                                 f"measured it as {want}")
