@@ -109,12 +109,6 @@ def _files(folder: Path) -> list[str]:
                   if (p.is_file() or p.is_symlink()) and not any(s.startswith(".") for s in p.relative_to(folder).parts))
 
 
-def _safetensors_header(path: Path) -> dict:
-    with open(path, "rb") as fh:
-        n = int.from_bytes(fh.read(8), "little")
-        return json.loads(fh.read(n))
-
-
 def _front_matter(readme: Path) -> dict:
     import yaml
 
@@ -154,8 +148,7 @@ def inspect_source(spec: str, convert_script: Path, build: int, allow_pickle: bo
                             f"build whose convert_hf_to_gguf.py registers {arch}: set LLAMA_CPP_DIR to such a build")
     tensors: dict[str, tuple[str, tuple[int, ...]]] = {}
     for f in weights:
-        check_safetensors(folder / f, f"{spec}: source")
-        for name, t in _safetensors_header(folder / f).items():
+        for name, t in check_safetensors(folder / f, f"{spec}: source").items():  # checked, then read once
             if name != "__metadata__" and isinstance(t, dict):
                 tensors[name] = (str(t.get("dtype")), tuple(int(x) for x in t.get("shape", ())))
     src = Source(folder, config, tensors, repo, commit, arch, pickles=pickles)

@@ -115,8 +115,8 @@ def check_folder(folder: Path, recipe: Recipe, files: list[str]) -> None:
         raise PipelineError(f"{where}: no tokenizer files (tokenizer.json / tokenizer.model) in {folder}")
 
 
-def check_safetensors(path: Path, where: str) -> None:
-    """Refuse a truncated or corrupt safetensors file from its header, before anything loads it."""
+def check_safetensors(path: Path, where: str) -> dict:
+    """Refuse a truncated or corrupt safetensors file from its header, before anything loads it; return the header."""
     size = path.stat().st_size
     with open(path, "rb") as fh:
         head = fh.read(8)
@@ -134,6 +134,7 @@ def check_safetensors(path: Path, where: str) -> None:
     need = 8 + n + max(ends, default=0)
     if need > size:
         raise PipelineError(f"{where}: {path.name} is truncated: its header needs {need} bytes, the file has {size}")
+    return header
 
 
 def _place(src: Path, dst: Path) -> None:
