@@ -36,8 +36,11 @@ venv: $(BIN)/.installed
 
 # The pinned llama.cpp tools into the cache (a no-op when that folder exists). pipeline/tools.py is standard
 # library only, so this runs with the system Python and needs no venv: `setup` builds both at once.
+# `make tools BACKEND=cuda CUDA_ARCHS=90`: the same tree with CUDA, opt-in, into its own folder (docs/gpu.md).
+BACKEND    ?= cpu
+CUDA_ARCHS ?=
 tools-build:
-	$(PYTHON) -m pipeline.tools install
+	$(PYTHON) -m pipeline.tools install$(if $(filter-out cpu,$(BACKEND)), --backend $(BACKEND))$(if $(CUDA_ARCHS), --cuda-archs '$(CUDA_ARCHS)')
 
 # Then the gguf-py of that tree into the venv: the pipeline reads GGUFs with the same gguf-py that the pinned
 # tools come with (PyPI's gguf lacks newer types).
@@ -47,6 +50,10 @@ $(BIN)/.gguf-py-$(LLAMA_BUILD): $(BIN)/.installed
 	touch $@
 
 # venv and llama.cpp build side by side (pip waits on the network and unpacks while cmake compiles)
+ifneq ($(BACKEND),cpu)
+tools: export GGUFPIPE_BACKEND := $(BACKEND)
+tools: export GGUFPIPE_CUDA_ARCHS := $(CUDA_ARCHS)
+endif
 tools:
 	@$(MAKE) --no-print-directory -j2 venv tools-build
 	@$(MAKE) --no-print-directory $(BIN)/.gguf-py-$(LLAMA_BUILD)

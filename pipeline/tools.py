@@ -14,6 +14,8 @@ Where the tools come from, in order:
    (``$GGUFPIPE_CACHE`` or ``~/.cache/ggufpipe``), in a folder keyed by everything that shapes it
    (:func:`cache_key`: build, commit, sdist, targets, cmake flags, copied assets, the helpers' sources), so
    that adding a target or a flag, or editing a helper, builds a new folder instead of trusting an old one.
+   With ``GGUFPIPE_BACKEND=cuda`` (opt-in, ``make tools BACKEND=cuda CUDA_ARCHS=90``): the same build with CUDA, in
+   its own folder; the tools that compute then offload with ``-ngl`` (pipeline/tools_backend.py, docs/gpu.md).
 
 Besides llama.cpp's own tools (:data:`TOOLS`) the pinned build has the pipeline's helpers (:data:`HELPERS`):
 small programs in ``pipeline/native/`` compiled as extra targets of the same llama.cpp tree and linked against
@@ -39,6 +41,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline import tools_backend as tb
 from pipeline.errors import PipelineError
 from pipeline.fsutil import kill_hook, kill_now, mid_write_limit, sha256_file
 
@@ -129,19 +132,25 @@ def helper_sources() -> dict[str, str]:
     return out
 
 
-def cache_key(helpers: dict[str, str] | None = None) -> str:
+def cache_key(helpers: dict[str, str] | None = None, backend: str = "cpu", archs: str | None = None) -> str:
     """A digest of everything that shapes the installed tools: the source (build, commit, sdist), the targets,
     the cmake flags, the assets copied beside them, and the helpers (target names, the SHA256 of their
-    sources -- ``helpers``, else :func:`helper_sources` -- and their CMakeLists.txt). Part of the cache
-    folder's name."""
+    sources -- ``helpers``, else :func:`helper_sources` -- and their CMakeLists.txt); for a backend other than
+    the CPU also the backend, its CUDA architectures and flags (pipeline/tools_backend.py: the CPU key is the same
+    as before backends existed). Part of the cache folder's name."""
     spec = {"build": PINNED_BUILD, "commit": PINNED_COMMIT, "sdist_sha256": SDIST_SHA256, "tools": list(TOOLS),
             "cmake_flags": list(CMAKE_FLAGS), "assets": list(ASSETS),
             "helpers": helper_sources() if helpers is None else helpers, "helper_cmake": HELPER_CMAKE}
-    return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
+    return hashlib.sha256(json.dumps(tb.key_spec(spec, backend, archs), sort_keys=True).encode()).hexdigest()[:12]
 
 
-def pinned_dir() -> Path:
-    return cache_root() / "llama.cpp" / f"b{PINNED_BUILD}-{PINNED_COMMIT}-{cache_key()}"
+def pinned_name(backend: str = "cpu", archs: str | None = None, helpers: dict[str, str] | None = None) -> str:
+    """The cache folder's name: ``b<build>-<commit>-<key>`` (cpu), ``b<build>-<commit>-cuda-<key>``."""
+    return tb.folder_name(PINNED_BUILD, PINNED_COMMIT, cache_key(helpers, backend, archs), backend)
+
+
+def pinned_dir(backend: str = "cpu", archs: str | None = None) -> Path:
+    return cache_root() / "llama.cpp" / pinned_name(backend, archs)
 
 
 @dataclass(frozen=True)
@@ -153,6 +162,8 @@ class Toolchain:
     build_number: int
     commit: str
     origin: str  # "pinned" or "user"
+    backend: str = "cpu"  # pipeline/tools_backend.py
+    ngl: int = 0  # layers offloaded by the tools that compute (-ngl); 0 on the CPU
 
     def tool(self, name: str) -> Path:
         """A llama.cpp tool (:data:`TOOLS`) or a helper (:data:`HELPERS`, see :meth:`helper`)."""
@@ -181,11 +192,8 @@ class Toolchain:
         return self.tool(name)
 
     def describe(self) -> dict:
-        return {
-            "llama_cpp_build": self.build_number,
-            "llama_cpp_commit": self.commit,
-            "origin": self.origin,
-        }
+        return {"llama_cpp_build": self.build_number, "llama_cpp_commit": self.commit, "origin": self.origin,
+                "backend": self.backend, **({"ngl": self.ngl} if self.backend != "cpu" else {})}
 
 
 # --------------------------------------------------------------------------- discovery
@@ -197,13 +205,17 @@ def _user_dir_from_config(config_dir: str | None) -> str | None:
 
 def find_toolchain(llama_cpp_dir: str | None = None) -> Toolchain:
     """Locate the llama.cpp tools to use; raise one clear PipelineError if they are unusable."""
-    user = _user_dir_from_config(llama_cpp_dir)
+    user, backend = _user_dir_from_config(llama_cpp_dir), tb.selected_backend()
     if user:
         return _user_toolchain(Path(user).expanduser())
-    root = pinned_dir()
+    if backend == "cpu":
+        root = pinned_dir()
+    else:  # pinned_dir through the module's globals (the unit tier patches it)
+        parent = cache_root() / "llama.cpp"
+        root = tb.installed_dir(parent, backend, lambda archs: pinned_dir(backend, archs).name) or parent
     info_file = root / "toolchain.json"
     if not info_file.is_file():
-        raise PipelineError(f"llama.cpp tools (build b{PINNED_BUILD}) are not installed in {root}: {INSTALL_HINT}")
+        raise PipelineError(tb.not_installed(backend, PINNED_BUILD, root, INSTALL_HINT))
     info = json.loads(info_file.read_text())
     tc = Toolchain(
         root=root,
@@ -213,6 +225,8 @@ def find_toolchain(llama_cpp_dir: str | None = None) -> Toolchain:
         build_number=int(info["build_number"]),
         commit=str(info["commit"]),
         origin="pinned",
+        backend=backend,
+        ngl=tb.selected_ngl(backend),
     )
     for name in (*TOOLS, *HELPERS):
         tc.tool(name)
@@ -246,7 +260,8 @@ def _user_toolchain(root: Path) -> Toolchain:
         raise PipelineError(
             f"llama.cpp build b{build} in LLAMA_CPP_DIR={root} is older than the minimum b{MIN_BUILD}: update it"
         )
-    tc = Toolchain(root, bin_dir, convert, gguf_py, build, commit, "user")
+    backend = tb.selected_backend()  # a user's build may be a CUDA one: GGUFPIPE_BACKEND=cuda offloads with it
+    tc = Toolchain(root, bin_dir, convert, gguf_py, build, commit, "user", backend, tb.selected_ngl(backend))
     for name in TOOLS:
         tc.tool(name)
     return tc
@@ -333,35 +348,11 @@ def _run_logged(cmd: list[str], log: Path | None, env: dict | None, label: str, 
     return ToolResult(rc, "".join(chunks), time.monotonic() - start)
 
 
-def _clean_env(extra: dict | None = None) -> dict:
-    env = dict(os.environ)
-    env.setdefault("LC_ALL", "C")
-    if extra:
-        env.update(extra)
-    return env
-
-
-# Tools run with OpenMP's passive waiting (unless OMP_WAIT_POLICY is set). Snakemake runs several jobs at
-# once, each with its own threads; with OpenMP's default (spinning) idle threads they fight for the cores:
-# llama-speculative-simple took 93.9 s for a 32-token prompt with active waiting and 13.6 s with passive
-# waiting beside two other jobs on 2 cores. Spinning threads also starved llama-perplexity's logger thread
-# (which b11312 does not join at exit): the last lines, with the final estimate or the statistics, were
-# lost in 18 of 53 runs of a tiny model on 2 loaded cores (1 of 30 with passive waiting;
-# pipeline/stages/evaluate.py re-runs those). The results are bit-identical either way. llama-bench keeps the
-# default: it measures speed.
-ACTIVE_WAIT_TOOLS = ("llama-bench",)
-
-
-def _tool_env(name: str) -> dict:
-    """The environment of a llama.cpp tool or helper ``name``: clean, with passive OpenMP waiting (above)."""
-    return _clean_env(None if name in ACTIVE_WAIT_TOOLS else {"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY",
-                                                                                              "passive")})
-
-
 def run_tool(tc: Toolchain, name: str, args: list[str], log: Path | None, check: bool = True,
              cwd: str | Path | None = None) -> ToolResult:
     """Run a compiled llama.cpp tool; raise PipelineError with the log's tail if it fails."""
-    res = _run_logged([str(tc.tool(name)), *map(str, args)], log, _tool_env(name), name, str(cwd) if cwd else None)
+    argv = tb.tool_argv(name, [str(a) for a in args], tc.backend, tc.ngl)  # -ngl on a GPU backend; as given on the CPU
+    res = _run_logged([str(tc.tool(name)), *argv], log, tb.tool_env(name), name, str(cwd) if cwd else None)
     if check and res.returncode != 0:
         raise PipelineError(f"{name} failed (exit {res.returncode}): {tail(res.output)}" + (f" [log: {log}]" if log else ""))
     return res
@@ -369,7 +360,7 @@ def run_tool(tc: Toolchain, name: str, args: list[str], log: Path | None, check:
 
 def run_converter(tc: Toolchain, args: list[str], log: Path | None) -> ToolResult:
     """Run convert_hf_to_gguf.py with the gguf-py that sits beside it (never PyPI's gguf)."""
-    env = _clean_env({"PYTHONPATH": os.pathsep.join([str(tc.gguf_py), str(tc.convert_script.parent)])})
+    env = tb.clean_env({"PYTHONPATH": os.pathsep.join([str(tc.gguf_py), str(tc.convert_script.parent)])})
     env.pop("NO_LOCAL_GGUF", None)  # the script then puts its own gguf-py first on sys.path
     return _run_logged([sys.executable, str(tc.convert_script), *map(str, args)], log, env, "convert_hf_to_gguf.py")
 
@@ -384,7 +375,7 @@ def run_helper(tc: Toolchain, name: str, model: str | Path, requests: list, log:
     start = time.monotonic()
     try:
         proc = subprocess.run(cmd, input=json.dumps(requests).encode(), capture_output=True, timeout=timeout,
-                              env=_tool_env(name))
+                              env=tb.tool_env(name))
     except subprocess.TimeoutExpired as exc:
         raise PipelineError(f"{name} on {model} ran over {timeout:.0f}s") from exc
     except OSError as exc:
@@ -421,7 +412,7 @@ def serve_tool(tc: Toolchain, args: list, log: Path | None, timeout: float = 120
     cmd = [str(tc.tool("llama-server")), *map(str, args), "--host", "127.0.0.1", "--port", str(port)]
     out = tempfile.TemporaryFile()
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=str(cwd) if cwd else None,
-                            env=_tool_env("llama-server"))
+                            env=tb.tool_env("llama-server"))
 
     def output() -> str:
         out.seek(0)

@@ -15,7 +15,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from pipeline import tools
+from pipeline import tools, tools_backend
 from pipeline.errors import PipelineError
 from pipeline.fsutil import sha256_file
 from pipeline.tools import (
@@ -25,7 +25,6 @@ from pipeline.tools import (
     HELPERS,
     NATIVE_DIR,
     PINNED_BUILD,
-    PINNED_COMMIT,
     SDIST_FILE,
     SDIST_NAME,
     SDIST_SHA256,
@@ -39,9 +38,34 @@ from pipeline.tools import (
 )
 
 
-def install(jobs: int | None = None, force: bool = False) -> Path:
-    """Build the pinned llama.cpp tools into the cache; a no-op when already installed."""
-    final = tools.pinned_dir()  # through the module: the unit tier patches it there
+def cmake_commands(src: Path, build: Path, jobs: int, backend: str = "cpu", archs: str | None = None) -> list[list[str]]:
+    """The cmake configure and build command lines of an install: the CPU flags (:data:`CMAKE_FLAGS`) and, for another
+    backend, its own (pipeline/tools_backend.py: CUDA with explicit architectures)."""
+    return [["cmake", "-S", str(src), "-B", str(build), *CMAKE_FLAGS, *tools_backend.backend_flags(backend, archs)],
+            ["cmake", "--build", str(build), "--config", "Release", "-j", str(jobs), "--target", *TOOLS, *HELPERS]]
+
+
+def _paths(final: Path) -> tuple[Path, Path, Path]:
+    """(work folder, source tree, build folder) of an install into ``final``."""
+    work = final.parent / f".build-{final.name}"
+    return work, work / "src" / f"{SDIST_FILE.removesuffix('.tar.gz')}" / "vendor" / "llama.cpp", work / "build"
+
+
+def print_cmake(backend: str = "cpu", archs: str | None = None, jobs: int | None = None, out=print) -> None:
+    """``install --print-cmake``: the cmake command lines an install would run, one per line; builds nothing."""
+    import shlex
+
+    archs = tools_backend.normalize_archs(backend, archs)
+    _work, src, build = _paths(cache_root() / "llama.cpp" / tools.pinned_name(backend, archs))
+    for cmd in cmake_commands(src, build, jobs or os.cpu_count() or 2, backend, archs):
+        out(shlex.join(cmd))
+
+
+def install(jobs: int | None = None, force: bool = False, backend: str = "cpu", archs: str | None = None) -> Path:
+    """Build the pinned llama.cpp tools (for ``backend``, pipeline/tools_backend.py) into the cache; a no-op when
+    already installed."""
+    archs = tools_backend.normalize_archs(backend, archs)  # cuda without architectures: refused here, in one line
+    final = tools.pinned_dir(backend, archs)  # through the module: the unit tier patches it there
     if (final / "toolchain.json").is_file() and not force:
         print(f"[tools] llama.cpp b{PINNED_BUILD} already installed in {final}", flush=True)
         return final
@@ -54,7 +78,7 @@ def install(jobs: int | None = None, force: bool = False) -> Path:
         t0 = time.monotonic()
         sdist = pip_fetch(SDIST_NAME, SDIST_VERSION, SDIST_FILE, SDIST_SHA256, root / "downloads", sdist=True)
         # A fixed build folder per version: a failed or interrupted install resumes incrementally.
-        work = final.parent / f".build-{final.name}"
+        work, _src, build = _paths(final)
         if (work / "src").exists():
             shutil.rmtree(work / "src")
         shutil.rmtree(work / "out", ignore_errors=True)
@@ -67,15 +91,14 @@ def install(jobs: int | None = None, force: bool = False) -> Path:
                 tar.extractall(work / "src", members=members, filter="data")
             src = next((work / "src").glob("*/vendor/llama.cpp"))
             helpers = _add_helpers(src)
-            if final.name != f"b{PINNED_BUILD}-{PINNED_COMMIT}-{cache_key(helpers)}":  # as pinned_dir() named it
+            if final.name != tools.pinned_name(backend, archs, helpers):  # as pinned_dir() named it
                 raise PipelineError(f"a helper's source in {NATIVE_DIR} changed while installing: run the install again")
-            build = work / "build"
             jobs = jobs or os.cpu_count() or 2
-            print(f"[tools] configuring llama.cpp b{PINNED_BUILD} with cmake", flush=True)
-            _check_call(["cmake", "-S", str(src), "-B", str(build), *CMAKE_FLAGS], work / "cmake.log")
+            configure, compile_ = cmake_commands(src, build, jobs, backend, archs)
+            print(f"[tools] configuring llama.cpp b{PINNED_BUILD} ({backend}) with cmake", flush=True)
+            _check_call(configure, work / "cmake.log")
             print(f"[tools] building {' '.join((*TOOLS, *HELPERS))} with {jobs} jobs (several minutes)", flush=True)
-            _check_call(["cmake", "--build", str(build), "--config", "Release", "-j", str(jobs),
-                         "--target", *TOOLS, *HELPERS], work / "build.log", progress=True)
+            _check_call(compile_, work / "build.log", progress=True)
             stage = work / "out"
             (stage / "bin").mkdir(parents=True)
             for name in (*TOOLS, *HELPERS):
@@ -93,11 +116,13 @@ def install(jobs: int | None = None, force: bool = False) -> Path:
                 "commit": commit,
                 "sdist": f"{SDIST_NAME}=={SDIST_VERSION}",
                 "sdist_sha256": SDIST_SHA256,
-                "cmake_flags": list(CMAKE_FLAGS),
+                "cmake_flags": [*CMAKE_FLAGS, *tools_backend.backend_flags(backend, archs)],
+                "backend": backend,
+                **({"cuda_archs": archs} if archs else {}),
                 "tools": list(TOOLS),
                 "helpers": helpers,
                 "assets": list(ASSETS),
-                "cache_key": cache_key(),
+                "cache_key": cache_key(helpers, backend, archs),
             }
             (stage / "toolchain.json").write_text(json.dumps(info, indent=2) + "\n")
             if final.exists():
@@ -152,12 +177,19 @@ def main(argv: list[str] | None = None) -> int:
     p_inst = sub.add_parser("install", help="build the pinned llama.cpp tools into the cache")
     p_inst.add_argument("-j", "--jobs", type=int)
     p_inst.add_argument("--force", action="store_true")
+    p_inst.add_argument("--backend", choices=tools_backend.BACKENDS, default="cpu",
+                        help="cpu (default) or cuda: opt-in, with --cuda-archs (docs/gpu.md)")
+    p_inst.add_argument("--cuda-archs", metavar="LIST", help="CMAKE_CUDA_ARCHITECTURES for --backend cuda, e.g. 90")
+    p_inst.add_argument("--print-cmake", action="store_true",
+                        help="print the cmake configure and build command lines and exit without building")
     sub.add_parser("where", help="print the folder of the tools in use")
     sub.add_parser("gguf-py", help="print the folder of the gguf-py that matches the tools")
     args = ap.parse_args(argv)
     try:
-        if args.cmd == "install":
-            install(args.jobs, args.force)
+        if args.cmd == "install" and args.print_cmake:
+            print_cmake(args.backend, args.cuda_archs, args.jobs)
+        elif args.cmd == "install":
+            install(args.jobs, args.force, args.backend, args.cuda_archs)
         elif args.cmd == "where":
             print(tools.find_toolchain().bin_dir)
         elif args.cmd == "gguf-py":

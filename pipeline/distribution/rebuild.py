@@ -36,6 +36,34 @@ from pipeline.fsutil import sha256_file
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_THREADS = 2  # Workflow's eval_threads / calib_threads defaults
+# How far a file rebuilt on another llama.cpp backend (pipeline/tools_backend.py) may differ when it need not match
+# byte for byte: None until bench/gpu/run.sh has measured CPU against CUDA on a GPU (bench/RESULTS.md, docs/gpu.md).
+# While None, a rebuild on another backend is refused; setting it also needs the tolerance comparison in
+# rebuild_check (every row is compared by SHA256 today).
+CROSS_BACKEND_TOLERANCES = None  # unmeasured
+
+
+def byte_identical_across_backends(entry: dict) -> bool:
+    """Whether a manifest file entry must match byte for byte when rebuilt on another backend: llama-quantize runs
+    on the CPU on every backend, so only what a GPU computed can make the bytes differ -- an imatrix
+    (llama-imatrix offloads) or AWQ scales (``calibration``), or a measured mix's map (``mix``: its sensitivity is
+    llama-perplexity's KL divergence)."""
+    calibration = entry.get("calibration") or {}
+    return not any(k in calibration for k in ("awq", "imatrix")) and not entry.get("mix")
+
+
+def backend_refusal(m: dict, here: str) -> str | None:
+    """One line when the manifest's ``tools.backend`` (absent in older manifests: cpu) is not ``here`` and no GPU
+    measurement backs the tolerances (:data:`CROSS_BACKEND_TOLERANCES`); None otherwise."""
+    recorded = m["tools"].get("backend", "cpu")
+    if recorded == here or CROSS_BACKEND_TOLERANCES is not None:
+        return None
+    entries = m["artifacts"] + m.get("rejected", [])
+    exact = sum(byte_identical_across_backends(e) for e in entries)
+    return (f"toolchain: the {here} backend here, the manifest records {recorded}: the tolerances for the "
+            f"{len(entries) - exact} file(s) made with an imatrix, AWQ or a measured mix are not yet backed by a GPU "
+            f"measurement (bench/RESULTS.md, docs/gpu.md), and the {exact} made without would have to match byte for "
+            f"byte; rebuild with GGUFPIPE_BACKEND={recorded}")
 
 
 @dataclass
@@ -130,6 +158,9 @@ def preflight(m: dict, recipe_path: Path, hub_cache: str | None) -> tuple[list[s
     if (tc.build_number, tc.commit) != (want.get("llama_cpp_build"), want.get("llama_cpp_commit")):
         errors.append(f"toolchain: llama.cpp b{tc.build_number} (commit {tc.commit}) here, the manifest records "
                       f"b{want.get('llama_cpp_build')} (commit {want.get('llama_cpp_commit')})")
+    refusal = backend_refusal(m, tc.backend)
+    if refusal:
+        errors.append(refusal)
     here = python_versions(tuple(want.get("python", {})))
     for pkg, ver in sorted(want.get("python", {}).items()):
         if here.get(pkg) != ver:
