@@ -132,6 +132,23 @@ def installed_dir(parent: Path, backend: str, name_for: Callable[[str], str]) ->
     return next(iter(found.values()), None)
 
 
+def device_description(backend: str) -> str:
+    """What the tools computed on, for a manifest's volatile ``build`` section (never a compared one: the same
+    backend on another GPU or CPU model rebuilds the same bytes): ``cpu``, or the GPU names ``nvidia-smi`` lists
+    (``cuda: NVIDIA H200``; ``cuda: unknown`` when it cannot say)."""
+    if backend == "cpu":
+        return "cpu"
+    import subprocess
+
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=30)
+        names = [n.strip() for n in out.stdout.splitlines() if n.strip()] if out.returncode == 0 else []
+    except (OSError, subprocess.TimeoutExpired):
+        names = []
+    return f"{backend}: {', '.join(names) or 'unknown'}"
+
+
 def not_installed(backend: str, build: int, root: Path, cpu_hint: str) -> str:
     if backend == "cpu":
         return f"llama.cpp tools (build b{build}) are not installed in {root}: {cpu_hint}"

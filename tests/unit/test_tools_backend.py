@@ -120,6 +120,17 @@ def test_describe(tmp_path):
     assert gpu.describe() == {**cpu.describe(), "backend": "cuda", "ngl": 999}
 
 
+def test_device_description(monkeypatch, tmp_path):
+    assert tools_backend.device_description("cpu") == "cpu"
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\necho 'NVIDIA H200'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert tools_backend.device_description("cuda") == "cuda: NVIDIA H200"
+    fake.unlink()
+    assert tools_backend.device_description("cuda") == "cuda: unknown"
+
+
 def test_find_toolchain_cuda_missing_says_how(monkeypatch):
     monkeypatch.setenv(tools_backend.BACKEND_ENV, "cuda")
     with pytest.raises(PipelineError) as exc:
