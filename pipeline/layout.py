@@ -216,6 +216,18 @@ class Layout:
     def bench_record(self, name: str, key: str) -> Path:
         return self.wrk(name, "bench", f"{key}.json")
 
+    # the device slice (pipeline/stages/device_slice.py) and what devices measured on it (`ggufpipe collect`)
+    def device_slice(self, name: str) -> Path:
+        """Published as ``artifacts/<name>/device-slice.logits`` (DVC-tracked)."""
+        return self.wrk(name, "device-check", "device-slice.logits")
+
+    def device_slice_record(self, name: str) -> Path:
+        return self.wrk(name, "records", "device-slice.json")
+
+    def device_results(self, name: str) -> Path:
+        """``ggufpipe collect``'s results of ``ggufpipe device-check`` runs: an input of publish, git-tracked."""
+        return self.art_dir(name) / "devices.json"
+
     # drafts (speculative decoding)
     def main_gguf(self, r: Recipe, key: str) -> Path:
         """The file of key ``key``: the base file (key = outtype) or a quant in work/."""
@@ -283,6 +295,8 @@ class Layout:
             "evals": [str(self.eval_record(r.name, es.name, k)) for es in r.eval_sets for k in keys],
             "bench": [str(self.bench_record(r.name, k)) for k in [r.outtype.upper(), *keys]] if r.bench else [],
             "conformance": [str(self.conformance_record(r.name))] if r.conformance.enabled else [],
+            "device_slice": [str(self.device_slice(r.name)), str(self.device_slice_record(r.name))] if r.device_slice else [],
+            "device_results": [str(self.device_results(r.name))] if self.device_results(r.name).is_file() else [],
         }
         mixes = [q.key for q in r.quants if q.mix]
         if mixes:

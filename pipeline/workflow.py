@@ -27,6 +27,7 @@ from pipeline.errors import PipelineError
 from pipeline.fsutil import sha256_file
 from pipeline.layout import Layout
 from pipeline.recipe import Recipe, load_recipe, load_recipes
+from pipeline.stages.device_slice import logits_bytes  # noqa: F401  (re-exported: pipeline/devices/plan*.py, tests)
 from pipeline.tools import find_toolchain
 
 
@@ -172,6 +173,10 @@ class Workflow:
         e = self.recipes[name].eval_set(es)
         return repr((str(e.text), e.ctx, e.chunks, self.eval_threads, self.toolchain.build_number))
 
+    def eval_params(self, name: str, es: str) -> str:
+        # the eval record's chunk rows (the device slice's values) came with schema 7's device check: older records re-run
+        return repr((self.eval_base_params(name, es), "chunk_rows"))
+
     def split_params(self, name: str, key: str) -> str:
         s = self.recipes[name].split_for(key)
         return repr((s.args() if s else None, self.toolchain.build_number, self.toolchain.commit))
@@ -194,6 +199,16 @@ class Workflow:
 
     def conformance_inputs(self, name: str) -> dict[str, list[str]]:
         return self.layout.conformance_inputs(self.recipes[name])
+
+    def device_slice_inputs(self, name: str) -> dict[str, str]:
+        r = self.recipes[name]
+        es = r.eval_sets[0].name
+        return {"base": self.base_file(name), "logits": str(self.layout.base_logits(name, es)),
+                "base_record": str(self.layout.base_record(name, es))}
+
+    def device_slice_params(self, name: str) -> str:
+        r = self.recipes[name]
+        return repr((r.device_slice, self.eval_base_params(name, r.eval_sets[0].name), self.toolchain.commit))
 
     def conformance_params(self, name: str) -> str:
         c = self.recipes[name].conformance
@@ -307,11 +322,3 @@ def size_mb(path: str | os.PathLike) -> float:
         return p.stat().st_size / 2**20
     except OSError:
         return 0.0
-
-
-def logits_bytes(ctx: int, chunks: int, n_vocab: int) -> int:
-    """Size of the ``llama-perplexity --kl-divergence-base`` file: a 20-byte header, the ctx * chunks
-    tokens (int32), then for each scored token (the last ctx - 1 - ctx/2 of each chunk) the vocabulary's
-    log-probabilities as uint16 (n_vocab rounded up to even) plus 4 uint16 (min and scale floats)."""
-    per_token = 2 * (2 * ((n_vocab + 1) // 2) + 4)
-    return 20 + 4 * ctx * chunks + chunks * (ctx - 1 - ctx // 2) * per_token

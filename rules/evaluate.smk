@@ -38,9 +38,30 @@ rule eval:
         **rule_resources("eval", W),
     params:
         **STAGE_PARAMS,
-        trigger=lambda wc: W.eval_base_params(wc.name, wc.es),
+        trigger=lambda wc: W.eval_params(wc.name, wc.es),
     shell:
         stage_shell("eval")
+
+
+# The slice of the first eval set a device re-measures (`ggufpipe device-check`): pipeline/stages/device_slice.py.
+rule device_slice:
+    input:
+        unpack(lambda wc: W.device_slice_inputs(wc.name)),
+    output:
+        logits=L.device_slice("{name}"),
+        record=L.device_slice_record("{name}"),
+    log:
+        stage_log(L, "device_slice"),
+    conda:
+        ENV
+    threads: W.eval_threads
+    resources:
+        **rule_resources("device_slice", W),
+    params:
+        **STAGE_PARAMS,
+        trigger=lambda wc: W.device_slice_params(wc.name),
+    shell:
+        stage_shell("device_slice")
 
 
 rule bench:

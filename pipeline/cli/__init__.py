@@ -19,7 +19,7 @@ from pipeline.errors import PipelineError
 ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES}
 # the commands in --help order, one module each
 COMMANDS = ("install_tools", "setup_demo", "validate", "build", "clean_logits", "dvc_matrix", "dvc_link", "ci",
-            "rebuild_check", "info", "verify", "fit", "plan", "init", "hub_publish", "stage")
+            "rebuild_check", "info", "verify", "device_check", "fit", "plan", "init", "hub_publish", "stage")
 
 
 def main(argv: list[str] | None = None) -> int:

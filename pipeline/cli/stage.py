@@ -124,6 +124,15 @@ def _eval(r, L, a, log):
                base_gguf=L.base_gguf(r))
 
 
+def _device_slice(r, L, a, log):
+    from pipeline.stages.device_slice import device_slice
+
+    es = r.eval_sets[0]
+    device_slice(r.name, es, r.device_slice, L.base_gguf(r), L.base_logits(r.name, es.name),
+                 L.base_record(r.name, es.name), L.device_slice(r.name), L.device_slice_record(r.name), threads=a.threads,
+                 log=log)
+
+
 def _conformance(r, L, a, log):
     from pipeline.stages.conformance import run_stage
 
@@ -200,6 +209,7 @@ STAGES: dict[str, Stage] = {
     "eval_base": Stage("eval-base", _eval_base, "eval-{es}-base", "--eval-set {wildcards.es:q} --threads {threads}"),
     "eval": Stage("eval", _eval, "eval-{es}-{quant}",
                   "--eval-set {wildcards.es:q} --quant {wildcards.quant:q} --threads {threads}"),
+    "device_slice": Stage("device-slice", _device_slice, "device-slice", "--threads {threads}"),
     "conformance": Stage("conformance", _conformance, "conformance", "--threads {params.threads}"),
     "bench": Stage("bench", _bench, "bench-{bkey}", "--quant {wildcards.bkey:q} --threads {params.threads}"),
     "split": Stage("split", _split, "split-{skey}", "--quant {wildcards.skey:q}"),

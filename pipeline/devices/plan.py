@@ -337,6 +337,10 @@ def disk_plan(recipe, facts: Facts, hub_on_work_fs: bool = True) -> list[dict]:
     for es in recipe.eval_sets:
         out.append({"stage": "eval_base", "key": es.name, "what": f"base logits (ctx {es.ctx} x {es.chunks})",
                     "bytes": logits_bytes(es.ctx, es.chunks, facts.n_vocab)})
+    if recipe.device_slice:
+        es = recipe.eval_sets[0]
+        out.append({"stage": "device_slice", "key": "", "what": f"device slice (ctx {es.ctx} x {recipe.device_slice})",
+                    "bytes": logits_bytes(es.ctx, recipe.device_slice, facts.n_vocab)})
     return out
 
 
@@ -409,6 +413,10 @@ def ram_plan(recipe, facts: Facts) -> list[dict]:
         for q in recipe.quants:
             p = llama_run_bytes(facts, gguf_bytes(facts, q.type), es.ctx, es.ctx, kl="quant")
             rows.append({"stage": "eval", "key": f"{es.name}/{q.key}", "bytes": p["total"], "how": _how(p)})
+    if recipe.device_slice:
+        es = recipe.eval_sets[0]
+        p = llama_run_bytes(facts, base, es.ctx, es.ctx, kl="quant")  # the base file measured on the slice
+        rows.append({"stage": "device_slice", "key": "", "bytes": p["total"], "how": _how(p)})
     if recipe.conformance.enabled:
         ctx = recipe.eval_sets[0].ctx if recipe.eval_sets else 512
         fwd = facts.n_vocab * ctx * 4 * 3 + ctx * (facts.n_embd * 16 + facts.n_ff * 3) * 4

@@ -81,6 +81,9 @@ RESOURCES = {
                   "runtime": lambda s: int(30 + s.total / 20)},
     "eval": {"mem_mb": lambda s: _mm(s.mb("gguf"), 1.3, 1024), "disk_mb": 1024,
              "runtime": lambda s: int(30 + s.mb("gguf") / 20)},
+    # the slice of the base logits (at most their size) and one llama-perplexity run of the base file on it
+    "device_slice": {"mem_mb": lambda s: _mm(s.mb("base"), 1.3, 1024), "disk_mb": lambda s: _mm(s.mb("logits"), 1.0, 64),
+                     "runtime": lambda s: int(30 + s.mb("base") / 100)},
     "bench": {"mem_mb": lambda s: _mm(s.total, 1.3, 1024), "disk_mb": 1024,
               "runtime": lambda s: int(30 + s.total / 100)},
     # the HF model in float32 (2 x the F16 file) beside the base logits being read
@@ -207,6 +210,9 @@ def plan_jobs(recipe, facts: Facts) -> list[dict]:
         for q in recipe.quants:
             add("eval", f"{es.name}/{q.key}", {"es": es.name, "quant": q.key},
                 {"gguf": mb("quantize", q.key), "logits": mb("eval_base", es.name)})
+    if recipe.device_slice:
+        es = recipe.eval_sets[0]
+        add("device_slice", "", {}, {"base": mb("convert", ot), "logits": mb("eval_base", es.name)})
     if recipe.bench:
         for key in [ot, *(q.key for q in recipe.quants)]:
             add("bench", key, {"bkey": key}, {"gguf": mb("quantize", key) if key != ot else mb("convert", ot)})
@@ -254,6 +260,8 @@ def hours(job: dict, facts: Facts, recipe, box: dict = BOX) -> float:
     if rule in ("eval_base", "eval"):
         es = recipe.eval_set(job["wc"]["es"])
         tokens = es.ctx * es.chunks
+    elif rule == "device_slice":
+        tokens = recipe.eval_sets[0].ctx * recipe.device_slice
     elif rule == "imatrix":
         tokens = recipe.imatrix.ctx * recipe.imatrix.chunks
     elif rule == "conformance":
@@ -268,7 +276,7 @@ def hours(job: dict, facts: Facts, recipe, box: dict = BOX) -> float:
 
 # ------------------------------------------------------------------ pre-flight (the Snakefile's onstart)
 RULE_ORDER = ("fetch", "convert", "convert_mtp", "awq", "convert_awq", "imatrix", "sensitivity", "solve", "quantize",
-              "split", "eval_base", "eval", "bench", "conformance", "vocab_check", "acceptance", "agreement",
+              "split", "eval_base", "eval", "device_slice", "bench", "conformance", "vocab_check", "acceptance", "agreement",
               "publish", "gate")
 
 

@@ -91,6 +91,16 @@ def load_recipe(path: str | Path, quantize_exe: str | None = None) -> Recipe:
         eos_ids = tuple(_integer(ctx, v, f"eos_token_ids[{i}]", 0) for i, v in enumerate(ids))
     add_bos = ctx.boolean(d["add_bos"], "add_bos") if d.get("add_bos") is not None else None
     devices = parse_devices(ctx, d.get("devices"))
+    device_slice = min(2, eval_sets[0].chunks) if eval_sets else 0
+    if d.get("device_slice") is not None:
+        device_slice = _integer(ctx, d["device_slice"], "device_slice", 0)
+        if device_slice > 2:
+            ctx.fail("device_slice", f"must be 0, 1 or 2 (chunks of the first eval set), got {device_slice}")
+        if device_slice and not eval_sets:
+            ctx.fail("device_slice", "needs a `gates:` section (the slice is cut from its first eval set)")
+        if device_slice > (eval_sets[0].chunks if eval_sets else 0):
+            ctx.fail("device_slice", f"{device_slice} chunks, the first eval set {eval_sets[0].name!r} has "
+                                     f"{eval_sets[0].chunks}")
 
     for key in ("description", "license"):
         if key in d and d[key] is not None:
@@ -118,6 +128,7 @@ def load_recipe(path: str | Path, quantize_exe: str | None = None) -> Recipe:
         eos_token_ids=eos_ids,
         add_bos=add_bos,
         devices=devices,
+        device_slice=device_slice,
         raw=d,
     )
     # names both resolvers read right, in the recipe's repository and in its draft's (pipeline/recipe/naming.py)

@@ -327,6 +327,7 @@ class Recipe:
     chat_template_override: Path | None = None
     eos_token_ids: tuple[int, ...] | None = None
     add_bos: bool | None = None
+    device_slice: int = 0  # chunks of the first eval set published for `ggufpipe device-check` (0: none)
     devices: tuple[Device, ...] = ()  # target devices the publish stage predicts memory on (pipeline/recipe/devices.py)
     raw: dict = field(default_factory=dict, compare=False, repr=False)
 

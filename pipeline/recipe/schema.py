@@ -127,6 +127,11 @@ TOP = Section("", "Top level", (
           "The conformance stage proves the base GGUF is the Hugging Face model (tokenizer, chat template, "
           "end-of-generation tokens, logits) before any quant is judged against it; a failure publishes nothing "
           "of the recipe. `false` skips it, and the manifest says so.", {"chunks": 2}),
+    Field("device_slice", "int, 0 to 2", Note("2 (1 when the first eval set has 1 chunk); 0 without `gates:`"),
+          "Chunks of the first eval set published for `ggufpipe device-check` (docs/device-check.md): their base "
+          "logits `device-slice.logits` (DVC-tracked, never uploaded to the Hub) and each file's slice mean KLD and "
+          "same-top-p in the manifest. 0 publishes no slice (the file is 2 x n_vocab bytes per scored token: "
+          "51 MB for a 49k vocabulary at ctx 512 and 2 chunks).", 1),
     Field("devices", "list of device (see `devices[]`)", [],
           "Target devices: the publish stage predicts every published model file's memory on each "
           "(docs/devices.md) and the report and card show which files fit; a device with `require: true` fails the "

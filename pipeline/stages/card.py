@@ -12,6 +12,7 @@ from pathlib import Path
 from pipeline.fsutil import write_text_atomic
 from pipeline.stages.report import (
     conformance_text,
+    device_check_text,
     draft_table,
     eval_desc,
     fits_table,
@@ -182,7 +183,7 @@ def hub_ollama_text(manifest: dict) -> str:
     return " ".join(out)
 
 
-def card_text(manifest: dict) -> str:
+def card_text(manifest: dict, measured: list[dict] | None = None) -> str:
     """The model card README.md: front matter, quality table (the Hub label first), conformance, prompt format,
     the Hub usage lines per label, how to run each file locally, MTP, Ollama and draft sections."""
     src = manifest.get("source", {})
@@ -206,6 +207,9 @@ def card_text(manifest: dict) -> str:
     fits = fits_table(manifest, short=True)
     if fits:  # recipe `devices:`: the best file per target device
         body += ["## Fits on", "", fits, ""]
+    on_device = device_check_text(manifest, measured, short=True)
+    if on_device:  # `ggufpipe collect`'s results (devices.json): the same file re-measured on a device
+        body += ["## Checked on devices", "", on_device, ""]
     if manifest.get("conformance"):
         body += ["## Conformance", "", conformance_text(manifest), ""]
     prompt = prompt_format(manifest)
@@ -248,6 +252,6 @@ def card_text(manifest: dict) -> str:
     return front_matter(manifest) + "\n".join(body)
 
 
-def write_card(manifest: dict, out: str | Path) -> None:
+def write_card(manifest: dict, out: str | Path, measured: list[dict] | None = None) -> None:
     """Write :func:`card_text` to ``out`` (atomically)."""
-    write_text_atomic(out, card_text(manifest))
+    write_text_atomic(out, card_text(manifest, measured))

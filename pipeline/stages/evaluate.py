@@ -62,6 +62,27 @@ METRICS = {  # gate threshold -> (metric, direction)
     "min_same_top_p": ("same_top_p", "min"),
 }
 
+# One row per chunk of a ``--kl-divergence`` run: the running values over chunks 1..i (perplexity.cpp, kl_divergence:
+# "%4d", PPL "%9.4lf ± %9.4lf", ln ratio and KLD "%10.5lf ± %10.5lf", Δp RMS and same top p "%6.3lf ± %6.3lf %%"),
+# from the same accumulators as the final statistics: row i equals the statistics of a run over the first i chunks.
+_ROW_NUM = r"(-?(?:[0-9.]+|nan|inf))"
+_CHUNK_ROW_RE = re.compile(rf"^\s*(\d+)\s+{_ROW_NUM} ± \s*\S+\s+{_ROW_NUM} ± \s*\S+\s+{_ROW_NUM} ± \s*\S+"
+                           rf"\s+{_ROW_NUM} ± \s*\S+ %\s+{_ROW_NUM} ± \s*\S+ %\s*$", re.M)
+CHUNK_ROW_KEYS = ("ppl_q", "ln_ppl_ratio", "kld_mean", "rms_dp", "same_top_p")
+
+
+def parse_chunk_rows(output: str) -> list[dict]:
+    """The running statistics after each chunk of a ``--kl-divergence`` run, in chunk order (``rms_dp`` and
+    ``same_top_p`` as fractions, like :func:`parse_kld_statistics`)."""
+    rows = []
+    for m in _CHUNK_ROW_RE.finditer(output):
+        if int(m.group(1)) != len(rows) + 1:
+            raise PipelineError(f"llama-perplexity's chunk rows are out of order at chunk {m.group(1)} (format changed?)")
+        vals = [float(v) for v in m.groups()[1:]]
+        rows.append({k: round(v / 100.0, 8) if k in PERCENT else v for k, v in zip(CHUNK_ROW_KEYS, vals, strict=True)})
+    return rows
+
+
 def tool_errors(output: str) -> list[str]:
     return [m.group(1) for m in _ERROR_LINE.finditer(output)]
 
@@ -300,6 +321,8 @@ def eval_quant(recipe_name: str, quant_key: str, es: EvalSet, quant_gguf: str | 
         "scored_tokens": base["scored_tokens"],
         "threads": threads,
         "metrics": metrics,
+        # the running statistics after each chunk: the slice a device re-measures (pipeline/devices/check.py)
+        "chunk_rows": parse_chunk_rows(res.output),
         "seconds": round(res.seconds, 1),
     }
     write_json_atomic(record, rec)

@@ -37,6 +37,7 @@ from pipeline.recipe import Recipe
 from pipeline.recipe.naming import label_of_key
 from pipeline.stages.evaluate import failure_message, gate_messages, verdict
 from pipeline.stages.mtp import MTP_KEYS, lost_heads, mtp_facts
+from pipeline.stages.publish_devices import device_check_section, device_results, publish_slice
 from pipeline.stages.publish_sections import (
     CONFORMANCE_REJECTED,
     _calibration_inputs,
@@ -73,6 +74,9 @@ from pipeline.stages.split import model_path
 #    pipeline/devices/memory.py: deterministic, not volatile), best (the largest quant that fits, or null) and, for
 #    an arm64 profile where no published quant has a repacked tensor, warning; a `require: true` device that no
 #    published quant fits is a recipe-level failure (check "device"). Recipes without `devices:` are unchanged.
+#    Also 7 (the same issue): the top-level `device_check` (the slice `device-slice.logits` a device re-measures:
+#    file, sha256, size_bytes, eval_set, text_sha256, ctx, chunks, scored_tokens, n_vocab, tolerance) and each base and
+#    quant entry's `slice` {kld_mean, same_top_p, ppl_q}; `tools.backend` (#20 item 5).
 SCHEMA_VERSION = 7
 
 
@@ -258,6 +262,7 @@ def build_manifest(recipe: Recipe, layout: Layout) -> tuple[dict, dict]:
     if recipe.mtp == "separate":
         artifacts.append(_split_entry(recipe, layout, recipe.mtp_key, _mtp_draft_entry(recipe, layout)))
     rejected = []
+    by_key = {base.quant_type: artifacts[0]}  # the entries a device can check on the slice
     calib_seconds: dict = {}
     for q in recipe.quants:
         work_path = layout.quant(recipe, q.key)
@@ -299,6 +304,7 @@ def build_manifest(recipe: Recipe, layout: Layout) -> tuple[dict, dict]:
             metrics_out[q.key] = {s: {**{k: v[k] for k in ("ppl_q", "ppl_ratio", "kld_mean", "kld_p99", "same_top_p")},
                                       "gate_passed": not failures} for s, v in per_set.items()}
         entry = _split_entry(recipe, layout, q.key, entry)
+        by_key[q.key] = entry
         if failures:
             entry["failures"] = failures
             rejected.append(entry)
@@ -306,6 +312,7 @@ def build_manifest(recipe: Recipe, layout: Layout) -> tuple[dict, dict]:
             artifacts.append(entry)
 
     _tokenizer_keys(recipe, layout, artifacts, rejected)
+    device_check = device_check_section(recipe, layout, by_key)
     sensitivity = sensitivity_section(recipe, layout)
     check_mix_sources(artifacts + rejected, sensitivity)
     conformance, conformance_failures, conformance_seconds = _conformance_section(recipe, layout)
@@ -360,6 +367,8 @@ def build_manifest(recipe: Recipe, layout: Layout) -> tuple[dict, dict]:
         manifest["mtp"] = _mtp_section(recipe, converted, artifacts)
     if devices:
         manifest["devices"] = devices
+    if device_check:
+        manifest["device_check"] = device_check
     if draft is not None:
         manifest["draft"] = draft
     if draft is not None or conformance_failures or device_failures:
@@ -396,6 +405,7 @@ def publish(recipe: Recipe, layout: Layout) -> dict:
         link_artifact(layout, name, e)
     keep = {e["file"] for e in manifest["artifacts"]}
     keep |= publish_maps(layout, name, manifest)  # a mix's tensor-type map beside its GGUF
+    publish_slice(layout, name, manifest, _link)  # the device slice (not a `<name>-*` file)
     for stale in layout.art_dir(name).glob(f"{name}-*"):
         if stale.name in keep:  # else: quants removed from the recipe or now failing, split or no longer split
             continue
@@ -407,9 +417,10 @@ def publish(recipe: Recipe, layout: Layout) -> dict:
             stale.unlink()
     write_json_atomic(layout.metrics(name), metrics)
     (layout.art_dir(name) / "report.png").unlink(missing_ok=True)  # the plot of earlier versions (now report.svg)
-    write_report(manifest, layout.report(name), layout.plot(name))  # and the mixes' sensitivity heat maps
+    measured = device_results(layout, name, manifest)  # `ggufpipe collect`: shown, not part of the manifest
+    write_report(manifest, layout.report(name), layout.plot(name), measured)  # and the mixes' heat maps
     manifest = publish_modelfiles(recipe, manifest, layout.art_dir(name), layout)  # `publish.ollama`: Modelfile.<KEY>
-    write_card(manifest, layout.card(name))
+    write_card(manifest, layout.card(name), measured)
     write_json_atomic(layout.manifest(name), manifest)  # last: the manifest marks the folder complete
     return manifest
 

@@ -339,7 +339,39 @@ def fits_table(manifest: dict, short: bool = False) -> str:
     return "\n".join(lines)
 
 
-def write_report(manifest: dict, out_md: str | Path, out_svg: str | Path) -> None:
+def device_check_text(manifest: dict, measured: list[dict] | None = None, short: bool = False) -> str:
+    """The on-device check: the slice and each file's slice values on the build box; then what devices measured on it
+    (``ggufpipe collect``'s ``devices.json``). ``short`` (the card): the devices' rows only. Empty without a slice."""
+    dc = manifest.get("device_check")
+    if not dc:
+        return ""
+    t = dc["tolerance"]
+    lines = [] if short else [
+        f"`ggufpipe device-check FILE` re-measures a file on a device against `{dc['file']}` ({dc['chunks']} chunk(s) "
+        f"of eval set `{dc['eval_set']}` at ctx {dc['ctx']}, {dc['scored_tokens']} scored tokens; DVC-tracked, not on "
+        f"the Hub). It passes when |Δ mean KLD| ≤ max({t['kld_mean_abs']}, {t['kld_mean_rel']:.0%} of the build box's) "
+        f"and same top p is within {t['same_top_p_points']:g} point of it (docs/device-check.md).", "",
+        "| file | slice mean KLD | slice same top p | slice PPL |", "|---|---|---|---|"]
+    if not short:
+        lines += [f"| `{e['file']}` | {e['slice']['kld_mean']:.5f} | {100 * e['slice']['same_top_p']:.2f} % | "
+                  f"{e['slice']['ppl_q']:.4f} |" for e in manifest["artifacts"] if e.get("slice")]
+    if measured:
+        lines += ([] if short else ["", "Measured on devices (`ggufpipe collect`):", ""]) + [
+            "| device | file | llama.cpp | mean KLD (Δ) | same top p (Δ points) | tg t/s | result |",
+            "|---|---|---|---|---|---|---|"]
+        for r in measured:
+            m, d = r["slice"]["measured"], r["slice"]["delta"]
+            tg = r.get("bench") or {}
+            lines.append(f"| {r['device']['label']} ({r['device']['machine']}) | `{r['file']}` | "
+                         f"b{r['tools']['llama_cpp_build']} | {m['kld_mean']:.5f} ({d['kld_mean']:+.5f}) | "
+                         f"{100 * m['same_top_p']:.2f} % ({d['same_top_p_points']:+.2f}) | "
+                         f"{tg.get('tg_tokens_per_s', float('nan')):.1f} | {'pass' if r['passed'] else '**FAIL**'} |")
+    elif not short:
+        lines += ["", "No device has reported yet (`ggufpipe device-check FILE --out R.json`, then `ggufpipe collect R.json`)."]
+    return "\n".join(lines)
+
+
+def write_report(manifest: dict, out_md: str | Path, out_svg: str | Path, measured: list[dict] | None = None) -> None:
     """report.md, its plot (report.svg) and, with measured mixes, the sensitivity heat maps beside them."""
     write_text_atomic(out_svg, render_plot(manifest))
     write_heatmaps(manifest, Path(out_svg).parent)
@@ -359,6 +391,9 @@ def write_report(manifest: dict, out_md: str | Path, out_svg: str | Path) -> Non
     fits = fits_table(manifest)
     if fits:
         parts += ["## Fits on", "", fits, ""]
+    on_device = device_check_text(manifest, measured)
+    if on_device:
+        parts += ["## On-device check", "", on_device, ""]
     if manifest.get("conformance"):
         parts += ["## Conformance", "", conformance_text(manifest), ""]
     if manifest.get("mtp"):

@@ -27,6 +27,7 @@ SHELL = {
     "eval_base": P + "eval-base" + C + " --eval-set {wildcards.es:q} --threads {threads}",
     "conformance": P + "conformance" + C + " --threads {params.threads}",
     "eval": P + "eval" + C + " --eval-set {wildcards.es:q} --quant {wildcards.quant:q} --threads {threads}",
+    "device_slice": P + "device-slice" + C + " --threads {threads}",
     "bench": P + "bench" + C + " --quant {wildcards.bkey:q} --threads {params.threads}",
     "split": P + "split" + C + " --quant {wildcards.skey:q}",
     "vocab_check": P + "vocab" + C + " --quant {wildcards.mkey:q} --draft-quant {wildcards.dkey:q} > {log:q} 2>&1",

@@ -1,0 +1,204 @@
+"""``ggufpipe device-check FILE``: does a pulled file compute on this device what it computed on the build box?
+
+1. ``ggufpipe verify`` (size, SHA256, header) of the file, then the slice ``device-slice.logits`` beside it against the
+   manifest's ``device_check`` (size and SHA256: a tampered or half-pulled slice fails here, naming the field).
+2. Where llama.cpp tools are on the device (``LLAMA_CPP_DIR``, else ``llama-perplexity`` on ``PATH``, else the
+   pinned build of a build box), ``llama-perplexity --kl-divergence`` of the file against the slice (the slice carries
+   its tokens: no text, no tokenizer needed) and a short ``llama-bench``. Without tools the file is verified only and
+   the result says so.
+3. The verdict (:func:`judge`): |Δ mean KLD| ≤ max(0.002, 10 % of the build box's) and same top p within 1 point of
+   the build box's (the manifest's ``device_check.tolerance``; the spread measured across CPU builds is in
+   docs/device-check.md).
+
+The result (``--out``) is a JSON file that ``ggufpipe collect`` (pipeline/devices/collect.py) adds to
+``artifacts/<name>/devices.json``, an input of the publish stage. Standard library plus the pipeline's own modules:
+it runs on a device install (``pip install '.[device]'``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import time
+from pathlib import Path
+
+from pipeline.errors import PipelineError
+from pipeline.fsutil import sha256_file, write_json_atomic
+
+RESULT_KIND = "ggufpipe-device-check"
+RESULT_VERSION = 1
+BENCH_ARGS = ("-p", "64", "-n", "16", "-r", "1")  # a short llama-bench: a speed figure, never a verdict
+
+
+def manifest_for(path: Path, manifest: str | Path | None) -> tuple[Path, dict, dict, Path]:
+    """(manifest path, manifest, the file's entry, the model path llama.cpp loads: the file, or a split file's first
+    shard) of a file, split folder or shard, resolved as ``ggufpipe verify`` does."""
+    from pipeline.distribution.verify import _shard_of, find_entry
+
+    shard = _shard_of(path)
+    mpath = Path(manifest) if manifest else path.parent / "manifest.json"
+    if not manifest and shard and not mpath.is_file():
+        mpath = path.parent.parent / "manifest.json"
+    try:
+        data = json.loads(mpath.read_text())
+    except (OSError, ValueError) as exc:
+        raise PipelineError(f"{path}: cannot read its manifest {mpath}: {exc}") from None
+    names = {e.get("file") for e in data.get("artifacts", [])}
+    if shard and path.name not in names and path.parent.name in names:
+        path = path.parent
+    entry = find_entry(data, path.name)
+    model = path / entry["split"]["shards"][0]["file"] if entry.get("split") else path
+    return mpath, data, entry, model
+
+
+def check_slice(mpath: Path, data: dict, entry: dict) -> Path:
+    """The slice beside the manifest, checked against ``device_check`` (size, SHA256); its path."""
+    dc = data.get("device_check")
+    if not dc:
+        raise PipelineError(f"{mpath}: no device_check section: this build published no device slice (recipe "
+                            "`device_slice: 0`, or a manifest older than schema 7's device check)")
+    if not entry.get("slice"):
+        raise PipelineError(f"{mpath}: {entry['file']} has no slice values (only the base and the quants are measured)")
+    path = mpath.parent / dc["file"]
+    if not path.is_file():
+        raise PipelineError(f"{path}: missing: pull it with `dvc pull {path}` (the slice is DVC-tracked, not on the Hub)")
+    size = path.stat().st_size
+    if size != dc["size_bytes"]:
+        raise PipelineError(f"{path}: {size} bytes, the manifest's device_check.size_bytes says {dc['size_bytes']}: "
+                            "truncated or wrong file")
+    digest = sha256_file(path)
+    if digest != dc["sha256"]:
+        raise PipelineError(f"{path}: SHA256 {digest} does not match the manifest's device_check.sha256 "
+                            f"{dc['sha256']}: file altered")
+    return path
+
+
+def find_device_tools(llama_cpp_dir: str | None = None):
+    """The llama.cpp tools of this device: ``LLAMA_CPP_DIR`` (or ``llama_cpp_dir``: a build folder or a folder of
+    binaries), else ``llama-perplexity`` on ``PATH``, else the pinned build (a build box); None when there are none.
+    Only llama-perplexity and llama-bench are needed: no converter, no gguf-py."""
+    from pipeline.tools import Toolchain, find_toolchain, read_build_version
+
+    root = llama_cpp_dir or os.environ.get("LLAMA_CPP_DIR")
+    if root:
+        r = Path(root).expanduser()
+        bin_dir = next((d for d in (r / "build" / "bin", r / "bin", r) if (d / "llama-perplexity").is_file()), None)
+        if bin_dir is None:
+            raise PipelineError(f"LLAMA_CPP_DIR={r} has no llama-perplexity (looked in build/bin, bin and the folder)")
+    elif shutil.which("llama-perplexity"):
+        bin_dir = Path(shutil.which("llama-perplexity")).resolve().parent
+    else:
+        try:
+            return find_toolchain()
+        except PipelineError:
+            return None
+    build, commit = read_build_version(bin_dir / "llama-perplexity")
+    return Toolchain(root=bin_dir, bin_dir=bin_dir, convert_script=bin_dir, gguf_py=bin_dir, build_number=build,
+                     commit=commit, origin="device")
+
+
+def judge(expected: dict, measured: dict, tolerance: dict) -> dict:
+    """The verdict on the slice: each metric's delta (device - build box) and limit, and ``passed``."""
+    kld_limit = max(tolerance["kld_mean_abs"], tolerance["kld_mean_rel"] * expected["kld_mean"])
+    d_kld = measured["kld_mean"] - expected["kld_mean"]
+    d_top = 100.0 * (measured["same_top_p"] - expected["same_top_p"])
+    return {"delta": {"kld_mean": round(d_kld, 8), "same_top_p_points": round(d_top, 6)},
+            "limit": {"kld_mean": round(kld_limit, 8), "same_top_p_points": tolerance["same_top_p_points"]},
+            "passed": abs(d_kld) <= kld_limit and abs(d_top) <= tolerance["same_top_p_points"] + 1e-9}
+
+
+def device_facts(label: str | None) -> dict:
+    """What the result says of this device: a label (``--device``, else the host name), machine, system, CPU, memory."""
+    cpu = platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("model name", "Model", "Hardware")):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        mem = None
+    return {"label": label or platform.node() or "device", "machine": platform.machine(), "system": platform.system(),
+            "cpu": cpu, "memory_bytes": mem, "cpu_count": os.cpu_count()}
+
+
+def measure(tc, model: Path, slice_path: Path, dc: dict, threads: int) -> dict:
+    """llama-perplexity --kl-divergence of ``model`` on the slice: its statistics."""
+    from pipeline.stages.evaluate import (
+        _CHUNKS_RE,
+        _fail_on_tool_errors,
+        has_kld_statistics_end,
+        parse_kld_statistics,
+        run_perplexity,
+    )
+
+    what = f"device-check of {model.name}"
+    args = ["-m", model, "-c", str(dc["ctx"]), "--chunks", str(dc["chunks"]), "-b", str(dc["ctx"]), "-t", str(threads),
+            "--kl-divergence-base", slice_path, "--kl-divergence"]
+    res = run_perplexity(tc, args, None, has_kld_statistics_end, what)
+    _fail_on_tool_errors(res, what)
+    m = _CHUNKS_RE.search(res.output)
+    if not m or (int(m.group(1)), int(m.group(2))) != (dc["chunks"], dc["ctx"]):
+        raise PipelineError(f"{what}: llama-perplexity did not evaluate {dc['chunks']} chunk(s) at ctx {dc['ctx']}")
+    return {**parse_kld_statistics(res.output), "seconds": round(res.seconds, 2)}
+
+
+def device_check(path: str | Path, manifest: str | Path | None = None, threads: int | None = None, bench: bool = True,
+                 label: str | None = None, out: str | Path | None = None, llama_cpp_dir: str | None = None) -> dict:
+    """Entry function: verify ``path`` and its slice, re-measure it where llama.cpp is, judge; write ``out``."""
+    from pipeline.distribution.verify import verify
+
+    path = Path(path)
+    verified = verify(path, manifest)
+    mpath, data, entry, model = manifest_for(path, manifest)
+    slice_path = check_slice(mpath, data, entry)
+    dc = data["device_check"]
+    result = {"kind": RESULT_KIND, "version": RESULT_VERSION, "name": data["name"], "build_id": data["build_id"],
+              "file": entry["file"], "sha256": entry["sha256"], "quant_type": entry["quant_type"],
+              "device": device_facts(label), "verified": verified,
+              "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    tc = find_device_tools(llama_cpp_dir)
+    if tc is None:
+        result.update(checked=False, passed=True, tools=None, slice=None, bench=None,
+                      note="no llama.cpp tools (LLAMA_CPP_DIR, PATH): verified only, numerics not checked")
+    else:
+        threads = threads or min(4, os.cpu_count() or 1)
+        measured = measure(tc, model, slice_path, dc, threads)
+        expected = entry["slice"]
+        verdict = judge(expected, measured, dc["tolerance"])
+        result.update(checked=True, passed=verdict["passed"], threads=threads,
+                      tools={"llama_cpp_build": tc.build_number, "llama_cpp_commit": tc.commit, "origin": tc.origin},
+                      slice={"expected": expected, "measured": {k: measured[k] for k in expected},
+                             "seconds": measured["seconds"], **verdict})
+        result["bench"] = run_bench(tc, model, threads) if bench else None
+    if out:
+        write_json_atomic(out, result)
+    return result
+
+
+def run_bench(tc, model: Path, threads: int) -> dict:
+    from pipeline.stages.bench import parse_bench_json
+    from pipeline.tools import run_tool
+
+    res = run_tool(tc, "llama-bench", ["-m", model, *BENCH_ARGS, "-t", str(threads), "-o", "json"], None)
+    return {**parse_bench_json(res.output), "threads": threads}
+
+
+def summary(result: dict) -> str:
+    """The one line the command prints."""
+    if not result["checked"]:
+        return f"VERIFIED  {result['file']}: {result['note']}"
+    s = result["slice"]
+    m, d, lim = s["measured"], s["delta"], s["limit"]
+    bench = result.get("bench") or {}
+    speed = f"; tg {bench['tg_tokens_per_s']:.1f} t/s, pp {bench['pp_tokens_per_s']:.1f} t/s" if bench else ""
+    return (f"{'PASS' if result['passed'] else 'FAIL'}  {result['file']} on {result['device']['label']} "
+            f"(llama.cpp b{result['tools']['llama_cpp_build']}, {result['threads']} threads): mean KLD "
+            f"{m['kld_mean']:.6f} (build box {s['expected']['kld_mean']:.6f}, Δ {d['kld_mean']:+.6f}, limit "
+            f"±{lim['kld_mean']:.6f}), same top p {100 * m['same_top_p']:.3f} % (Δ {d['same_top_p_points']:+.3f} "
+            f"points, limit ±{lim['same_top_p_points']:g}){speed}")

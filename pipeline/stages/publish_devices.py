@@ -1,0 +1,94 @@
+"""The publish stage's part of the on-device check (docs/device-check.md).
+
+* :func:`device_check_section`: the manifest's ``device_check`` (the slice ``device-slice.logits``: SHA256, size, eval
+  set, chunks, the tolerance a device is judged by) and each base and quant entry's ``slice`` values, as the build
+  box measured them (pipeline/stages/device_slice.py).
+* :func:`device_results`: what ``ggufpipe collect`` gathered in ``artifacts/<name>/devices.json`` (an input of publish:
+  the report and the card show it), kept only for files the manifest publishes, byte for byte. Not part of the
+  manifest: a rebuild-check rebuilds without the devices, and the results must not change what a build is.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pipeline.errors import PipelineError
+from pipeline.fsutil import sha256_file
+from pipeline.layout import Layout
+
+SLICE_FILE = "device-slice.logits"
+# |Δ mean KLD| <= max(kld_mean_abs, kld_mean_rel x the build box's) and |Δ same top p| <= same_top_p_points (issue #20)
+TOLERANCE = {"kld_mean_abs": 0.002, "kld_mean_rel": 0.10, "same_top_p_points": 1.0}
+SLICE_METRICS = ("kld_mean", "same_top_p", "ppl_q")
+RESULTS_KIND = "ggufpipe-device-check-results"  # pipeline/devices/collect.py RESULTS_KIND
+
+
+def _load(path: Path) -> dict:
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise PipelineError(f"{path}: cannot read the stage record: {exc}") from None
+
+
+def device_check_section(recipe, layout: Layout, entries: dict[str, dict]) -> dict | None:
+    """The manifest's ``device_check`` section, and each entry of ``entries`` (by key: the base and the quants) given
+    its ``slice`` values; None (and no ``slice``) when the recipe publishes no slice (``device_slice: 0``)."""
+    n = recipe.device_slice
+    if not n:
+        return None
+    name, es = recipe.name, recipe.eval_sets[0]
+    path = layout.device_slice_record(name)
+    rec = _load(path)
+    if (rec["eval_set"], rec["chunks"], rec["ctx"]) != (es.name, n, es.ctx):
+        raise PipelineError(f"{path}: a slice of {rec['chunks']} chunk(s) of eval set {rec['eval_set']} at ctx "
+                            f"{rec['ctx']}, the recipe asks for {n} of {es.name} at ctx {es.ctx}: re-run device_slice")
+    slice_path = layout.device_slice(name)
+    if not slice_path.is_file() or slice_path.stat().st_size != rec["size_bytes"]:
+        raise PipelineError(f"{slice_path}: missing or not the {rec['size_bytes']} bytes {path} records: re-run device_slice")
+    base_key = recipe.outtype.upper()
+    for key, entry in entries.items():
+        if key == base_key:
+            values = rec["base_metrics"]
+        else:
+            ev_path = layout.eval_record(name, es.name, key)
+            rows = _load(ev_path).get("chunk_rows") or []
+            if len(rows) < n:
+                raise PipelineError(f"{ev_path}: {len(rows)} chunk rows, the device slice needs {n}: re-run the eval "
+                                    "stage (`snakemake --forcerun eval`)")
+            values = rows[n - 1]
+        entry["slice"] = {k: values[k] + 0.0 for k in SLICE_METRICS}  # + 0.0: no "-0.0"
+    return {"file": SLICE_FILE, "sha256": rec["sha256"], "size_bytes": rec["size_bytes"], "eval_set": es.name,
+            "text_sha256": rec["text_sha256"], "ctx": es.ctx, "chunks": n, "scored_tokens": rec["scored_tokens"],
+            "n_vocab": rec["n_vocab"], "tolerance": dict(TOLERANCE)}
+
+
+def publish_slice(layout: Layout, name: str, manifest: dict, link) -> set[str]:
+    """Link the slice into ``artifacts/<name>/`` (checked against the manifest's SHA256); remove one no longer
+    published. Returns the file names kept."""
+    dest = layout.art_dir(name) / SLICE_FILE
+    dc = manifest.get("device_check")
+    if not dc:
+        dest.unlink(missing_ok=True)
+        return set()
+    src = layout.device_slice(name)
+    if sha256_file(src) != dc["sha256"]:
+        raise PipelineError(f"{src}: not the slice the manifest records (SHA256 {dc['sha256'][:16]}…): re-run "
+                            "device_slice")
+    link(src, dest)
+    return {SLICE_FILE}
+
+
+def device_results(layout: Layout, name: str, manifest: dict) -> list[dict]:
+    """The results in ``artifacts/<name>/devices.json`` (``ggufpipe collect``) whose file is published by ``manifest``
+    with the same SHA256, in file then device order; [] without the file."""
+    path = layout.device_results(name)
+    if not path.is_file():
+        return []
+    data = _load(path)
+    if data.get("kind") != RESULTS_KIND or not isinstance(data.get("results"), list):
+        raise PipelineError(f"{path}: not a `ggufpipe collect` results file (kind {data.get('kind')!r})")
+    published = {e["file"]: e.get("sha256") for e in manifest["artifacts"]}
+    keep = [r for r in data["results"] if published.get(r.get("file")) == r.get("sha256")]
+    order = list(published)
+    return sorted(keep, key=lambda r: (order.index(r["file"]), r["device"]["label"]))
