@@ -10,7 +10,10 @@
 #   3. prints eval seconds and the metric differences (PPL, mean KLD, same-top-p) CPU vs CUDA and run to run, and
 #      whether the base logits files are byte-identical, into $OUT/results.md (or bench/gpu/out/) for bench/RESULTS.md.
 # Usage on the GPU box: bench/gpu/run.sh            CPU half only (no GPU, a sanity run): CPU_ONLY=1 bench/gpu/run.sh
-# Env: CUDA_ARCHS (90), JOBS (nproc), THREADS (CPU eval threads, nproc), NGL (999: all layers).
+# Env: CUDA_ARCHS (90), JOBS (nproc), THREADS (CPU eval threads, nproc), NGL (999: all layers); CPU_BIN: a folder
+# with the pinned llama-perplexity to use instead of building the CPU one (a quick sanity run of the CPU half);
+# CUDA_FLAGS: extra cmake flags of the CUDA build, recorded in the results (-DGGML_CUDA_FA=OFF builds faster, but the
+# pipeline's CUDA tools keep FlashAttention: a measurement without it is not theirs).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 CARRY=bench/gpu/carry
@@ -22,8 +25,11 @@ NGL=${NGL:-999}
 for f in llama.cpp-src.tar.gz base-F16.gguf quant-Q4_K_M.gguf eval.txt; do
   [ -f "$CARRY/$f" ] || { echo "error: $CARRY/$f missing: run bench/gpu/prepare.sh on a CPU box first" >&2; exit 1; }
 done
-mkdir -p "$RES"
-W=$(mktemp -d)
+for cmd in cmake python3 awk; do
+  command -v "$cmd" > /dev/null || { echo "error: $cmd is not installed on this box" >&2; exit 1; }
+done
+mkdir -p "$RES" && rm -f "$RES/times.txt"
+W=$(mktemp -d) && trap 'rm -rf "$W"' EXIT
 tar -xzf "$CARRY/llama.cpp-src.tar.gz" -C "$W"
 BACKENDS="cpu cuda"
 [ -n "${CPU_ONLY:-}" ] && BACKENDS=cpu
@@ -38,14 +44,19 @@ FLAGS=(-DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_
 
 build() {  # backend jobs
   local extra=()
-  [ "$1" = cuda ] && extra=(-DGGML_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=$ARCHS")
+  # shellcheck disable=SC2206  # CUDA_FLAGS: words on purpose
+  [ "$1" = cuda ] && extra=(-DGGML_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=$ARCHS" ${CUDA_FLAGS:-})
   local t0=$SECONDS
   cmake -S "$W/llama.cpp" -B "$W/build-$1" "${FLAGS[@]}" "${extra[@]}" > "$RES/cmake-$1.log" 2>&1
   cmake --build "$W/build-$1" --config Release -j "$2" --target llama-perplexity > "$RES/build-$1.log" 2>&1
-  echo "build $1: $((SECONDS - t0)) s" | tee -a "$RES/times.txt"
+  echo "build $1: $((SECONDS - t0)) s${extra[*]:+ (${extra[*]})}" | tee -a "$RES/times.txt"
 }
 # side by side: the CUDA kernels take most of the time, the CPU build a few cores
-if [ "$BACKENDS" = cpu ]; then
+if [ -n "${CPU_BIN:-}" ]; then
+  mkdir -p "$W/build-cpu/bin" && ln -s "$(cd "$CPU_BIN" && pwd)/llama-perplexity" "$W/build-cpu/bin/"
+  echo "build cpu: prebuilt $CPU_BIN" >> "$RES/times.txt"
+  [ "$BACKENDS" = cpu ] || build cuda "$JOBS"
+elif [ "$BACKENDS" = cpu ]; then
   build cpu "$JOBS"
 else
   build cpu 4 & cpu_pid=$!
@@ -58,10 +69,11 @@ ppl() {  # backend label args...: one llama-perplexity run, its output in $RES/<
   local gpu=()
   [ "$b" = cuda ] && gpu=(-ngl "$NGL")
   local t0
-  t0=$(date +%s.%N)
+  t0=$(date +%s%N)
   "$W/build-$b/bin/llama-perplexity" "$@" -f "$CARRY/eval.txt" -c 512 -b 512 -t "$THREADS" "${gpu[@]}" \
     > "$RES/$label.log" 2>&1 || { echo "error: $label failed: $(tail -3 "$RES/$label.log")" >&2; exit 1; }
-  echo "$label $(echo "$(date +%s.%N) - $t0" | bc)" >> "$RES/eval-seconds.txt"
+  awk -v l="$label" -v a="$t0" -v b="$(date +%s%N)" 'BEGIN { printf "%s %.3f\n", l, (b - a) / 1e9 }' \
+    >> "$RES/eval-seconds.txt"
 }
 : > "$RES/eval-seconds.txt"
 for b in $BACKENDS; do
@@ -115,4 +127,3 @@ if "cuda" in backends:
 print("\nBase logits files (SHA256):\n" + "".join(f"- {line}\n" for line in (res / "logits-sha256.txt").read_text().splitlines()))
 print("Build times: " + "; ".join((res / "times.txt").read_text().split("\n")).strip("; "))
 PY
-rm -rf "$W"
