@@ -94,11 +94,23 @@ class Workflow:
         return {"draft": self.draft_gguf(name, dkey), "logits": str(self.layout.base_logits(name, es)),
                 "base_record": str(self.layout.base_record(name, es))}
 
+    # GPU offload (GGUFPIPE_BACKEND, docs/gpu.md): part of the trigger of every stage whose numbers llama.cpp computes on
+    # it, so a switch of backend re-runs them (the base logits included); nothing on the CPU, whose triggers stay as
+    # they were before backends existed
+    def _offload(self) -> tuple:
+        tc = self.toolchain
+        return () if tc.backend == "cpu" else ((tc.backend, tc.ngl),)
+
+    @property
+    def offload_params(self) -> dict[str, str]:
+        """``**W.offload_params`` in the params of rules without a trigger (bench, agreement)."""
+        return {"offload": repr(self._offload())} if self._offload() else {}
+
     def draft_params(self, name: str) -> str:
         d = self.recipes[name].draft
         mtp = (d.spec_type,) if d.mtp else ()  # draft models leave the trigger of existing builds unchanged
         return repr((str(d.eval_text), d.n_max, d.prompts, d.n_predict, self.eval_threads, self.toolchain.build_number,
-                     *mtp))
+                     *mtp, *self._offload()))
 
     def calibration_text(self, name: str, section: str) -> str:
         return str(getattr(self.recipes[name], section).calibration)
@@ -153,7 +165,7 @@ class Workflow:
     def sensitivity_params(self, name: str, flavour: str) -> str:
         r = self.recipes[name]  # not the budgets or targets: changing those re-solves, never re-measures
         return repr((r.sensitivity.describe(), r.mix_candidates(flavour), self.eval_threads,
-                     self.toolchain.build_number, self.toolchain.commit))
+                     self.toolchain.build_number, self.toolchain.commit, *self._offload()))
 
     def solve_params(self, name: str, key: str) -> str:
         q = self.recipes[name].quant(key)
@@ -167,11 +179,11 @@ class Workflow:
 
     def imatrix_params(self, name: str) -> str:
         r = self.recipes[name]
-        return repr((r.imatrix.describe(), self.calib_threads, self.toolchain.build_number))
+        return repr((r.imatrix.describe(), self.calib_threads, self.toolchain.build_number, *self._offload()))
 
     def eval_base_params(self, name: str, es: str) -> str:
         e = self.recipes[name].eval_set(es)
-        return repr((str(e.text), e.ctx, e.chunks, self.eval_threads, self.toolchain.build_number))
+        return repr((str(e.text), e.ctx, e.chunks, self.eval_threads, self.toolchain.build_number, *self._offload()))
 
     def eval_params(self, name: str, es: str) -> str:
         # the eval record's chunk rows (the device slice's values) came with schema 7's device check: older records re-run
@@ -212,7 +224,8 @@ class Workflow:
 
     def conformance_params(self, name: str) -> str:
         c = self.recipes[name].conformance
-        return repr((c.describe(), str(c.text) if c.text else None, self.toolchain.build_number, self.toolchain.commit))
+        return repr((c.describe(), str(c.text) if c.text else None, self.toolchain.build_number, self.toolchain.commit,
+                     *self._offload()))
 
     def publish_params(self, name: str) -> str:
         return self.recipes[name].sha256  # thresholds, eval sets, bench...: any recipe change re-publishes

@@ -57,6 +57,7 @@ rule agreement:
         **rule_resources("agreement", W),
     params:
         **STAGE_PARAMS,
+        **W.offload_params,
         threads=W.eval_threads,
     shell:
         stage_shell("agreement")

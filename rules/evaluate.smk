@@ -78,6 +78,7 @@ rule bench:
         **rule_resources("bench", W),
     params:
         **STAGE_PARAMS,
+        **W.offload_params,
         threads=W.eval_threads,  # fixed, not scaled by --cores: every quant's figures at the same threads
     shell:
         stage_shell("bench")

@@ -28,6 +28,7 @@ import sys
 import time
 from pathlib import Path
 
+from pipeline import tools_backend as tb
 from pipeline.errors import PipelineError
 from pipeline.fsutil import atomic_output, hashing_ahead, sha256_file, write_json_atomic
 from pipeline.gguf import general_metadata, read_facts
@@ -90,6 +91,13 @@ def build_id(recipe: Recipe, source: dict, tools: dict, calibration: dict | None
         inputs["calibration"] = calibration
     digest = hashlib.sha256(_canonical(inputs)).hexdigest()
     return f"{recipe.name}-{digest[:12]}"
+
+
+def offload() -> dict:
+    """The backend the llama.cpp tools of this build computed on (``GGUFPIPE_BACKEND``: every stage that runs them has
+    it in its rerun trigger, pipeline/workflow.py) and, off the CPU, the layers offloaded (``-ngl``)."""
+    backend = tb.selected_backend()
+    return {"backend": backend, **({"ngl": tb.selected_ngl(backend)} if backend != "cpu" else {})}
 
 
 def timestamp() -> str:
@@ -233,7 +241,9 @@ def build_manifest(recipe: Recipe, layout: Layout) -> tuple[dict, dict]:
     source = dict(fetched["source"])
     source["files_sha256"] = source_files_digest(fetched["files"])
     tools = {**converted["toolchain"], "python": converted.get("python", {})}
-    tools.pop("origin", None)
+    for k in ("origin", "backend", "ngl"):  # the convert stage runs no llama.cpp tool: the backend is this run's
+        tools.pop(k, None)
+    tools.update(offload())
 
     base_path = layout.base_gguf(recipe)
     base = read_facts(base_path)
@@ -331,7 +341,7 @@ def build_manifest(recipe: Recipe, layout: Layout) -> tuple[dict, dict]:
             fname = recipe.artifact_for(key)
             b = _load(layout.bench_record(name, key))
             bench[fname] = {k: b[k] for k in ("pp_tokens_per_s", "tg_tokens_per_s", "pp_tokens", "tg_tokens", "threads")}
-    build = {"timestamp": timestamp()}
+    build = {"timestamp": timestamp(), "device": tb.device_description(tools["backend"])}
     if eval_threads:
         build["eval_threads"] = eval_threads
     if calib_seconds:

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from pipeline.errors import PipelineError
@@ -18,10 +19,23 @@ from pipeline.fsutil import sha256_file
 from pipeline.layout import Layout
 
 SLICE_FILE = "device-slice.logits"
-# |Δ mean KLD| <= max(kld_mean_abs, kld_mean_rel x the build box's) and |Δ same top p| <= same_top_p_points (issue #20)
-TOLERANCE = {"kld_mean_abs": 0.002, "kld_mean_rel": 0.10, "same_top_p_points": 1.0}
+# |Δ mean KLD| <= max(kld_mean_abs, kld_mean_rel x the build box's), as issue #20 sets it. |Δ same top p| <= the larger
+# of the issue's same_top_p_points and same_top_p_sigmas standard deviations of the net change that near-tied tokens
+# flipping at same_top_p_flip_rate give on the slice's scored tokens: 100 * sqrt(rate / n) points. Widened after
+# measuring (docs/device-check.md): an AVX-512 build of the same llama.cpp changed the top token on 2.9-5.5 % of the
+# demo slice's 510 tokens, Q5_K_M's same top p by 1.8 points, while its mean KLD stayed at 11 % of its limit.
+TOLERANCE = {"kld_mean_abs": 0.002, "kld_mean_rel": 0.10, "same_top_p_points": 1.0, "same_top_p_flip_rate": 0.08,
+             "same_top_p_sigmas": 3}
 SLICE_METRICS = ("kld_mean", "same_top_p", "ppl_q")
 RESULTS_KIND = "ggufpipe-device-check-results"  # pipeline/devices/collect.py RESULTS_KIND
+
+
+def same_top_p_limit(tolerance: dict, scored_tokens: int) -> float:
+    """Points of same top p a correct device may differ by on ``scored_tokens``: the fixed floor, or the spread of
+    near-tied tokens flipping at the stated rate (:data:`TOLERANCE`), if wider."""
+    flips = tolerance.get("same_top_p_sigmas", 0) * 100.0 * math.sqrt(tolerance.get("same_top_p_flip_rate", 0.0)
+                                                                      / scored_tokens)
+    return round(max(tolerance["same_top_p_points"], flips), 4)
 
 
 def _load(path: Path) -> dict:

@@ -302,12 +302,20 @@ def test_device_install_pulls_and_verifies_without_torch(tiny_quants, tmp_path):
     files = [folder / tiny_quants[q].name for q in ("Q2_0", "Q4_K_M")]
     for f in files:
         shutil.copyfile(tiny_quants[f.name.removeprefix(f"{NAME}-").removesuffix(".gguf")], f)
-    write_manifest(folder, files)
+    mpath = write_manifest(folder, files)
+    slice_file = folder / "device-slice.logits"  # any bytes: without llama.cpp tools device-check only verifies it
+    slice_file.write_bytes(b"_logits_" + bytes(range(256)) * 4)
+    m = json.loads(mpath.read_text())
+    m["device_check"] = {"file": slice_file.name, "sha256": hashlib.sha256(slice_file.read_bytes()).hexdigest(),
+                         "size_bytes": slice_file.stat().st_size, "ctx": 256, "chunks": 2, "scored_tokens": 254}
+    for e in m["artifacts"]:
+        e["slice"] = {"kld_mean": 0.01, "same_top_p": 0.9, "ppl_q": 10.0}
+    mpath.write_text(json.dumps(m, indent=2))
     dvc = [bin_dir / "dvc"]
     run(["git", "init", "-q", "-b", "main"], box, env)
     run([*dvc, "init", "-q"], box, env)
     run([*dvc, "remote", "add", "-d", "local", remote], box, env)
-    run([*dvc, "add", "-q", *files], box, env)
+    run([*dvc, "add", "-q", *files, slice_file], box, env)
     run(["git", "add", "-A"], box, env)
     run(["git", "commit", "-qm", "v1"], box, env)
     run([*dvc, "push", "-q"], box, env)
@@ -319,6 +327,14 @@ def test_device_install_pulls_and_verifies_without_torch(tiny_quants, tmp_path):
     assert sorted(p.name for p in (device / "artifacts" / NAME).glob("*.gguf")) == [target.name]
     ok = run([bin_dir / "ggufpipe", "verify", target], device, env)
     assert ok.stdout.startswith(f"OK  {target} (Q2_0, ") and ok.stderr == ""
+    # device-check on a device without llama.cpp tools (no LLAMA_CPP_DIR, none on PATH, no pinned cache): the file and
+    # its slice verified, the numbers not re-measured
+    no_tools = {**env, "GGUFPIPE_CACHE": str(tmp_path / "no-cache")}
+    bad = run([bin_dir / "ggufpipe", "device-check", target], device, no_tools, check=False)
+    assert bad.returncode == 1 and "device-slice.logits: missing: pull it with `dvc pull" in bad.stderr, bad.stderr
+    run([*dvc, "pull", "-q", target.parent / slice_file.name], device, env)
+    checked = run([bin_dir / "ggufpipe", "device-check", target], device, no_tools)
+    assert checked.stdout.startswith(f"VERIFIED  {target.name}: no llama.cpp tools"), checked.stdout + checked.stderr
 
     # the same file again over HTTP (dvc-http comes with dvc): the remote folder served by a local web server
     with serve(remote) as url:

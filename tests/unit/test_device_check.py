@@ -22,7 +22,7 @@ from pipeline.recipe import load_recipe
 from pipeline.stages.device_slice import read_logits_header, write_slice
 from pipeline.stages.evaluate import parse_chunk_rows, parse_kld_statistics
 from pipeline.stages.publish_devices import RESULTS_KIND as PUBLISH_KIND
-from pipeline.stages.publish_devices import SLICE_FILE, TOLERANCE, device_results
+from pipeline.stages.publish_devices import SLICE_FILE, TOLERANCE, device_results, same_top_p_limit
 from pipeline.stages.report import device_check_text
 
 SHA = "6b5982a638c6ed4e3da15711b6a5a1328c34a53e"
@@ -138,20 +138,29 @@ def test_chunk_rows_are_the_running_statistics_in_order():
 # ------------------------------------------------------------------ the verdict
 
 
-@pytest.mark.parametrize("exp_kld,meas_kld,exp_top,meas_top,passed", [
-    (0.0785, 0.0785, 0.8333, 0.8333, True),       # the same numbers
-    (0.0785, 0.0863, 0.8333, 0.8333, True),       # +0.0078: inside 10 % of 0.0785 (0.00785)
-    (0.0785, 0.0865, 0.8333, 0.8333, False),      # +0.0080: outside
-    (0.0030, 0.0049, 0.9642, 0.9642, True),       # +0.0019: inside the absolute 0.002
-    (0.0030, 0.0051, 0.9642, 0.9642, False),      # +0.0021: outside
-    (0.0785, 0.0785, 0.8333, 0.8233, True),       # -1.00 point of same top p: on the limit
-    (0.0785, 0.0785, 0.8333, 0.8220, False),      # -1.13 points
+@pytest.mark.parametrize("exp_kld,meas_kld,exp_top,meas_top,n,passed", [
+    (0.0785, 0.0785, 0.8333, 0.8333, 510, True),       # the same numbers
+    (0.0785, 0.0863, 0.8333, 0.8333, 510, True),       # +0.0078: inside 10 % of 0.0785 (0.00785)
+    (0.0785, 0.0865, 0.8333, 0.8333, 510, False),      # +0.0080: outside
+    (0.0030, 0.0049, 0.9642, 0.9642, 510, True),       # +0.0019: inside the absolute 0.002
+    (0.0030, 0.0051, 0.9642, 0.9642, 510, False),      # +0.0021: outside
+    (0.0785, 0.0785, 0.8333, 0.8233, 10**6, True),     # -1.00 point of same top p on a long slice: the 1-point floor
+    (0.0785, 0.0785, 0.8333, 0.8220, 10**6, False),    # -1.13 points there
+    (0.0785, 0.0785, 0.8098, 0.8275, 510, True),       # +1.77 points on 510 tokens (an AVX-512 build, measured)
+    (0.0785, 0.0785, 0.8098, 0.8500, 510, False),      # +4.02: more than 3 sigma of 8 % flips (3.76 points)
 ])
-def test_judge_uses_the_larger_of_the_absolute_and_relative_kld_limit(exp_kld, meas_kld, exp_top, meas_top, passed):
-    v = judge({"kld_mean": exp_kld, "same_top_p": exp_top}, {"kld_mean": meas_kld, "same_top_p": meas_top}, TOLERANCE)
+def test_judge_kld_and_same_top_p_limits(exp_kld, meas_kld, exp_top, meas_top, n, passed):
+    v = judge({"kld_mean": exp_kld, "same_top_p": exp_top}, {"kld_mean": meas_kld, "same_top_p": meas_top}, TOLERANCE, n)
     assert v["passed"] is passed
     assert v["limit"]["kld_mean"] == pytest.approx(max(0.002, 0.1 * exp_kld))
     assert v["delta"]["kld_mean"] == pytest.approx(meas_kld - exp_kld)
+
+
+def test_the_same_top_p_limit_is_the_floor_or_the_flip_spread():
+    assert same_top_p_limit(TOLERANCE, 510) == pytest.approx(3 * 100 * (0.08 / 510) ** 0.5, abs=1e-4) == 3.7573
+    assert same_top_p_limit(TOLERANCE, 4080) == 1.3284  # the demo's whole eval set
+    assert same_top_p_limit(TOLERANCE, 10**6) == 1.0  # the floor
+    assert same_top_p_limit({"same_top_p_points": 1.0}, 510) == 1.0  # a tolerance without the flip terms
 
 
 # ------------------------------------------------------------------ the slice against the manifest

@@ -193,3 +193,48 @@ def test_rebuild_check_refuses_another_backend():
 def test_rebuild_check_allows_other_backend_once_measured(monkeypatch):
     monkeypatch.setattr(rebuild, "CROSS_BACKEND_TOLERANCES", {"ppl_rel": 1e-3})
     assert rebuild.backend_refusal(_manifest("cuda"), "cpu") is None
+
+
+def _workflow(backend: str, ngl: int, recipe):
+    from types import SimpleNamespace
+
+    from pipeline.workflow import Workflow
+
+    w = Workflow.__new__(Workflow)  # the trigger functions read only these attributes
+    w.toolchain = SimpleNamespace(backend=backend, ngl=ngl, build_number=11312, commit="0c1e570")
+    w.recipes, w.eval_threads, w.calib_threads = {recipe.name: recipe}, 2, 2
+    return w
+
+
+def test_a_backend_switch_reruns_the_stages_llama_cpp_computes_and_the_cpu_triggers_stay(tmp_path):
+    import yaml
+
+    from pipeline.recipe import load_recipe
+
+    text = tmp_path / "t.txt"
+    text.write_text("x")
+    (tmp_path / "c.txt").write_text("calibration")
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump({"name": "m", "source": {"repo": "org/m", "revision": "a" * 40}, "quants": ["Q8_0"],
+                                    "gates": [{"name": "g", "text": str(text), "ctx": 512, "chunks": 16}],
+                                    "imatrix": {"calibration": str(tmp_path / "c.txt")}}))
+    r = load_recipe(path)
+    cpu, cuda = _workflow("cpu", 0, r), _workflow("cuda", 999, r)
+    # the CPU trigger is the one from before backends existed: no re-run for a CPU build box upgrading
+    assert cpu.eval_base_params("m", "g") == repr((str(text), 512, 16, 2, 11312))
+    assert cpu.offload_params == {}
+    for f in ("eval_base_params", "eval_params"):
+        assert getattr(cuda, f)("m", "g") != getattr(cpu, f)("m", "g") and "('cuda', 999)" in getattr(cuda, f)("m", "g")
+    assert cuda.imatrix_params("m") != cpu.imatrix_params("m")
+    assert cuda.device_slice_params("m") != cpu.device_slice_params("m")  # through the eval set's base logits
+    assert cuda.offload_params == {"offload": "(('cuda', 999),)"}
+
+
+def test_the_manifest_records_the_backend_of_this_run(monkeypatch):
+    from pipeline.stages.publish import offload
+
+    monkeypatch.delenv("GGUFPIPE_BACKEND", raising=False)
+    assert offload() == {"backend": "cpu"}
+    monkeypatch.setenv("GGUFPIPE_BACKEND", "cuda")
+    monkeypatch.setenv("GGUFPIPE_NGL", "20")
+    assert offload() == {"backend": "cuda", "ngl": 20}
