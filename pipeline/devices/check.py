@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from pipeline.errors import PipelineError
-from pipeline.fsutil import sha256_file, write_json_atomic
+from pipeline.fsutil import write_json_atomic
 from pipeline.stages.publish_devices import same_top_p_limit
 
 RESULT_KIND = "ggufpipe-device-check"
@@ -56,6 +56,8 @@ def manifest_for(path: Path, manifest: str | Path | None) -> tuple[Path, dict, d
 
 def check_slice(mpath: Path, data: dict, entry: dict) -> Path:
     """The slice beside the manifest, checked against ``device_check`` (size, SHA256); its path."""
+    from pipeline.distribution.verify import check_slice_file
+
     dc = data.get("device_check")
     if not dc:
         raise PipelineError(f"{mpath}: no device_check section: this build published no device slice (recipe "
@@ -63,16 +65,7 @@ def check_slice(mpath: Path, data: dict, entry: dict) -> Path:
     if not entry.get("slice"):
         raise PipelineError(f"{mpath}: {entry['file']} has no slice values (only the base and the quants are measured)")
     path = mpath.parent / dc["file"]
-    if not path.is_file():
-        raise PipelineError(f"{path}: missing: pull it with `dvc pull {path}` (the slice is DVC-tracked, not on the Hub)")
-    size = path.stat().st_size
-    if size != dc["size_bytes"]:
-        raise PipelineError(f"{path}: {size} bytes, the manifest's device_check.size_bytes says {dc['size_bytes']}: "
-                            "truncated or wrong file")
-    digest = sha256_file(path)
-    if digest != dc["sha256"]:
-        raise PipelineError(f"{path}: SHA256 {digest} does not match the manifest's device_check.sha256 "
-                            f"{dc['sha256']}: file altered")
+    check_slice_file(path, dc)
     return path
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from pipeline.devices.check import RESULT_KIND, RESULT_VERSION
 from pipeline.errors import PipelineError
 from pipeline.fsutil import write_text_atomic
+from pipeline.layout import plain_name
 
 RESULTS_KIND = f"{RESULT_KIND}-results"  # pipeline/stages/publish_devices.py reads it
 
@@ -56,7 +57,9 @@ def collect(results: list[str | Path], artifacts: str | Path = "artifacts") -> t
     if len(names) != 1:
         raise PipelineError(f"results of several recipes ({', '.join(sorted(map(str, names)))}): collect one recipe's at a time")
     name = names.pop()
-    folder = Path(artifacts) / str(name)
+    if not isinstance(name, str):
+        raise PipelineError(f"{loaded[0][0]}: field name missing")
+    folder = Path(artifacts) / plain_name(name, "recipe")  # never a path out of artifacts/
     manifest = _read(folder / "manifest.json", "the manifest")
     for p, r in loaded:
         check_result(p, r, manifest)

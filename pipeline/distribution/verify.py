@@ -12,7 +12,8 @@ the whole model's header facts, summed over the shards.
 
 A measured mix's tensor-type map (``<name>-<KEY>.tensor-types.txt``, manifest ``mix.map``) is checked by its SHA256:
 given itself, or beside its GGUF when the GGUF is verified (a map that is there must match; one not pulled is not
-required).
+required). The device slice (``device-slice.logits``, manifest ``device_check``) given itself is checked by size and
+SHA256 (``ggufpipe device-check`` checks it too, docs/device-check.md).
 """
 
 from __future__ import annotations
@@ -66,6 +67,22 @@ def _map_beside(folder: Path, entry: dict) -> str:
     return f"; map {m['file']} matches"
 
 
+def check_slice_file(path: Path, dc: dict) -> str:
+    """Raise unless ``path`` (the device slice) has the size and SHA256 the manifest's ``device_check`` names; returns
+    its digest."""
+    if not path.is_file():
+        raise PipelineError(f"{path}: missing: pull it with `dvc pull {path}` (the slice is DVC-tracked, not on the Hub)")
+    size = path.stat().st_size
+    if size != dc["size_bytes"]:
+        raise PipelineError(f"{path}: {size} bytes, the manifest's device_check.size_bytes says {dc['size_bytes']}: "
+                            "truncated or wrong file")
+    digest = sha256_file(path)
+    if digest != dc["sha256"]:
+        raise PipelineError(f"{path}: SHA256 {digest} does not match the manifest's device_check.sha256 "
+                            f"{dc['sha256']}: file altered")
+    return digest
+
+
 def _shard_of(path: Path) -> bool:
     """``path`` looks like a shard inside its split folder (``<folder>/<folder>-0000i-of-0000N.gguf``)."""
     m = SHARD_RE.match(path.name)
@@ -91,6 +108,11 @@ def verify(path: str | Path, manifest: str | Path | None = None) -> str:
     if path.name.endswith(MAP_SUFFIX) and (owner := _map_entry(data, path.name)) is not None:
         digest = _check_map(path, owner)
         return f"OK  {path} (tensor-type map of {owner['file']}, sha256 {digest[:16]}…, build {data.get('build_id')})"
+    dc = data.get("device_check") or {}
+    if dc and path.name == dc.get("file"):
+        digest = check_slice_file(path, dc)
+        return (f"OK  {path} (device slice: {dc['chunks']} chunk(s) of {dc['eval_set']}, sha256 {digest[:16]}…, "
+                f"build {data.get('build_id')})")
     names = {e.get("file") for e in data.get("artifacts", [])}
     if shard and path.name not in names and path.parent.name in names:
         path = path.parent  # a shard stands for its split file: every shard is checked

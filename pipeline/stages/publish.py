@@ -471,6 +471,10 @@ def check_gates(manifest_path: str | Path, ok_path: str | Path) -> None:
         if m and (not (folder / m["file"]).is_file() or sha256_file(folder / m["file"]) != m["sha256"]):
             raise PipelineError(f"{folder / m['file']} is missing or differs from {manifest_path}: re-publish with "
                                 "`snakemake --forcerun publish`")
+    dc = manifest.get("device_check")
+    if dc and (not (folder / dc["file"]).is_file() or (folder / dc["file"]).stat().st_size != dc["size_bytes"]):
+        raise PipelineError(f"{folder / dc['file']} is missing or differs from {manifest_path}: re-publish with "
+                            "`snakemake --forcerun publish`")
     msgs = gate_messages(manifest)
     if msgs:
         quants = sum(e.get("role") == "quant" for e in manifest["artifacts"])

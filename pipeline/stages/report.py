@@ -363,6 +363,10 @@ def device_check_text(manifest: dict, measured: list[dict] | None = None, short:
             "| device | file | llama.cpp | mean KLD (Δ) | same top p (Δ points) | tg t/s | result |",
             "|---|---|---|---|---|---|---|"]
         for r in measured:
+            if not r.get("checked"):  # a device without llama.cpp tools: the file verified, nothing re-measured
+                lines.append(f"| {r['device']['label']} ({r['device']['machine']}) | `{r['file']}` | – | – | – | – | "
+                             "verified only |")
+                continue
             m, d = r["slice"]["measured"], r["slice"]["delta"]
             tg = r.get("bench") or {}
             lines.append(f"| {r['device']['label']} ({r['device']['machine']}) | `{r['file']}` | "

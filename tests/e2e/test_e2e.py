@@ -54,7 +54,8 @@ def test_manifest_provenance(demo_build):
     assert {"torch", "transformers", "gguf", "safetensors"} <= set(m["tools"]["python"])
     assert m["build_id"].startswith(NAME + "-") and len(m["build_id"]) == len(NAME) + 13
     assert set(m["build"]) == {"timestamp", "bench", "bench_label", "draft_decode_tokens_per_s", "eval_threads",
-                               "conformance_seconds"}
+                               "conformance_seconds", "device"}
+    assert m["build"]["device"] == "cpu" and m["tools"]["backend"] == "cpu" and "ngl" not in m["tools"]
     assert m["build"]["eval_threads"] == {"botchan": 2}  # eval_threads capped by --cores 2: volatile, not in eval_sets
     assert all("threads" not in es for es in m["eval_sets"])
     q4 = next(e for e in m["artifacts"] if e["quant_type"] == "Q4_K_M")

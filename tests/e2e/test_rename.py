@@ -101,9 +101,11 @@ def test_rename_through_build_and_older_tags_still_pull_and_verify(dvc_env):
     # is written into the GGUF)
     assert after[NEW.name]["sha256"] == before[OLD.name] == sha256_file(box.path / NEW)
     assert after[f"{NAME}-Q8_0.gguf"]["sha256"] == before[f"{NAME}-Q8_0.gguf"]
-    # work/ is keyed by the new name too: the variant alone is quantized (one job) and evaluated again; no fetch,
-    # convert or eval_base, and neither the F16 nor Q8_0 (whose name is unchanged) is rebuilt
-    assert jobs == ["eval", "publish", "quantize"], jobs
+    # work/ is keyed by the new name too: the variant alone is quantized (one job); no fetch, convert or eval_base,
+    # and neither the F16 nor Q8_0 (whose name is unchanged) is rebuilt. Both quants are evaluated again (the eval
+    # records' chunk rows, which the device slice's values come from, are newer than OLD_RULE: Workflow.eval_params)
+    # and the slice is cut (new too)
+    assert jobs == ["device_slice", "eval", "eval", "publish", "quantize"], jobs
     assert {f: (quants / f).stat().st_mtime_ns for f in kept} == kept
     box.commit("after the rename", tag="after")
     box.dvc("push", "-q")

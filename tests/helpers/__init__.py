@@ -103,7 +103,7 @@ def project_repo(path: Path, env: dict) -> Repo:
         shutil.copyfile(ROOT / f, path / f)
     for d in PROJECT_DIRS:
         shutil.copytree(ROOT / d, path / d, ignore=shutil.ignore_patterns("__pycache__"))
-    (path / ".gitignore").write_text("work/\n.snakemake/\nartifacts/**/*.gguf\n__pycache__/\n")
+    (path / ".gitignore").write_text("work/\n.snakemake/\nartifacts/**/*.gguf\nartifacts/**/*.logits\n__pycache__/\n")
     repo.git("init", "-q", "-b", "main")
     repo.dvc("init", "-q", "-f")
     shutil.copyfile(ROOT / ".dvc" / "config", path / ".dvc" / "config")  # cache.type hardlink,copy

@@ -16,6 +16,7 @@ import yaml
 
 from pipeline.devices.check import RESULT_KIND, RESULT_VERSION, check_slice, judge, summary
 from pipeline.devices.collect import RESULTS_KIND, collect
+from pipeline.distribution.verify import verify
 from pipeline.errors import PipelineError
 from pipeline.layout import Layout
 from pipeline.recipe import load_recipe
@@ -184,10 +185,12 @@ def test_a_tampered_slice_fails_naming_the_file_and_field(tmp_path):
     folder, manifest, entry = _folder(tmp_path)
     mpath = folder / "manifest.json"
     assert check_slice(mpath, manifest, entry) == folder / SLICE_FILE
+    assert verify(folder / SLICE_FILE).startswith(f"OK  {folder / SLICE_FILE} (device slice: 2 chunk(s) of g, sha256 ")
     (folder / SLICE_FILE).write_bytes(b"slice bytez")  # same size, one byte changed
-    with pytest.raises(PipelineError) as exc:
-        check_slice(mpath, manifest, entry)
-    assert str(exc.value).startswith(f"{folder / SLICE_FILE}: SHA256 ") and "device_check.sha256" in str(exc.value)
+    for check in (lambda: check_slice(mpath, manifest, entry), lambda: verify(folder / SLICE_FILE)):
+        with pytest.raises(PipelineError) as exc:
+            check()
+        assert str(exc.value).startswith(f"{folder / SLICE_FILE}: SHA256 ") and "device_check.sha256" in str(exc.value)
     (folder / SLICE_FILE).write_bytes(b"slice")
     with pytest.raises(PipelineError, match="device_check.size_bytes says 11: truncated"):
         check_slice(mpath, manifest, entry)
@@ -235,6 +238,9 @@ def test_collect_adds_replaces_and_is_read_back_by_publish(tmp_path):
     assert device_results(layout, "m", moved) == []
     text = device_check_text({**manifest, "artifacts": [entry]}, device_results(layout, "m", manifest))
     assert "| laptop (aarch64) | `m-Q8_0.gguf` | b11312 | 0.00310 (+0.00010) |" in text
+    collect([_result(folder, entry, label="phone", checked=False, slice=None, bench=None, tools=None)], root)
+    text = device_check_text({**manifest, "artifacts": [entry]}, device_results(layout, "m", manifest), short=True)
+    assert "| phone (aarch64) | `m-Q8_0.gguf` | – | – | – | – | verified only |" in text
 
 
 @pytest.mark.parametrize("over,what", [
@@ -243,12 +249,13 @@ def test_collect_adds_replaces_and_is_read_back_by_publish(tmp_path):
     ({"file": "m-Q2_K.gguf"}, "file m-Q2_K.gguf"),
     ({"kind": "something"}, "not a `ggufpipe device-check --out` result"),
     ({"name": "other"}, "results of several recipes"),
+    ({"name": "../m"}, "not a plain recipe name"),
 ])
 def test_collect_refuses_a_result_of_another_build_or_file(tmp_path, over, what):
     folder, _manifest, entry = _folder(tmp_path)
     good, bad = _result(folder, entry), _result(folder, entry, label="x", **over)
     with pytest.raises(PipelineError, match=what.replace("(", r"\(").replace("`", ".")):
-        collect([good, bad] if over.get("name") else [bad], folder.parent)
+        collect([good, bad] if over.get("name") == "other" else [bad], folder.parent)
     assert not (folder / "devices.json").exists()  # nothing written
 
 
