@@ -27,7 +27,6 @@ from pipeline.errors import PipelineError
 from pipeline.fsutil import sha256_file
 from pipeline.layout import Layout
 from pipeline.recipe import Recipe, load_recipe, load_recipes
-from pipeline.stages.device_slice import logits_bytes  # noqa: F401  (re-exported: pipeline/devices/plan*.py, tests)
 from pipeline.tools import find_toolchain
 
 
@@ -335,3 +334,11 @@ def size_mb(path: str | os.PathLike) -> float:
         return p.stat().st_size / 2**20
     except OSError:
         return 0.0
+
+
+def logits_bytes(ctx: int, chunks: int, n_vocab: int) -> int:
+    """Size of the ``llama-perplexity --kl-divergence-base`` file: a 20-byte header, the ctx * chunks
+    tokens (int32), then for each scored token (the last ctx - 1 - ctx/2 of each chunk) the vocabulary's
+    log-probabilities as uint16 (n_vocab rounded up to even) plus 4 uint16 (min and scale floats)."""
+    per_token = 2 * (2 * ((n_vocab + 1) // 2) + 4)
+    return 20 + 4 * ctx * chunks + chunks * (ctx - 1 - ctx // 2) * per_token

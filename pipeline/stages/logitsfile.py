@@ -209,6 +209,12 @@ def encode_record(logits: np.ndarray) -> np.ndarray:
     return out
 
 
+def write_header(fh, n_ctx: int, n_vocab: int, n_chunk: int) -> None:
+    """The 20-byte header of a ``--kl-divergence-base`` file into the binary file ``fh``."""
+    fh.write(MAGIC)
+    fh.write(np.array([n_ctx, n_vocab, n_chunk], dtype="<i4").tobytes())
+
+
 def write_logits_file(path: str | os.PathLike, n_ctx: int, tokens: np.ndarray, logits_per_chunk) -> None:
     """Write a ``--kl-divergence-base`` file: ``tokens`` (n_chunk * n_ctx ids) and, per chunk, the float32
     logits (n_scored, n_vocab) of its scored positions. For tests; the pipeline's files come from
@@ -219,8 +225,7 @@ def write_logits_file(path: str | os.PathLike, n_ctx: int, tokens: np.ndarray, l
     n_vocab = chunks[0].shape[1]
     assert tokens.shape == (n_chunk * n_ctx,) and all(c.shape == (scored_per_chunk(n_ctx), n_vocab) for c in chunks)
     with open(path, "wb") as fh:
-        fh.write(MAGIC)
-        fh.write(np.array([n_ctx, n_vocab, n_chunk], dtype="<i4").tobytes())
+        write_header(fh, n_ctx, n_vocab, n_chunk)
         fh.write(tokens.tobytes())
         for c in chunks:
             for row in c:

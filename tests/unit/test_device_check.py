@@ -20,8 +20,9 @@ from pipeline.distribution.verify import verify
 from pipeline.errors import PipelineError
 from pipeline.layout import Layout
 from pipeline.recipe import load_recipe
-from pipeline.stages.device_slice import read_logits_header, write_slice
+from pipeline.stages.device_slice import write_slice
 from pipeline.stages.evaluate import parse_chunk_rows, parse_kld_statistics
+from pipeline.stages.logitsfile import read_logits_file
 from pipeline.stages.publish_devices import RESULTS_KIND as PUBLISH_KIND
 from pipeline.stages.publish_devices import SLICE_FILE, TOLERANCE, device_results, same_top_p_limit
 from pipeline.stages.report import device_check_text
@@ -95,7 +96,8 @@ def test_the_slice_is_the_first_chunks_tokens_and_records(tmp_path):
     want = (struct.pack("=8siii", b"_logits_", 16, 5, 2) + struct.pack("=32i", *tokens[:32])
             + struct.pack(f"={2 * scored * nv}H", *records[:2 * scored * nv]))
     assert dst.read_bytes() == want
-    assert read_logits_header(dst) == (16, 5, 2)
+    f = read_logits_file(dst)
+    assert (f.n_ctx, f.n_vocab, f.n_chunk) == (16, 5, 2)
     write_slice(src, dst, 3)
     assert dst.read_bytes() == src.read_bytes()  # all the chunks: the file itself
 
@@ -106,10 +108,10 @@ def test_a_slice_is_refused_from_a_short_or_foreign_file(tmp_path):
     with pytest.raises(PipelineError, match="holds 3 chunks, the slice asks for 4"):
         write_slice(src, dst, 4)
     src.write_bytes(src.read_bytes()[:-2])
-    with pytest.raises(PipelineError, match="truncated or not a base-logits file"):
+    with pytest.raises(PipelineError, match="truncated base logits: "):
         write_slice(src, dst, 1)
     src.write_bytes(b"GGUF" + bytes(40))
-    with pytest.raises(PipelineError, match="not a llama-perplexity base-logits file"):
+    with pytest.raises(PipelineError, match="not a llama-perplexity --kl-divergence-base file"):
         write_slice(src, dst, 1)
     assert not dst.exists()  # nothing half-written
 
