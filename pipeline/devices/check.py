@@ -17,7 +17,6 @@ it runs on a device install (``pip install '.[device]'``).
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import shutil
@@ -31,27 +30,6 @@ from pipeline.stages.publish_devices import same_top_p_limit
 RESULT_KIND = "ggufpipe-device-check"
 RESULT_VERSION = 1
 BENCH_ARGS = ("-p", "64", "-n", "16", "-r", "1")  # a short llama-bench: a speed figure, never a verdict
-
-
-def manifest_for(path: Path, manifest: str | Path | None) -> tuple[Path, dict, dict, Path]:
-    """(manifest path, manifest, the file's entry, the model path llama.cpp loads: the file, or a split file's first
-    shard) of a file, split folder or shard, resolved as ``ggufpipe verify`` does."""
-    from pipeline.distribution.verify import _shard_of, find_entry
-
-    shard = _shard_of(path)
-    mpath = Path(manifest) if manifest else path.parent / "manifest.json"
-    if not manifest and shard and not mpath.is_file():
-        mpath = path.parent.parent / "manifest.json"
-    try:
-        data = json.loads(mpath.read_text())
-    except (OSError, ValueError) as exc:
-        raise PipelineError(f"{path}: cannot read its manifest {mpath}: {exc}") from None
-    names = {e.get("file") for e in data.get("artifacts", [])}
-    if shard and path.name not in names and path.parent.name in names:
-        path = path.parent
-    entry = find_entry(data, path.name)
-    model = path / entry["split"]["shards"][0]["file"] if entry.get("split") else path
-    return mpath, data, entry, model
 
 
 def check_slice(mpath: Path, data: dict, entry: dict) -> Path:
@@ -148,11 +126,12 @@ def measure(tc, model: Path, slice_path: Path, dc: dict, threads: int) -> dict:
 def device_check(path: str | Path, manifest: str | Path | None = None, threads: int | None = None, bench: bool = True,
                  label: str | None = None, out: str | Path | None = None, llama_cpp_dir: str | None = None) -> dict:
     """Entry function: verify ``path`` and its slice, re-measure it where llama.cpp is, judge; write ``out``."""
-    from pipeline.distribution.verify import verify
+    from pipeline.distribution.verify import find_entry, locate, verify_located
 
-    path = Path(path)
-    verified = verify(path, manifest)
-    mpath, data, entry, model = manifest_for(path, manifest)
+    path, mpath, data = locate(path, manifest)  # a shard stands for its split file, as in `ggufpipe verify`
+    verified = verify_located(path, data)
+    entry = find_entry(data, path.name)
+    model = path / entry["split"]["shards"][0]["file"] if entry.get("split") else path  # what llama.cpp loads
     slice_path = check_slice(mpath, data, entry)
     dc = data["device_check"]
     result = {"kind": RESULT_KIND, "version": RESULT_VERSION, "name": data["name"], "build_id": data["build_id"],

@@ -89,13 +89,14 @@ def _shard_of(path: Path) -> bool:
     return bool(m) and m["stem"] == path.parent.name
 
 
-def verify(path: str | Path, manifest: str | Path | None = None) -> str:
-    """Check a file (or a split file's folder or shard) against the manifest; return a one-line OK or raise."""
+def locate(path: str | Path, manifest: str | Path | None = None) -> tuple[Path, Path, dict]:
+    """(the path to check -- a shard stands for its split file's folder --, the manifest's path, the manifest): the
+    manifest given, else the one beside the file or split folder (for a shard, beside its folder)."""
     path = Path(path)
     shard = _shard_of(path)
     if manifest:
         mpath = Path(manifest)
-    else:  # beside the file or split folder; for a shard, beside its folder
+    else:
         mpath = path.parent / "manifest.json"
         if shard and not mpath.is_file():
             mpath = path.parent.parent / "manifest.json"
@@ -105,6 +106,20 @@ def verify(path: str | Path, manifest: str | Path | None = None) -> str:
         raise PipelineError(f"{path}: no manifest at {mpath}") from None
     except ValueError as exc:
         raise PipelineError(f"{mpath}: not valid JSON: {exc}") from None
+    names = {e.get("file") for e in data.get("artifacts", [])}
+    if shard and path.name not in names and path.parent.name in names:
+        path = path.parent  # a shard stands for its split file: every shard is checked
+    return path, mpath, data
+
+
+def verify(path: str | Path, manifest: str | Path | None = None) -> str:
+    """Check a file (or a split file's folder or shard) against the manifest; return a one-line OK or raise."""
+    path, _mpath, data = locate(path, manifest)
+    return verify_located(path, data)
+
+
+def verify_located(path: Path, data: dict) -> str:
+    """:func:`verify` of a file :func:`locate` found, against its manifest ``data``."""
     if path.name.endswith(MAP_SUFFIX) and (owner := _map_entry(data, path.name)) is not None:
         digest = _check_map(path, owner)
         return f"OK  {path} (tensor-type map of {owner['file']}, sha256 {digest[:16]}…, build {data.get('build_id')})"
@@ -113,9 +128,6 @@ def verify(path: str | Path, manifest: str | Path | None = None) -> str:
         digest = check_slice_file(path, dc)
         return (f"OK  {path} (device slice: {dc['chunks']} chunk(s) of {dc['eval_set']}, sha256 {digest[:16]}…, "
                 f"build {data.get('build_id')})")
-    names = {e.get("file") for e in data.get("artifacts", [])}
-    if shard and path.name not in names and path.parent.name in names:
-        path = path.parent  # a shard stands for its split file: every shard is checked
     entry = find_entry(data, path.name)
     if entry.get("split"):
         return _verify_split(path, entry, data)
