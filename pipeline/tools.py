@@ -233,13 +233,16 @@ def find_toolchain(llama_cpp_dir: str | None = None) -> Toolchain:
     return tc
 
 
+def bin_dir_of(root: Path, exe: str) -> Path | None:
+    """The folder of a llama.cpp build (a checkout with ``build/bin``, or a folder of binaries) that holds ``exe``:
+    ``build/bin``, ``bin`` or the folder itself; None when none does."""
+    return next((d for d in (root / "build" / "bin", root / "bin", root) if (d / exe).is_file()), None)
+
+
 def _user_toolchain(root: Path) -> Toolchain:
     if not root.is_dir():
         raise PipelineError(f"LLAMA_CPP_DIR={root} is not a folder: point it at your llama.cpp build")
-    bin_dir = next(
-        (d for d in (root / "build" / "bin", root / "bin", root) if (d / "llama-quantize").is_file()),
-        None,
-    )
+    bin_dir = bin_dir_of(root, "llama-quantize")
     if bin_dir is None:
         raise PipelineError(
             f"LLAMA_CPP_DIR={root} has no llama-quantize (looked in build/bin, bin and the folder itself): "

@@ -52,12 +52,12 @@ def find_device_tools(llama_cpp_dir: str | None = None):
     binaries), else ``llama-perplexity`` on ``PATH``, else the pinned build (a build box); None when there are none.
     Only llama-perplexity and llama-bench are needed: no converter, no gguf-py."""
     from pipeline import tools_backend as tb
-    from pipeline.tools import Toolchain, find_toolchain, read_build_version
+    from pipeline.tools import Toolchain, bin_dir_of, find_toolchain, read_build_version
 
     root = llama_cpp_dir or os.environ.get("LLAMA_CPP_DIR")
     if root:
         r = Path(root).expanduser()
-        bin_dir = next((d for d in (r / "build" / "bin", r / "bin", r) if (d / "llama-perplexity").is_file()), None)
+        bin_dir = bin_dir_of(r, "llama-perplexity")
         if bin_dir is None:
             raise PipelineError(f"LLAMA_CPP_DIR={r} has no llama-perplexity (looked in build/bin, bin and the folder)")
     elif shutil.which("llama-perplexity"):
