@@ -273,6 +273,7 @@ def build_manifest(recipe: Recipe, layout: Layout) -> tuple[dict, dict]:
         artifacts.append(_split_entry(recipe, layout, recipe.mtp_key, _mtp_draft_entry(recipe, layout)))
     rejected = []
     by_key = {base.quant_type: artifacts[0]}  # the entries a device can check on the slice
+    chunk_rows: dict[str, list] = {}  # and each quant's chunk rows on the first eval set (pipeline/stages/evaluate.py)
     calib_seconds: dict = {}
     for q in recipe.quants:
         work_path = layout.quant(recipe, q.key)
@@ -295,6 +296,8 @@ def build_manifest(recipe: Recipe, layout: Layout) -> tuple[dict, dict]:
         per_set, thresholds = {}, {}
         for es in recipe.eval_sets:
             ev = _load(layout.eval_record(name, es.name, q.key))
+            if es is recipe.eval_sets[0]:  # the device slice's values: the running statistics after its chunks
+                chunk_rows[q.key] = ev.get("chunk_rows") or []
             per_set[es.name] = {k: ev["metrics"][k] for k in GATE_METRICS}
             thresholds[es.name] = recipe.thresholds(q.key, es.name)
             failures += [{**f, "eval_set": es.name, "check": "gate",
@@ -322,7 +325,7 @@ def build_manifest(recipe: Recipe, layout: Layout) -> tuple[dict, dict]:
             artifacts.append(entry)
 
     _tokenizer_keys(recipe, layout, artifacts, rejected)
-    device_check = device_check_section(recipe, layout, by_key)
+    device_check = device_check_section(recipe, layout, by_key, chunk_rows)
     sensitivity = sensitivity_section(recipe, layout)
     check_mix_sources(artifacts + rejected, sensitivity)
     conformance, conformance_failures, conformance_seconds = _conformance_section(recipe, layout)
@@ -460,21 +463,19 @@ def check_gates(manifest_path: str | Path, ok_path: str | Path) -> None:
     """Entry function: fail (one line per failed gate) when any quant was rejected; else touch ``ok_path``."""
     manifest = _load(Path(manifest_path))
     folder = Path(manifest_path).parent
+    dc = manifest.get("device_check")
+    sized = [(folder / dc["file"], dc["size_bytes"])] if dc else []  # the device slice, then every model file
     for e in manifest["artifacts"]:
-        files = [(folder / e["file"] / s["file"], s["size_bytes"]) for s in e["split"]["shards"]] if e.get("split") \
+        sized += [(folder / e["file"] / s["file"], s["size_bytes"]) for s in e["split"]["shards"]] if e.get("split") \
             else [(folder / e["file"], e["size_bytes"])]
-        for path, size in files:
-            if not path.is_file() or path.stat().st_size != size:
-                raise PipelineError(f"{path} is missing or differs from {manifest_path}: re-publish with "
-                                    "`snakemake --forcerun publish`")
         m = (e.get("mix") or {}).get("map")
         if m and (not (folder / m["file"]).is_file() or sha256_file(folder / m["file"]) != m["sha256"]):
             raise PipelineError(f"{folder / m['file']} is missing or differs from {manifest_path}: re-publish with "
                                 "`snakemake --forcerun publish`")
-    dc = manifest.get("device_check")
-    if dc and (not (folder / dc["file"]).is_file() or (folder / dc["file"]).stat().st_size != dc["size_bytes"]):
-        raise PipelineError(f"{folder / dc['file']} is missing or differs from {manifest_path}: re-publish with "
-                            "`snakemake --forcerun publish`")
+    for path, size in sized:
+        if not path.is_file() or path.stat().st_size != size:
+            raise PipelineError(f"{path} is missing or differs from {manifest_path}: re-publish with "
+                                "`snakemake --forcerun publish`")
     msgs = gate_messages(manifest)
     if msgs:
         quants = sum(e.get("role") == "quant" for e in manifest["artifacts"])

@@ -45,9 +45,11 @@ def _load(path: Path) -> dict:
         raise PipelineError(f"{path}: cannot read the stage record: {exc}") from None
 
 
-def device_check_section(recipe, layout: Layout, entries: dict[str, dict]) -> dict | None:
+def device_check_section(recipe, layout: Layout, entries: dict[str, dict], chunk_rows: dict[str, list]) -> dict | None:
     """The manifest's ``device_check`` section, and each entry of ``entries`` (by key: the base and the quants) given
-    its ``slice`` values; None (and no ``slice``) when the recipe publishes no slice (``device_slice: 0``)."""
+    its ``slice`` values: the base's from the device_slice record, a quant's from its ``chunk_rows`` on the first eval
+    set (read by the publish stage with the rest of its eval record); None (and no ``slice``) when the recipe publishes
+    no slice (``device_slice: 0``)."""
     n = recipe.device_slice
     if not n:
         return None
@@ -65,11 +67,10 @@ def device_check_section(recipe, layout: Layout, entries: dict[str, dict]) -> di
         if key == base_key:
             values = rec["base_metrics"]
         else:
-            ev_path = layout.eval_record(name, es.name, key)
-            rows = _load(ev_path).get("chunk_rows") or []
+            rows = chunk_rows[key]
             if len(rows) < n:
-                raise PipelineError(f"{ev_path}: {len(rows)} chunk rows, the device slice needs {n}: re-run the eval "
-                                    "stage (`snakemake --forcerun eval`)")
+                raise PipelineError(f"{layout.eval_record(name, es.name, key)}: {len(rows)} chunk rows, the device "
+                                    f"slice needs {n}: re-run the eval stage (`snakemake --forcerun eval`)")
             values = rows[n - 1]
         entry["slice"] = {k: values[k] + 0.0 for k in SLICE_METRICS}  # + 0.0: no "-0.0"
     return {"file": SLICE_FILE, "sha256": rec["sha256"], "size_bytes": rec["size_bytes"], "eval_set": es.name,
