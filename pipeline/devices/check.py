@@ -29,7 +29,7 @@ from pipeline.stages.publish_devices import same_top_p_limit
 
 RESULT_KIND = "ggufpipe-device-check"
 RESULT_VERSION = 1
-BENCH_ARGS = ("-p", "64", "-n", "16", "-r", "1")  # a short llama-bench: a speed figure, never a verdict
+BENCH = {"prompt": 64, "gen": 16, "repetitions": 1}  # a short llama-bench: a speed figure, never a verdict
 
 
 def check_slice(mpath: Path, data: dict, entry: dict) -> Path:
@@ -127,6 +127,7 @@ def device_check(path: str | Path, manifest: str | Path | None = None, threads: 
                  label: str | None = None, out: str | Path | None = None, llama_cpp_dir: str | None = None) -> dict:
     """Entry function: verify ``path`` and its slice, re-measure it where llama.cpp is, judge; write ``out``."""
     from pipeline.distribution.verify import find_entry, locate, verify_located
+    from pipeline.stages.bench import measure as llama_bench
 
     path, mpath, data = locate(path, manifest)  # a shard stands for its split file, as in `ggufpipe verify`
     verified = verify_located(path, data)
@@ -151,18 +152,10 @@ def device_check(path: str | Path, manifest: str | Path | None = None, threads: 
                       tools=tc.describe(),
                       slice={"expected": expected, "measured": {k: measured[k] for k in expected},
                              "seconds": measured["seconds"], **verdict})
-        result["bench"] = run_bench(tc, model, threads) if bench else None
+        result["bench"] = llama_bench(tc, model, threads, **BENCH) if bench else None
     if out:
         write_json_atomic(out, result)
     return result
-
-
-def run_bench(tc, model: Path, threads: int) -> dict:
-    from pipeline.stages.bench import parse_bench_json
-    from pipeline.tools import run_tool
-
-    res = run_tool(tc, "llama-bench", ["-m", model, *BENCH_ARGS, "-t", str(threads), "-o", "json"], None)
-    return {**parse_bench_json(res.output), "threads": threads}
 
 
 def summary(result: dict) -> str:

@@ -39,16 +39,20 @@ def parse_bench_json(output: str) -> dict:
     return out
 
 
+def measure(tc: Toolchain, gguf: str | Path, threads: int, prompt: int = PROMPT_TOKENS, gen: int = GEN_TOKENS,
+            repetitions: int = REPETITIONS, log: str | Path | None = None) -> dict:
+    """llama-bench's prompt-processing and generation tokens/s of ``gguf`` (also ``ggufpipe device-check``'s short
+    run)."""
+    args = ["-m", gguf, "-p", str(prompt), "-n", str(gen), "-t", str(threads), "-r", str(repetitions), "-o", "json"]
+    res = run_tool(tc, "llama-bench", args, Path(log) if log else None)
+    return {**parse_bench_json(res.output), "threads": threads}
+
+
 def bench(gguf: str | Path, record: str | Path, threads: int = 2, log: str | Path | None = None,
           tc: Toolchain | None = None) -> dict:
     """Entry function: tokens/s of one GGUF on this machine, written to ``record``."""
-    tc = tc or find_toolchain()
-    args = ["-m", gguf, "-p", str(PROMPT_TOKENS), "-n", str(GEN_TOKENS), "-t", str(threads),
-            "-r", str(REPETITIONS), "-o", "json"]
-    res = run_tool(tc, "llama-bench", args, Path(log) if log else None)
     rec = {
-        **parse_bench_json(res.output),
-        "threads": threads,
+        **measure(tc or find_toolchain(), gguf, threads, log=log),
         "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
         "label": "build-box figures (CPU, this machine), not device speed",
     }
