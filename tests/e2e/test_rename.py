@@ -55,10 +55,13 @@ def verify_current(path: Path, env: dict, cwd: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def dvc_env(tmp_path_factory, tiny_hub):
-    """As test_dvc.py's: the tiny model's offline hub cache, this venv first on PATH, a git identity."""
+def dvc_env(tmp_path_factory, tiny_hub, toolchain):
+    """As test_dvc.py's: the tiny model's offline hub cache, this venv first on PATH, a git identity; and the
+    current pinned tools as LLAMA_CPP_DIR for both workflows: OLD_RULE's code keys the tools cache otherwise, and
+    that folder exists only where OLD_RULE was once built (a new machine has only the current one)."""
     base = tmp_path_factory.mktemp("rename")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tiny_hub[0]), "DVC_NO_ANALYTICS": "1"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(tiny_hub[0]), "DVC_NO_ANALYTICS": "1",
+           "LLAMA_CPP_DIR": str(toolchain.root)}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
     return base, {**env, **GIT_ENV}
 
