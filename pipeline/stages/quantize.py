@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import replace
 from pathlib import Path
 
 from pipeline.errors import PipelineError
@@ -61,7 +62,6 @@ def dry_run(tc: Toolchain, q, args: list[str], base_gguf: Path, out_gguf: Path, 
 def _with_map(recipe: Recipe, key: str, q, map_path: Path, layout_path: Path):
     """A mix as the quant its solved map makes it (``tensor_types_file``), and its layout record."""
     import json
-    from dataclasses import replace
 
     from pipeline.recipe.tensor_map import read_map
 
@@ -89,6 +89,8 @@ def quantize(recipe: Recipe, key: str, base_gguf: str | Path, out_gguf: str | Pa
             raise PipelineError(f"{recipe.path}: quantize {key}: this quant is a mix, its solved map was not given")
         q, layout = _with_map(recipe, key, q, Path(mix[0]), Path(mix[1]))
     base_gguf, out_gguf, record = Path(base_gguf).resolve(), Path(out_gguf), Path(record)
+    if q.tensor_types_file:  # llama-quantize may run beside the matrix: no path relative to the build folder
+        q = replace(q, tensor_types_file=Path(q.tensor_types_file).resolve())
     if not base_gguf.is_file():
         raise PipelineError(f"{recipe.path}: quantize {key}: {base_gguf} is missing (run convert first)")
     if q.imatrix and imatrix is None:

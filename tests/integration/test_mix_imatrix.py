@@ -1,7 +1,8 @@
 """A measured mix with an importance matrix (docs/mixes.md), with the real tools on a generated 2-layer Llama of
 256-divisible widths: llama-imatrix, then the `plain-imatrix` sensitivity of IQ4_XS and Q5_K (IQ candidates need the
 matrix), the solve and the quantize, each passing the matrix to llama-quantize; the file is written as solved, to
-the byte, and records the matrix it was made with."""
+the byte, and records the matrix it was made with. The quantize gets its paths relative to the build folder, as a
+Snakemake build gives them."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pipeline.recipe.tensor_map import read_map
 KEY = "Q4_K_M_IMIX"
 
 
-def test_imatrix_mix_round_trip(tmp_path, toolchain, quantize_exe):
+def test_imatrix_mix_round_trip(tmp_path, toolchain, quantize_exe, monkeypatch):
     from helpers.gguf_factory import tiny_llama
 
     from pipeline.stages.imatrix import imatrix
@@ -37,17 +38,21 @@ gates: [{{name: botchan, text: {BOTCHAN}, ctx: 256, chunks: 17}}]
     r = load_recipe(recipe_path, quantize_exe)
     q = r.quant(KEY)
     assert q.imatrix and q.flavour == "plain-imatrix" and r.mix_flavours == ["plain-imatrix"]
-    im = tmp_path / "imatrix-plain.gguf"
+    im = tmp_path / "imatrix" / "imatrix-plain.gguf"
+    im.parent.mkdir()
     imatrix(r, "plain", base, im, tmp_path / "imatrix.json", log=tmp_path / "log", threads=2, tc=toolchain)
     sens = tmp_path / "sens.json"
     data = sensitivity(r, "plain-imatrix", base, base, sens, tmp_path / "rec.json", tmp_path / "scratch",
                        imatrix=im, threads=2, log=tmp_path / "log", tc=toolchain)
     assert data["imatrix_sha256"] and data["candidates"] == ["IQ4_XS", "Q5_K"]
-    mp, lay = tmp_path / f"r-{KEY}.tensor-types.txt", tmp_path / "layout.json"
+    mp, lay = tmp_path / "mix" / f"r-{KEY}.tensor-types.txt", tmp_path / "mix" / "layout.json"  # not beside im
+    mp.parent.mkdir()
     layout = solve(r, KEY, sens, base, mp, lay, imatrix=im, log=tmp_path / "log", tc=toolchain)
     out = tmp_path / "mix.gguf"
+    # paths relative to the build folder, as Snakemake hands them (llama-quantize runs beside the matrix)
+    monkeypatch.chdir(tmp_path)
     rec = quantize(r, KEY, base, out, tmp_path / "q.json", log=tmp_path / "log", threads=2, tc=toolchain,
-                   imatrix=im, mix=(mp, lay))
+                   imatrix=im.relative_to(tmp_path), mix=(mp.relative_to(tmp_path), lay.relative_to(tmp_path)))
     header = read_header(out)
     written = {t.name: t.type_name for t in header.tensors}
     for pattern, qtype, _ in read_map(mp):
