@@ -118,9 +118,12 @@ def test_logits_file_reader_matches_llama_perplexity(built, toolchain):
     """Mean PPL(base) of llama-perplexity's own --kl-divergence run over the file == the reader's (same float32
     decode, same order of the double sums); on the tiny model, where the run takes a second."""
     b = built["spm"]
-    res = run_tool(toolchain, "llama-perplexity", ["-m", b.gguf, "-c", 512, "-b", 512, "-t", 2, "--kl-divergence",
-                                                   "--kl-divergence-base", b.logits], None)
-    m = re.search(r"Mean PPL\(base\)\s*:\s*([0-9.]+)", res.output)
+    for _ in range(3):  # b11312's unjoined logger thread can lose the final lines of a sub-second run (see `built`)
+        res = run_tool(toolchain, "llama-perplexity", ["-m", b.gguf, "-c", 512, "-b", 512, "-t", 2, "--kl-divergence",
+                                                       "--kl-divergence-base", b.logits], None)
+        m = re.search(r"Mean PPL\(base\)\s*:\s*([0-9.]+)", res.output)
+        if m:
+            break
     assert m, res.output[-2000:]
     lf = read_logits_file(b.logits)
     assert (lf.n_ctx, lf.n_chunk, lf.n_vocab) == (512, CHUNKS, 768)
