@@ -29,6 +29,8 @@ from pipeline.layout import Layout
 from pipeline.recipe import Recipe, load_recipe, load_recipes
 from pipeline.tools import find_toolchain
 
+PROBES = Path(__file__).resolve().parent.parent / "data" / "conformance" / "probes.txt"  # the tokenizer probes
+
 
 class Workflow:
     def __init__(self, config: dict):
@@ -224,7 +226,7 @@ class Workflow:
     def conformance_params(self, name: str) -> str:
         c = self.recipes[name].conformance
         return repr((c.describe(), str(c.text) if c.text else None, self.toolchain.build_number, self.toolchain.commit,
-                     *self._offload()))
+                     *self._offload(), sha256_file(PROBES)))
 
     def publish_params(self, name: str) -> str:
         return self.recipes[name].sha256  # thresholds, eval sets, bench...: any recipe change re-publishes

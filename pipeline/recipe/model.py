@@ -37,6 +37,15 @@ NEEDS_IMATRIX = {"IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ3_X
 TOP_KEYS = _schema.keys("")
 SPLIT_KEYS = _schema.keys("split")
 CONFORMANCE_KEYS = _schema.keys("conformance")
+# Tokenizer mismatch causes the conformance stage names (pipeline/stages/conformance/causes.py): the HF normalizer
+# members llama.cpp does not apply, HF's BPE ignore_merges that the GGUF's pre-tokenizer lacks, and an added token
+# HF keeps plain that the converter typed CONTROL. The limitations are llama.cpp's by design (a warning unless
+# `strict`); every other cause is a defect a recipe may accept by name (`conformance.accept`).
+NORMALIZER_CAUSES = {"NFC": "nfc", "NFD": "nfd", "NFKC": "nfkc", "NFKD": "nfkd", "Precompiled": "precompiled",
+                     "Lowercase": "lowercase", "StripAccents": "strip-accents", "Replace": "replace",
+                     "Prepend": "prepend", "Strip": "strip", "BertNormalizer": "bert", "ByteLevel": "byte-level"}
+CONFORMANCE_LIMITATIONS = ("control-typed", "nfc")
+ACCEPTABLE_CAUSES = tuple(sorted({*NORMALIZER_CAUSES.values(), "ignore-merges"} - set(CONFORMANCE_LIMITATIONS)))
 # llama-gguf-split --split-max-size: an integer count of M (10^6 bytes) or G (10^9 bytes); the tool reads
 # the number with %d, so it is kept well inside an int.
 SPLIT_SIZE_RE = re.compile(r"^([1-9][0-9]{0,6})([MG])$")
@@ -298,9 +307,13 @@ class Conformance:
     enabled: bool = True
     chunks: int = 4
     text: Path | None = None  # logit-fidelity text of a recipe without eval sets (a built draft: the main's first)
+    accept: tuple[str, ...] = ()  # defect causes published as known differences (ACCEPTABLE_CAUSES)
+    strict: bool = False  # the known limitations (CONFORMANCE_LIMITATIONS) fail too
 
     def describe(self) -> dict:
-        return {"enabled": self.enabled, "chunks": self.chunks}
+        # accept and strict only when set: a recipe without them keeps its trigger
+        extra = {"accept": list(self.accept)} if self.accept else {}
+        return {"enabled": self.enabled, "chunks": self.chunks, **extra, **({"strict": True} if self.strict else {})}
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,12 @@ from typing import Any
 from pipeline.errors import PipelineError
 from pipeline.recipe import naming
 from pipeline.recipe.model import (
+    ACCEPTABLE_CAUSES,
     AWQ_KEYS,
     AWQ_VERSIONS,
     COMMIT_RE,
     CONFORMANCE_KEYS,
+    CONFORMANCE_LIMITATIONS,
     DRAFT_KEYS,
     EVAL_KEYS,
     EVAL_NAME_RE,
@@ -382,4 +384,19 @@ def _parse_conformance(ctx: _Ctx, value) -> Conformance:
     if value is True:
         return Conformance()
     c = ctx.mapping(value, "conformance", CONFORMANCE_KEYS)
-    return Conformance(chunks=_integer(ctx, c.get("chunks", 4), "conformance.chunks", 1))
+    enabled = ctx.boolean(c.get("enabled", True), "conformance.enabled")
+    strict = ctx.boolean(c.get("strict", False), "conformance.strict")
+    accept = c.get("accept", [])
+    if not isinstance(accept, list) or not all(isinstance(a, str) for a in accept):
+        ctx.fail("conformance.accept", f"must be a list of cause names, got {accept!r}")
+    for a in accept:
+        if a in CONFORMANCE_LIMITATIONS:
+            ctx.fail("conformance.accept", f"{a} is a known llama.cpp limitation, a warning already (`strict: true` "
+                                           "makes it a failure); accept names defects only")
+        if a not in ACCEPTABLE_CAUSES:
+            ctx.fail("conformance.accept", f"unknown cause {a!r} (known: {', '.join(ACCEPTABLE_CAUSES)})")
+    if not enabled and (strict or accept):
+        ctx.fail("conformance.strict" if strict else "conformance.accept",
+                 "has no effect with conformance off (enabled: false): remove one of them")
+    return Conformance(enabled=enabled, chunks=_integer(ctx, c.get("chunks", 4), "conformance.chunks", 1),
+                       accept=tuple(sorted(set(accept))), strict=strict)

@@ -157,6 +157,19 @@ CONFORMANCE = Section("conformance", "`conformance:`", (
     Field("chunks", "int >= 1", 4,
           "Chunks of the first eval set (each `ctx` tokens) on which the HF model's logits are compared with "
           "the base GGUF's.", 2),
+    Field("enabled", "bool", True, "`false` is `conformance: false` written as a map.", True),
+    Field("accept", "list of cause names", [],
+          "Tokenizer mismatch causes published as known differences instead of failing the build: HF normalizer "
+          "members llama.cpp does not apply (`nfd`, `nfkc`, `nfkd`, `precompiled`, `lowercase`, `strip-accents`, "
+          "`replace`, `prepend`, `strip`, `bert`, `byte-level`) and `ignore-merges` (HF's BPE looks whole words up "
+          "before merging, the GGUF's pre-tokenizer does not). A mismatch of a compound cause "
+          "(`nfd+strip-accents`) is accepted when each part is; the manifest and the card name each accepted cause "
+          "(docs/conformance.md).", ["nfkc"]),
+    Field("strict", "bool", False,
+          "Fail on the known llama.cpp limitations too: `nfc` (the HF normalizer is NFC, which llama.cpp does not "
+          "apply; by default a warning, and the card tells clients to send NFC text) and `control-typed` (an added "
+          "token HF keeps plain that the converter typed CONTROL, so llama.cpp matches it only with special "
+          "parsing on).", True),
 ))
 
 _SOURCE_FIELDS = (

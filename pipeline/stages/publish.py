@@ -78,7 +78,9 @@ from pipeline.stages.split import model_path
 #    Also 7 (the same issue): the top-level `device_check` (the slice `device-slice.logits` a device re-measures:
 #    file, sha256, size_bytes, eval_set, text_sha256, ctx, chunks, scored_tokens, n_vocab, tolerance) and each base and
 #    quant entry's `slice` {kld_mean, same_top_p, ppl_q}; `tools.backend` (#20 item 5).
-SCHEMA_VERSION = 7
+# 8: conformance causes (#27): the tokenizer check's `normalizer` and `causes` {cause: {status, probes, text_share}},
+#    the probe set's split accent probes; the chat-template check's `identical_but_for_cause`.
+SCHEMA_VERSION = 8
 
 
 def _canonical(obj) -> bytes:

@@ -280,6 +280,17 @@ def conformance_text(manifest: dict) -> str:
     for name, check in c.get("checks", {}).items():
         mark = "not run" if check.get("not_run") else ("pass" if check.get("passed") else "FAIL")
         lines.append(f"| {name} | {mark} | {check.get('summary') or check.get('not_run') or ''} |")
+    for cause, v in ((c.get("checks", {}).get("tokenizer") or {}).get("causes") or {}).items():
+        share = "; ".join(f"{cause.upper()} changes {s:.2%} of {t}" for t, s in (v.get("text_share") or {}).items())
+        share = f" ({share})" if share else ""
+        if cause == "nfc" and v["status"] == "known limitation":
+            lines += ["", f"**Send NFC-normalized text.** The Hugging Face tokenizer normalizes its input to Unicode "
+                          f"NFC and llama.cpp's does not (a known llama.cpp limitation), so text that is not NFC, "
+                          f"such as a decomposed `e` + U+0301, tokenizes differently{share}."]
+        elif v["status"] == "accepted":
+            lines += ["", f"**Known difference, accepted by the recipe (`conformance.accept`): {cause}.** Text that "
+                          f"this HF normalizer changes tokenizes differently in llama.cpp{share}; probes: "
+                          f"{', '.join(v['probes'])}."]
     for w in c.get("warnings", []):
         lines += ["", f"Warning: {w}"]
     overrides = manifest.get("vocab_overrides")

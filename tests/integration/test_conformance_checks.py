@@ -205,19 +205,62 @@ def test_broken_hf_folder_fails_in_one_line_each(built, toolchain, tmp_path):
     assert not rec["passed"]
     assert all("\n" not in f and f.startswith("conformance: recipe smollm2-135m: ") for f in rec["failures"])
     tk = [f for f in rec["failures"] if ": tokenizer parity (a: " in f]
-    assert any("probe french: first difference at token" in f for f in tk), tk
+    assert any("probe french: cause nfd (the HF normalizer NFD of tokenizer.json (GPT2TokenizerFast), which "
+               "llama.cpp's BPE tokenizer does not apply): first difference at token" in f for f in tk), tk
     assert "french" in rec["details"]["tokenizer"]["modes"]["a"]["probes_failed"]
+    causes = rec["details"]["tokenizer"]["causes"]
+    assert set(causes) == {"nfd"} and causes["nfd"]["status"] == "defect", causes  # every mismatch explained
+    assert {"french", "composed-accents"} <= set(causes["nfd"]["probes"]) and "compatibility-characters" not in \
+        causes["nfd"]["probes"] and "decomposed-accents" not in causes["nfd"]["probes"]
     assert any(": end of generation: HF generation_config.json eos_token_id 7 " in f for f in rec["failures"])
     assert rec["checks"]["logits"]["not_run"].startswith("not run")
+
+
+@pytest.mark.parametrize("form", ["NFD", "NFKC"])
+def test_normal_forms_are_defects_unless_accepted(built, toolchain, tmp_path, form):
+    """The demo F16 against its HF folder with an NFD or NFKC normalizer: every mismatch has that cause, a defect
+    that fails in one line each; with ``conformance: {accept: [<form>]}`` the same record passes, the cause shown
+    as an accepted difference with the share of Botchan it changes (0: ASCII prose), and an accepted cause the
+    build did not find is a warning naming it."""
+    b = built["demo"]
+    hf = tmp_path / "hf"
+    shutil.copytree(b.hf, hf)
+    tj = json.loads((hf / "tokenizer.json").read_text())
+    tj["normalizer"] = {"type": form}
+    (hf / "tokenizer.json").write_text(json.dumps(tj))
+    cause = form.lower()
+    accepted = replace(b.recipe, conformance=replace(b.recipe.conformance, accept=(cause, "precompiled")))
+    recs = [conformance.run(r, b.gguf, hf, None, None, tmp_path / f"c{i}.json", None, toolchain)
+            for i, r in enumerate((b.recipe, accepted))]
+    show(f"demo GGUF vs an HF folder with {form}", recs[0])
+    causes = recs[0]["details"]["tokenizer"]["causes"]
+    assert not recs[0]["passed"] and set(causes) == {cause} and causes[cause]["status"] == "defect", causes
+    # NFKC folds the compatibility forms and the CJK full-width punctuation; NFD decomposes the accented letters
+    expect = {"compatibility-characters", "chinese"} if form == "NFKC" else {"french", "composed-accents"}
+    assert expect <= set(causes[cause]["probes"]), causes
+    assert all(f" cause {cause} (the HF normalizer {form} of tokenizer.json" in f for f in recs[0]["failures"]
+               if "more probes differ" not in f)
+    tk = recs[1]["checks"]["tokenizer"]
+    assert recs[1]["passed"] and tk["passed"] and tk["causes"][cause]["status"] == "accepted", tk
+    assert tk["causes"][cause]["text_share"] == {"botchan.txt": 0.0}, tk
+    assert any(f"accepted difference (recipe conformance.accept) {cause}:" in w for w in recs[1]["warnings"])
+    assert any("conformance.accept names precompiled, which this build did not find" in w for w in recs[1]["warnings"])
 
 
 def test_probes_file():
     probes = dict(conformance.load_probes())
     assert {"english", "french", "german", "spanish", "vietnamese", "chinese", "japanese", "korean", "arabic",
-            "cyrillic", "devanagari", "code", "whitespace-runs", "digits", "emoji", "combining-marks",
-            "leading-spaces", "trailing-spaces"} <= set(probes)
+            "cyrillic", "devanagari", "code", "whitespace-runs", "digits", "emoji", "decomposed-accents",
+            "composed-accents", "compatibility-characters", "leading-spaces", "trailing-spaces"} <= set(probes)
     assert probes["trailing-spaces"].endswith("   ") and "\t" in probes["code"] and "\u200d" in probes["emoji"]
-    assert "e\u0301" in probes["combining-marks"] and not probes["english"].endswith("\n")
+    assert not probes["english"].endswith("\n")
+    # each Unicode probe changes under exactly the normal forms its name says
+    import unicodedata
+
+    changed = {name: {f for f in ("NFC", "NFD", "NFKC", "NFKD") if unicodedata.normalize(f, probes[name]) != probes[name]}
+               for name in ("decomposed-accents", "composed-accents", "compatibility-characters")}
+    assert changed == {"decomposed-accents": {"NFC", "NFKC"}, "composed-accents": {"NFD", "NFKD"},
+                       "compatibility-characters": {"NFKC", "NFKD"}}, changed
 
 
 def test_compare_distributions_and_memory_rule(tmp_path, demo_snapshot):

@@ -49,3 +49,21 @@ def test_report_section():
     skipped = conformance_text({"conformance": {"skipped": "the recipe opts out (conformance: false)"}})
     assert skipped == "Not checked against the Hugging Face model: the recipe opts out (conformance: false)."
     assert conformance_text({}) == ""
+
+
+def test_report_section_names_the_causes():
+    """A known limitation tells clients what to send; an accepted defect is shown as a known difference; a
+    normalizer-free record shows neither."""
+    m = manifest(True)
+    m["conformance"]["checks"]["tokenizer"]["causes"] = {
+        "nfc": {"status": "known limitation", "probes": ["decomposed-accents"], "text_share": {"botchan.txt": 0.0}},
+        "nfkc": {"status": "accepted", "probes": ["chinese", "compatibility-characters"]},
+        "control-typed": {"status": "known limitation", "probes": ["added-token 5 '<|fim_prefix|>'"]}}
+    text = conformance_text(m)
+    assert ("**Send NFC-normalized text.** The Hugging Face tokenizer normalizes its input to Unicode NFC and "
+            "llama.cpp's does not (a known llama.cpp limitation), so text that is not NFC, such as a decomposed `e` + "
+            "U+0301, tokenizes differently (NFC changes 0.00% of botchan.txt).") in text
+    assert ("**Known difference, accepted by the recipe (`conformance.accept`): nfkc.** Text that this HF normalizer "
+            "changes tokenizes differently in llama.cpp; probes: chinese, compatibility-characters.") in text
+    assert text.count("**") == 4  # control-typed: a warning line in the record, no advice paragraph of its own
+    assert "Send NFC" not in conformance_text(manifest(True))

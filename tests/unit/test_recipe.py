@@ -47,6 +47,16 @@ BAD = [
     ("missing source", "name: x\nquants: [Q8_0]\n", "source: missing"),
     ("pickle flag type", GOOD_RECIPE.replace("  repo: org/model", "  repo: org/model\n  allow_pickle: 1"),
      "source.allow_pickle: must be true or false"),
+    ("unknown conformance cause", GOOD_RECIPE + "conformance: {accept: [nfx]}\n",
+     "conformance.accept: unknown cause 'nfx' (known: bert, byte-level, ignore-merges, lowercase, nfd, nfkc,"),
+    ("nfc is no defect", GOOD_RECIPE + "conformance: {accept: [nfc]}\n",
+     "conformance.accept: nfc is a known llama.cpp limitation"),
+    ("accept not a list", GOOD_RECIPE + "conformance: {accept: nfkc}\n", "conformance.accept: must be a list"),
+    ("strict with conformance off", GOOD_RECIPE + "conformance: {enabled: false, strict: true}\n",
+     "conformance.strict: has no effect with conformance off"),
+    ("accept with conformance off", GOOD_RECIPE + "conformance: {enabled: false, accept: [nfkc]}\n",
+     "conformance.accept: has no effect with conformance off"),
+    ("strict not a bool", GOOD_RECIPE + "conformance: {strict: 1}\n", "conformance.strict: must be true or false"),
 ]
 
 
@@ -55,3 +65,13 @@ def test_bad_recipe_one_clear_line(tmp_path, label, text, expected):
     path = write_recipe_text(tmp_path, text)
     msg = recipe_error(path)
     assert expected in msg, msg
+
+
+def test_conformance_accept_and_strict(tmp_path):
+    r = load_recipe(write_recipe_text(tmp_path, GOOD_RECIPE + "conformance: {accept: [nfkc, nfd, nfkc], strict: true}\n"))
+    assert r.conformance.accept == ("nfd", "nfkc") and r.conformance.strict and r.conformance.enabled
+    assert r.conformance.describe() == {"enabled": True, "chunks": 4, "accept": ["nfd", "nfkc"], "strict": True}
+    plain = load_recipe(write_recipe_text(tmp_path, GOOD_RECIPE))
+    assert plain.conformance.describe() == {"enabled": True, "chunks": 4}  # the trigger of older recipes
+    off = load_recipe(write_recipe_text(tmp_path, GOOD_RECIPE + "conformance: {enabled: false}\n"))
+    assert not off.conformance.enabled

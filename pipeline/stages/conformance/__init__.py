@@ -10,6 +10,10 @@ tokenizer, chat-template engine and EOG set, on the GGUF loaded vocab-only; one 
    ``add_special=false parse_special=true``): pre-tokenizer, normalizer and merges; (b) each side's defaults
    (``add_special_tokens=True`` / ``add_special=true``): a probe that differs only here is a "BOS/EOS policy
    differs" failure; (c) special text not parsed (HF ``split_special_tokens=True`` / ``parse_special=false``).
+   Each mismatch gets a cause (``normalizer.py``): the HF normalizer members llama.cpp's tokenizer type does
+   not apply, when llama.cpp's ids of the probe so normalized are HF's ids. ``nfc`` is llama.cpp's known
+   limitation (a warning; ``conformance.strict`` fails it), any other cause a defect unless the recipe's
+   ``conformance.accept`` names it; an ``unexplained`` mismatch always fails.
 2. **logit fidelity**: the HF model in float32 on the token ids of eval-base's ``--kl-divergence-base`` file
    (pipeline/stages/logitsfile.py), first ``chunks`` chunks, BOS substituted at each chunk's first position when the
    GGUF adds one (as llama-perplexity does); per scored position: top-1 agreement, KLD(llama.cpp base || HF)

@@ -130,6 +130,10 @@ def check_hparams(recipe_name: str, metadata: dict, hf_dir: str | Path, trust_re
         if isinstance(g, list) or not isinstance(g, (int, float)):
             not_compared.append({"key": full, "hf": where, "why": "per-layer array in the GGUF"})
             continue
+        if key == "attention.head_count_kv" and f"{arch}.attention.kv_lora_rank" in metadata:
+            # MLA is stored as MQA with wider heads: the converter writes one KV head (conversion/deepseek.py:324-326)
+            not_compared.append({"key": full, "hf": where, "why": "MLA (kv_lora_rank): one KV head by design"})
+            continue
         ok = same("int" if kind == "int" else "float", g, h)
         rel = abs(float(g) - float(h)) / max(abs(float(h)), 1e-30)
         compared.append({"key": full, "hf": where, "gguf_value": g, "hf_value": h, "equal": ok,

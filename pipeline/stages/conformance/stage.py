@@ -12,6 +12,7 @@ from typing import Any
 
 from pipeline.errors import PipelineError
 from pipeline.fsutil import write_json_atomic
+from pipeline.stages.conformance.causes import control_typed, merging_variant, read_normalizer
 from pipeline.stages.conformance.common import (
     DEFAULT_CHUNKS,
     HELPER,
@@ -27,10 +28,12 @@ from pipeline.stages.conformance.eog import check_eog, turn_end_token
 from pipeline.stages.conformance.hparams import check_hparams
 from pipeline.stages.conformance.logits import check_logits
 from pipeline.stages.conformance.template import check_chat_template, plan_chat_template
-from pipeline.stages.conformance.tokenizer import check_tokenizer
+from pipeline.stages.conformance.tokenizer import cause_status, check_tokenizer, residual_requests
 from pipeline.tools import Toolchain, find_toolchain
 
 # --------------------------------------------------------------------------- the stage
+
+MAX_CAUSE_PROBES = 20  # probe names per cause in the manifest (a vocabulary's added tokens can be hundreds)
 
 
 def _settings(recipe) -> dict | None:
@@ -39,8 +42,23 @@ def _settings(recipe) -> dict | None:
     if conf is False or (conf is not None and getattr(conf, "enabled", True) is False):
         return None
     if isinstance(conf, dict):
-        return {"chunks": int(conf.get("chunks", DEFAULT_CHUNKS)), "text": conf.get("text")}
-    return {"chunks": int(getattr(conf, "chunks", DEFAULT_CHUNKS)), "text": getattr(conf, "text", None)}
+        return {"chunks": int(conf.get("chunks", DEFAULT_CHUNKS)), "text": conf.get("text"),
+                "accept": tuple(conf.get("accept", ())), "strict": bool(conf.get("strict", False))}
+    return {"chunks": int(getattr(conf, "chunks", DEFAULT_CHUNKS)), "text": getattr(conf, "text", None),
+            "accept": tuple(getattr(conf, "accept", ())), "strict": bool(getattr(conf, "strict", False))}
+
+
+def _texts(recipe, settings: dict) -> tuple[Path, ...]:
+    """The eval and calibration texts a found tokenizer cause is measured on (each once, files that exist)."""
+    paths = [es.text for es in getattr(recipe, "eval_sets", ())] + [settings.get("text")]
+    for part in ("awq", "imatrix"):
+        paths.append(getattr(getattr(recipe, part, None), "calibration", None))
+    paths.append(getattr(getattr(recipe, "sensitivity", None), "text", None))
+    out: list[Path] = []
+    for p in paths:
+        if p is not None and Path(p).is_file() and Path(p) not in out:
+            out.append(Path(p))
+    return tuple(out)
 
 
 def _log(log: Path | None, line: str) -> None:
@@ -80,9 +98,18 @@ def compact(name: str, c: dict) -> dict:
     out: dict[str, Any] = {"passed": c["passed"]}
     if name == "tokenizer":
         mm = {m: v["mismatches"] for m, v in c["modes"].items()}
+        causes = c.get("causes", {})
         out.update(probes=c["probes"], mismatches=mm, hf_tokenizer=c["hf_tokenizer"],
+                   normalizer=(c.get("normalizer") or {}).get("describe"),
+                   causes={k: {"status": v["status"], "probes": v["probes"][:MAX_CAUSE_PROBES],
+                               **({"more_probes": len(v["probes"]) - MAX_CAUSE_PROBES}
+                                  if len(v["probes"]) > MAX_CAUSE_PROBES else {}),
+                               **({"text_share": {s["text"]: s["share"] for s in v["text_share"]}}
+                                  if v.get("text_share") else {})} for k, v in sorted(causes.items())},
                    summary=f"{c['probes']} probes x {len(mm)} modes: "
-                           + ", ".join(f"({m}) {v} mismatch{'es' if v != 1 else ''}" for m, v in mm.items()))
+                           + ", ".join(f"({m}) {v} mismatch{'es' if v != 1 else ''}" for m, v in mm.items())
+                           + "".join(f"; {k}: {v['status']} on {len(v['probes'])} probe"
+                                     f"{'s' if len(v['probes']) != 1 else ''}" for k, v in sorted(causes.items())))
     elif name == "logits":
         if not c.get("run"):
             out["not_run"] = c.get("note", "not run")
@@ -108,8 +135,12 @@ def compact(name: str, c: dict) -> dict:
                 ("identical", lambda r: r.get("verdict") == "identical"),
                 ("rejected_by_both", lambda r: r.get("verdict") == "rejected by both"),
                 ("skipped", lambda r: "skipped" in r))}
+            but = [r["verdict"] for r in convs if r.get("verdict", "").startswith("identical but for")]
+            if but:  # ids that differ only by the tokenizer cause its status allows
+                counts["identical_but_for_cause"] = len(but)
             out.update(conversations=len(convs), **counts, now_dependent=bool(c.get("now_dependent")))
             out["summary"] = (f"{len(convs)} conversations: {counts['identical']} identical (text and ids)"
+                              + (f", {len(but)} {but[0]}" if but else "")
                               + (f", {counts['rejected_by_both']} rejected by both" if counts["rejected_by_both"] else "")
                               + (f", {counts['skipped']} skipped (no tools in the HF template)" if counts["skipped"] else "")
                               + (f", {len(convs) - sum(counts.values())} differ" if len(convs) > sum(counts.values()) else ""))
@@ -184,15 +215,19 @@ def run(recipe, base_gguf, hf_dir, logits_file, base_record, out_record, log=Non
     conversations = load_conversations()
     from pipeline.gguf import read_header
 
-    metadata = read_header(base_gguf).metadata
+    header = read_header(base_gguf)
+    metadata = header.metadata
     gguf_template = metadata.get("tokenizer.chat_template")
-    plan = plan_chat_template(tok, gguf_template if isinstance(gguf_template, str) else None, conversations)
+    norm = read_normalizer(tok, hf_dir, metadata.get("tokenizer.ggml.model"))
+    residual = residual_requests(norm, probes)
+    plan = plan_chat_template(tok, gguf_template if isinstance(gguf_template, str) else None, conversations,
+                              norm.residual_fn)
     turn_end = turn_end_token(tok, conversations.get("date_string", "")) if plan["hf_template"] else None
     hf_side = time.monotonic() - t
 
     # llama.cpp side: one helper process for every request
     tok_reqs = tokenizer_requests(probes)
-    requests = [{"op": "vocab"}, *tok_reqs, *plan["requests"]]
+    requests = [{"op": "vocab"}, *tok_reqs, *plan["requests"], *residual[1]]
     t = time.monotonic()
     answers = run_helper(tc, base_gguf, requests, log)
     helper_seconds = time.monotonic() - t
@@ -201,8 +236,13 @@ def run(recipe, base_gguf, hf_dir, logits_file, base_record, out_record, log=Non
         raise PipelineError(f"{what}: {HELPER} gave no vocabulary facts for {base_gguf}: {vocab}")
 
     details: dict[str, dict] = {}
-    details["tokenizer"] = check_tokenizer(name, tok, probes, answers[1:1 + len(tok_reqs)])
-    details["chat_template"] = check_chat_template(name, tok, plan, answers[1 + len(tok_reqs):], vocab)
+    n_plan = 1 + len(tok_reqs) + len(plan["requests"])
+    details["tokenizer"] = check_tokenizer(name, tok, probes, answers[1:1 + len(tok_reqs)], norm,
+                                           (residual[0], answers[n_plan:]), settings["accept"], settings["strict"],
+                                           _texts(recipe, settings), merging_variant(tok),
+                                           frozenset(control_typed(tok, header.array("tokenizer.ggml.token_type"))))
+    cause = norm.cause and (norm.cause, cause_status(norm.cause, settings["accept"], settings["strict"]), norm.why())
+    details["chat_template"] = check_chat_template(name, tok, plan, answers[1 + len(tok_reqs):n_plan], vocab, cause)
     details["eog"] = check_eog(name, tok, hf_dir, vocab, turn_end)
     details["hparams"] = check_hparams(name, metadata, hf_dir, trust)
     if logits_file is None:

@@ -68,9 +68,11 @@ def _variants(text: str, bos_text: str | None, eos_text: str | None) -> dict[tup
     return out
 
 
-def plan_chat_template(tok, gguf_template: str | None, conversations: dict) -> dict:
+def plan_chat_template(tok, gguf_template: str | None, conversations: dict, residual_fn=None) -> dict:
     """The HF renders and the helper requests of the chat-template check (run before the helper: llama.cpp's
-    normalisation depends on the vocab's add_bos/add_eos, so each HF text is tokenized in each variant)."""
+    normalisation depends on the vocab's add_bos/add_eos, so each HF text is tokenized in each variant).
+    ``residual_fn``: the HF normalizer members llama.cpp does not apply (causes.Normalizer.residual_fn); each
+    variant it changes is tokenized normalized too, so that an id difference it explains gets its cause."""
     t0 = time.monotonic()
     sources = _template_sources(tok)
     plan: dict[str, Any] = {"hf_template": bool(sources), "gguf_template": gguf_template is not None,
@@ -109,6 +111,11 @@ def plan_chat_template(tok, gguf_template: str | None, conversations: dict) -> d
             for flags, text in _variants(hf["text"], bos_text, eos_text).items():
                 item["variants"][flags] = (text, len(plan["requests"]))
                 plan["requests"].append({"op": "tokenize", "text": text, "add_special": True, "parse_special": True})
+                normalized = residual_fn(text) if residual_fn else text
+                if normalized != text:
+                    item.setdefault("normalized", {})[flags] = len(plan["requests"])
+                    plan["requests"].append({"op": "tokenize", "text": normalized, "add_special": True,
+                                             "parse_special": True})
         plan["items"].append(item)
     plan["seconds"] = time.monotonic() - t0
     return plan
@@ -120,8 +127,11 @@ def _text_diff(a: str, b: str) -> str:
             f"HF {a[max(0, i - 20):i + 30]!r} vs llama.cpp {b[max(0, i - 20):i + 30]!r}")
 
 
-def check_chat_template(recipe_name: str, tok, plan: dict, answers: list[dict], vocab: dict) -> dict:
-    """Judge the renders of :func:`plan_chat_template` with the helper's ``answers`` to ``plan["requests"]``."""
+def check_chat_template(recipe_name: str, tok, plan: dict, answers: list[dict], vocab: dict,
+                        cause: tuple[str, str, str] | None = None) -> dict:
+    """Judge the renders of :func:`plan_chat_template` with the helper's ``answers`` to ``plan["requests"]``.
+    ``cause``: (name, status, why) of the normalizer cause (pipeline/stages/conformance/tokenizer.py): input ids
+    that differ only by it are judged as the tokenizer check judges that cause."""
     t0 = time.monotonic()
     check = "chat template"
     failures: list[str] = []
@@ -191,6 +201,14 @@ def check_chat_template(recipe_name: str, tok, plan: dict, answers: list[dict], 
             problems.append(f"llama.cpp adds BOS {bos} where HF has none (HF starts {hf_ids[:3]})")
         if eos is not None and add_eos and ll_ids[-1:] == [eos] and hf_ids[-1:] != [eos]:
             problems.append(f"llama.cpp adds EOS {eos} where HF has none")
+        explained = item.get("normalized", {}).get((add_bos, add_eos))
+        if not problems and ll_ids != hf_ids and cause and explained is not None and [
+                int(i) for i in answers[explained].get("ids", [])] == hf_ids:
+            res["cause"] = cause[0]
+            if cause[1] in ("known limitation", "accepted"):
+                res["verdict"] = f"identical but for {cause[0]} ({cause[1]})"
+                continue
+            problems.append(f"input ids differ: cause {cause[0]} ({cause[2]})")
         if not problems and ll_ids != hf_ids:
             at = first_difference(hf_ids, ll_ids)
             pieces = [clean_piece(p) for p in tk.get("pieces") or ["?"] * len(ll_ids)]
