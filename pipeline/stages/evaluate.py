@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import re
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,7 +31,10 @@ from pipeline.fsutil import atomic_output, sha256_file, write_json_atomic
 from pipeline.recipe import EvalSet, scored_tokens
 from pipeline.tools import Toolchain, ToolResult, find_toolchain, run_tool, tail
 
-TRUNCATION_RETRIES = 2
+# Three runs in a row lost their last lines on a 2-core box under a parallel Snakemake build (a 0.1 s run of the
+# tiny model), twice in one suite; a pause between tries lets the other jobs' bursts pass.
+TRUNCATION_RETRIES = 6
+TRUNCATION_PAUSE = 0.25  # seconds, times the attempt number
 
 _PPL_RE = re.compile(r"Final estimate: PPL = ([0-9.]+) \+/- ([0-9.]+)")
 _ERROR_LINE = re.compile(r"^\s*(?:\d+\.\d+\.\d+\.\d+ )?E ((?:\w+: )?.+?)\s*$", re.M)
@@ -116,6 +120,7 @@ def run_perplexity(tc: Toolchain, args: list, log: Path | None, complete: Callab
         if log:
             with open(log, "a", encoding="utf-8") as fh:
                 fh.write(f"[{note}]\n")
+        time.sleep(TRUNCATION_PAUSE * attempt)
     return res
 
 
