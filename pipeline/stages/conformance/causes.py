@@ -122,18 +122,22 @@ class Normalizer:
                 "residual": [_describe(m) for m in self.residual], "cause": self.cause}
 
 
-def read_normalizer(tok, hf_dir: Path, gguf_tokenizer_model: str | None) -> Normalizer:
-    """The loaded HF tokenizer's normalizer (a fast tokenizer's ``backend_tokenizer``; a slow one has none
-    to read, so every mismatch stays unexplained)."""
-    vocab_type = VOCAB_TYPES.get(str(gguf_tokenizer_model), str(gguf_tokenizer_model))
+def backend_spec(tok) -> dict | None:
+    """A fast HF tokenizer's whole definition (tokenizer.json as loaded); None for a slow one."""
     backend = getattr(tok, "backend_tokenizer", None)
-    if backend is None:
+    return json.loads(backend.to_str()) if backend is not None else None
+
+
+def read_normalizer(tok, spec: dict | None, hf_dir: Path, gguf_tokenizer_model: str | None) -> Normalizer:
+    """The loaded HF tokenizer's normalizer from its :func:`backend_spec` (a slow tokenizer has none to read,
+    so every mismatch stays unexplained)."""
+    vocab_type = VOCAB_TYPES.get(str(gguf_tokenizer_model), str(gguf_tokenizer_model))
+    if spec is None:
         return Normalizer(f"{type(tok).__name__} (slow: no normalizer to read)", vocab_type, [], [])
-    spec = json.loads(backend.to_str()).get("normalizer")
-    members = _flatten(spec)
+    members = _flatten(spec.get("normalizer"))
     done = IMPLEMENTED.get(vocab_type, set())
     residual = [m for m in members if _key(m) not in done and m.get("type") not in done]
-    name = "tokenizer.json" if (Path(hf_dir) / "tokenizer.json").is_file() else f"{type(tok).__name__}"
+    name = "tokenizer.json" if (Path(hf_dir) / "tokenizer.json").is_file() else "the tokenizer files"
     return Normalizer(f"{name} ({type(tok).__name__})", vocab_type, members, residual)
 
 
@@ -157,18 +161,14 @@ def is_limitation(cause: str) -> bool:
     return cause in CONFORMANCE_LIMITATIONS
 
 
-def merging_variant(tok):
-    """HF's tokenizer with BPE ``ignore_merges`` off, or None where it is not on."""
-    backend = getattr(tok, "backend_tokenizer", None)
-    if backend is None:
-        return None
-    spec = json.loads(backend.to_str())
-    if spec.get("model", {}).get("type") != "BPE" or not spec["model"].get("ignore_merges"):
+def merging_variant(spec: dict | None):
+    """The tokenizer of :func:`backend_spec` with BPE ``ignore_merges`` off, or None where it is not on."""
+    model = (spec or {}).get("model") or {}
+    if model.get("type") != "BPE" or not model.get("ignore_merges"):
         return None
     from tokenizers import Tokenizer
 
-    spec["model"]["ignore_merges"] = False
-    return Tokenizer.from_str(json.dumps(spec))
+    return Tokenizer.from_str(json.dumps({**spec, "model": {**model, "ignore_merges": False}}))
 
 
 def encode_variant(alt, text: str, mode: str) -> list[int]:

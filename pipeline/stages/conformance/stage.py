@@ -12,7 +12,7 @@ from typing import Any
 
 from pipeline.errors import PipelineError
 from pipeline.fsutil import write_json_atomic
-from pipeline.stages.conformance.causes import control_typed, merging_variant, read_normalizer
+from pipeline.stages.conformance.causes import backend_spec, control_typed, merging_variant, read_normalizer
 from pipeline.stages.conformance.common import (
     DEFAULT_CHUNKS,
     HELPER,
@@ -218,7 +218,8 @@ def run(recipe, base_gguf, hf_dir, logits_file, base_record, out_record, log=Non
     header = read_header(base_gguf)
     metadata = header.metadata
     gguf_template = metadata.get("tokenizer.chat_template")
-    norm = read_normalizer(tok, hf_dir, metadata.get("tokenizer.ggml.model"))
+    spec = backend_spec(tok)
+    norm = read_normalizer(tok, spec, hf_dir, metadata.get("tokenizer.ggml.model"))
     residual = residual_requests(norm, probes)
     plan = plan_chat_template(tok, gguf_template if isinstance(gguf_template, str) else None, conversations,
                               norm.residual_fn)
@@ -239,7 +240,7 @@ def run(recipe, base_gguf, hf_dir, logits_file, base_record, out_record, log=Non
     n_plan = 1 + len(tok_reqs) + len(plan["requests"])
     details["tokenizer"] = check_tokenizer(name, tok, probes, answers[1:1 + len(tok_reqs)], norm,
                                            (residual[0], answers[n_plan:]), settings["accept"], settings["strict"],
-                                           _texts(recipe, settings), merging_variant(tok),
+                                           _texts(recipe, settings), merging_variant(spec),
                                            frozenset(control_typed(tok, header.array("tokenizer.ggml.token_type"))))
     cause = norm.cause and (norm.cause, cause_status(norm.cause, settings["accept"], settings["strict"]), norm.why())
     details["chat_template"] = check_chat_template(name, tok, plan, answers[1 + len(tok_reqs):n_plan], vocab, cause)
