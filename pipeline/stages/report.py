@@ -288,9 +288,9 @@ def conformance_text(manifest: dict) -> str:
                           f"NFC and llama.cpp's does not (a known llama.cpp limitation), so text that is not NFC, "
                           f"such as a decomposed `e` + U+0301, tokenizes differently{share}."]
         elif v["status"] == "accepted":
-            lines += ["", f"**Known difference, accepted by the recipe (`conformance.accept`): {cause}.** Text that "
-                          f"this HF normalizer changes tokenizes differently in llama.cpp{share}; probes: "
-                          f"{', '.join(v['probes'])}."]
+            lines += ["", f"**Known difference, accepted by the recipe (`conformance.accept`): {cause}.** Text it "
+                          f"touches tokenizes differently in llama.cpp than in the Hugging Face tokenizer{share}; "
+                          f"probes: {', '.join(v['probes'])}."]
     for w in c.get("warnings", []):
         lines += ["", f"Warning: {w}"]
     overrides = manifest.get("vocab_overrides")

@@ -102,6 +102,7 @@ def test_published_tokenizers_through_the_build(tmp_path):
     assert all(ch["passed"] for ch in c["checks"].values()) and c["checks"]["logits"]["not_run"], c["checks"]
     assert any("known llama.cpp limitation nfc" in w and "clients should send NFC-normalized text" in w
                for w in c["warnings"]), c["warnings"]
+    assert not any("control-typed" in w and "NFC" in w for w in c["warnings"]), c["warnings"]
     card = (art / "README.md").read_text()
     assert "**Send NFC-normalized text.**" in card and "Warning: conformance: recipe qwen3: tokenizer parity" in card
     assert (tmp_path / "build" / "work" / "qwen3" / "gate.ok").exists()

@@ -63,7 +63,7 @@ def test_report_section_names_the_causes():
     assert ("**Send NFC-normalized text.** The Hugging Face tokenizer normalizes its input to Unicode NFC and "
             "llama.cpp's does not (a known llama.cpp limitation), so text that is not NFC, such as a decomposed `e` + "
             "U+0301, tokenizes differently (NFC changes 0.00% of botchan.txt).") in text
-    assert ("**Known difference, accepted by the recipe (`conformance.accept`): nfkc.** Text that this HF normalizer "
-            "changes tokenizes differently in llama.cpp; probes: chinese, compatibility-characters.") in text
+    assert ("**Known difference, accepted by the recipe (`conformance.accept`): nfkc.** Text it touches tokenizes "
+            "differently in llama.cpp than in the Hugging Face tokenizer; probes: chinese, compatibility-characters.") in text
     assert text.count("**") == 4  # control-typed: a warning line in the record, no advice paragraph of its own
     assert "Send NFC" not in conformance_text(manifest(True))

@@ -158,7 +158,7 @@ def check_tokenizer(recipe_name: str, tok, probes: list[tuple[str, str]], answer
                                   f"{what} {cause}: {c['why']}; {len(c['probes'])} of {n} probes differ only by it "
                                   f"({', '.join(c['probes'][:6])}{', ...' if len(c['probes']) > 6 else ''})"
                                   + (f"; it changes {shares}" if shares else "")
-                                  + ("; clients should send NFC-normalized text" if is_limitation(cause) else "")))
+                                  + ("; clients should send NFC-normalized text" if cause == "nfc" else "")))
     for a in accept:
         if not any(a in cause.split("+") for cause in causes):
             warnings.append(fail_line(recipe_name, "tokenizer parity",
