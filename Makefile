@@ -118,7 +118,7 @@ test-fast: $(FAST)/bin/.installed
 # which checks their quant types against the installed llama-quantize.
 lint: tools
 	$(BIN)/ruff check pipeline tests bench
-	$(BIN)/snakefmt --check Snakefile rules
+	$(BIN)/snakefmt --check Snakefile
 	$(BIN)/python -m pipeline.recipe.docs --check
 	$(BIN)/snakemake --lint
 

@@ -1,8 +1,8 @@
 # ggufpipe workflow: HF weights -> F16 GGUF -> llama-quantize per quant -> KLD gates -> publish.
-# This file is the DAG's overview: configuration, wildcards, the default target and one rule file per domain
-# (rules/*.smk). Every rule runs one stage entry function through `python -m pipeline.cli stage`: its
-# command line (stage_shell), log (stage_log) and arguments come from the stage registry (pipeline/cli/stage.py,
-# STAGES), every path from pipeline/layout.py; config keys are documented in pipeline/workflow.py.
+# This file is the DAG's wiring: configuration, wildcards, the default target and one rule per stage, each derived
+# from the stage's one declaration beside its entry function (pipeline/stagedef.py, pipeline/stages/): its inputs and
+# outputs (pipeline/layout.py), log, threads, resources and rerun trigger. Every rule runs its stage through
+# `python -m pipeline.cli stage` with the paths resolved here; config keys are documented in pipeline/workflow.py.
 #
 #   fetch -> convert (+ convert_mtp) ------------------------> quantize -> eval, bench -> publish -> gate
 #         -> awq -> convert_awq -> imatrix (calibrate) ---------^    split, conformance, draft checks -^
@@ -13,14 +13,11 @@ import sys
 
 from pipeline.devices.plan_jobs import preflight, rule_resources
 from pipeline.errors import PipelineError
+from pipeline.stages import registry
 from pipeline.workflow import (
     Workflow,
-    logged_rules,
-    mem_mb,
     release_scheduler_timers,
     show_stage_errors,
-    size_mb,
-    stage_log,
     stage_shell,
 )
 
@@ -39,12 +36,13 @@ envvars:
     "GGUFPIPE_PYTHON",
 
 
-# The params of every rule (a stage's own follow them, `trigger`: what decides whether its output is stale).
+# The params of every rule (a stage's own follow them: `io`, `threads`, options and `trigger`, the sorted JSON of
+# the fields that decide whether its output is stale).
 STAGE_PARAMS = {
     "recipe": lambda wc: str(W.recipe(wc.name).path),
     "roots": f"--artifacts {L.artifacts} --work {L.work}",
 }
-ENV = "../envs/ggufpipe.yaml"  # every rule's software (relative to rules/); used only with --use-conda
+ENV = "envs/ggufpipe.yaml"  # every rule's software; used only with --use-conda
 
 
 wildcard_constraints:
@@ -69,7 +67,7 @@ onsuccess:
 
 
 onerror:
-    show_stage_errors(log, logged_rules())  # the error line of a stage whose output goes to its log only
+    show_stage_errors(log)  # the error line of a stage whose output goes to its log only
     release_scheduler_timers()
 
 
@@ -79,12 +77,30 @@ rule all:
         W.targets(),
 
 
-include: "rules/fetch.smk"
-include: "rules/convert.smk"
-include: "rules/calibrate.smk"
-include: "rules/mix.smk"
-include: "rules/quantize.smk"
-include: "rules/evaluate.smk"
-include: "rules/split.smk"
-include: "rules/draft.smk"
-include: "rules/publish.smk"
+def stage_rule(st):
+    """The rule of one declared stage (a function: Snakemake evaluates a shell again when the job runs, and a loop
+    variable would by then name the last stage)."""
+
+    rule:
+        name:
+            st.rule
+        input:
+            unpack(W.rule_inputs(st)),
+        output:
+            **W.rule_outputs(st),
+        log:
+            W.rule_log(st),
+        conda:
+            ENV
+        threads: W.rule_threads(st)
+        resources:
+            **rule_resources(st.rule, W),
+        params:
+            **STAGE_PARAMS,
+            **W.rule_params(st),
+        shell:
+            stage_shell(st)
+
+
+for st in registry().values():
+    stage_rule(st)

@@ -58,7 +58,7 @@ class Layout:
         return self.wrk(name, "quants", file)
 
     # The ``*_at`` methods take plain strings: called with Snakemake wildcards (``"{name}"``, ``"{outtype}"``)
-    # they return the patterns of the rules' outputs (rules/*.smk), with values the paths the stages write.
+    # they return the patterns of the rules' outputs (the stages' declarations), with values the paths the stages write.
     def gguf(self, name: str, key: str) -> Path:
         """The whole GGUF of a model key (base ``F16``, a quant key, ``mtp-F16_MTP``): ``Recipe.file_for``."""
         return self.built(name, f"{name}-{key}.gguf")

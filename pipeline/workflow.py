@@ -24,12 +24,11 @@ import sys
 from pathlib import Path
 
 from pipeline.errors import PipelineError
-from pipeline.fsutil import sha256_file
 from pipeline.layout import Layout
 from pipeline.recipe import Recipe, load_recipe, load_recipes
+from pipeline.stagedef import WILDCARD_FLAGS, Settings, Stage, io_args, size_mb
+from pipeline.stages import registry
 from pipeline.tools import find_toolchain
-
-PROBES = Path(__file__).resolve().parent.parent / "data" / "conformance" / "probes.txt"  # the tokenizer probes
 
 
 class Workflow:
@@ -83,116 +82,56 @@ class Workflow:
     def pair_key_regex(self) -> str:
         return self.quant_regex() + "|F16|BF16|gguf|mtp"
 
-    def main_gguf(self, name: str, key: str) -> str:
-        return str(self.layout.main_gguf(self.recipes[name], key))
-
-    def draft_gguf(self, name: str, key: str, mkey: str | None = None) -> str:
-        return str(self.layout.draft_gguf(self.recipes[name], key, mkey))
-
-    def agreement_inputs(self, name: str, dkey: str) -> dict[str, str]:
-        r = self.recipes[name]
-        es = r.eval_sets[0].name
-        return {"draft": self.draft_gguf(name, dkey), "logits": str(self.layout.base_logits(name, es)),
-                "base_record": str(self.layout.base_record(name, es))}
-
-    # GPU offload (GGUFPIPE_BACKEND, docs/gpu.md): part of the trigger of every stage whose numbers llama.cpp computes on
-    # it, so a switch of backend re-runs them (the base logits included); nothing on the CPU, whose triggers stay as
-    # they were before backends existed
-    def _offload(self) -> tuple:
-        tc = self.toolchain
-        return () if tc.backend == "cpu" else ((tc.backend, tc.ngl),)
-
-    @property
-    def offload_params(self) -> dict[str, str]:
-        """``**W.offload_params`` in the params of rules without a trigger (bench, agreement)."""
-        return {"offload": repr(self._offload())} if self._offload() else {}
-
-    def draft_params(self, name: str) -> str:
-        d = self.recipes[name].draft
-        mtp = (d.spec_type,) if d.mtp else ()  # draft models leave the trigger of existing builds unchanged
-        return repr((str(d.eval_text), d.n_max, d.prompts, d.n_predict, self.eval_threads, self.toolchain.build_number,
-                     *mtp, *self._offload()))
-
-    def calibration_text(self, name: str, section: str) -> str:
-        return str(getattr(self.recipes[name], section).calibration)
-
-    def quant_inputs(self, name: str, key: str) -> dict[str, str]:
-        return self.layout.quant_inputs(self.recipes[name], key)
-
-    def sensitivity_inputs(self, name: str, flavour: str) -> dict[str, str]:
-        return self.layout.sensitivity_inputs(self.recipes[name], flavour)
-
-    def solve_inputs(self, name: str, key: str) -> dict[str, str]:
-        return self.layout.solve_inputs(self.recipes[name], key)
-
-    def flavour_regex(self) -> str:
-        found = sorted({f for r in self.recipes.values() for f in r.mix_flavours})
-        return "|".join(re.escape(f) for f in found) or "(?!)"
-
-    def source_gguf(self, name: str, base: str) -> str:
-        return str(self.layout.source_gguf(self.recipes[name], base))
-
     def recipe(self, name: str) -> Recipe:
         return self.recipes[name]
 
     def targets(self) -> list[str]:
         return [str(self.layout.gate_ok(n)) for n in self.recipes]
 
-    def base_file(self, name: str) -> str:
-        return str(self.layout.base_gguf(self.recipes[name]))
+    def flavour_regex(self) -> str:
+        found = sorted({f for r in self.recipes.values() for f in r.mix_flavours})
+        return "|".join(re.escape(f) for f in found) or "(?!)"
 
-    def publish_inputs(self, name: str) -> dict[str, list[str]]:
-        return self.layout.publish_inputs(self.recipes[name])
+    @property
+    def settings(self) -> Settings:
+        """What stage triggers depend on beyond the recipe. Off the CPU the offload (GGUFPIPE_BACKEND, docs/gpu.md) is a
+        field of every stage whose numbers llama.cpp computes, so a switch of backend re-runs them."""
+        tc = self.toolchain
+        return Settings(eval_threads=self.eval_threads, calib_threads=self.calib_threads,
+                        quantized_by=self.quantized_by, build_number=tc.build_number, commit=tc.commit,
+                        offload=() if tc.backend == "cpu" else (tc.backend, tc.ngl))
 
-    # params that decide whether a stage's output is stale (Snakemake's params rerun trigger)
-    def fetch_params(self, name: str) -> str:
-        r = self.recipes[name]
-        return repr((r.source.describe(), r.source.allow_pickle, r.source.trust_remote_code))
+    def trigger(self, rule: str, name: str, **wc: str) -> str:
+        """The ``trigger`` param of one job of ``rule``: the sorted JSON of its stage's declared fields."""
+        return registry()[rule].trigger_text(self.recipes[name], {"name": name, **wc}, self.settings)
 
-    def convert_params(self, name: str) -> str:
-        r = self.recipes[name]
-        mtp = () if r.mtp == "keep" else (r.mtp,)  # keep (the default) leaves existing builds' trigger as it was
-        fix = (r.vocab_overrides,) if r.vocab_overrides else ()  # likewise: only recipes with fix-path keys
-        return repr((r.outtype, r.license, *mtp, self.quantized_by, self.toolchain.build_number, self.toolchain.commit,
-                     *fix))
+    # ---------------------------------------------------------------- a rule, derived from its stage's declaration
+    def rule_inputs(self, st: Stage):
+        return lambda wc: st.input_paths(self.recipes[wc.name], dict(wc.items()), self.layout)
 
-    def quant_params(self, name: str, key: str) -> str:
-        q = self.recipes[name].quant(key)
-        extra = (q.base, q.imatrix) if (q.awq or q.imatrix) else ()  # unchanged for plain quants
-        if q.tensor_types_file:  # the map's content, not only its path (recipes without one: unchanged)
-            extra += (sha256_file(q.tensor_types_file),)
-        return repr((q.type, q.quantize_args(), self.toolchain.build_number, self.toolchain.commit, *extra))
+    def rule_outputs(self, st: Stage) -> dict:
+        from snakemake.io import directory
 
-    def sensitivity_params(self, name: str, flavour: str) -> str:
-        r = self.recipes[name]  # not the budgets or targets: changing those re-solves, never re-measures
-        return repr((r.sensitivity.describe(), r.mix_candidates(flavour), self.eval_threads,
-                     self.toolchain.build_number, self.toolchain.commit, *self._offload()))
+        return {k: directory(v) if k in st.directories else v for k, v in st.patterns(self.layout).items()}
 
-    def solve_params(self, name: str, key: str) -> str:
-        q = self.recipes[name].quant(key)
-        from pipeline.stages.mix.solve import SOLVER
+    def rule_log(self, st: Stage) -> str:
+        """``work/{name}/logs/<stem>.log``: the path the stage writes its tools' output to (``--log``)."""
+        return str(self.layout.log("{name}", st.log))
 
-        return repr((q.type, q.mix.describe(), SOLVER, self.toolchain.build_number, self.toolchain.commit))
+    def rule_threads(self, st: Stage) -> int:
+        return st.threads if isinstance(st.threads, int) else getattr(self, st.threads)
 
-    def awq_params(self, name: str) -> str:
-        r = self.recipes[name]
-        return repr((r.awq.describe(), self.calib_threads))
-
-    def imatrix_params(self, name: str) -> str:
-        r = self.recipes[name]
-        return repr((r.imatrix.describe(), self.calib_threads, self.toolchain.build_number, *self._offload()))
-
-    def eval_base_params(self, name: str, es: str) -> str:
-        e = self.recipes[name].eval_set(es)
-        return repr((str(e.text), e.ctx, e.chunks, self.eval_threads, self.toolchain.build_number, *self._offload()))
-
-    def eval_params(self, name: str, es: str) -> str:
-        # the eval record's chunk rows (the device slice's values) came with schema 7's device check: older records re-run
-        return repr((self.eval_base_params(name, es), "chunk_rows"))
-
-    def split_params(self, name: str, key: str) -> str:
-        s = self.recipes[name].split_for(key)
-        return repr((s.args() if s else None, self.toolchain.build_number, self.toolchain.commit))
+    def rule_params(self, st: Stage) -> dict:
+        """The stage's own params (after the ones every rule shares): the paths Snakemake resolved, fixed threads,
+        command-line options and the trigger."""
+        out = {"io": lambda wc, input, output: io_args(input, output)}
+        if not st.capped:
+            out["threads"] = self.rule_threads(st)  # fixed, not scaled by --cores: the figures do not depend on it
+        for opt in st.options:
+            out[opt] = getattr(self, opt)
+        if st.trigger is not None:
+            out["trigger"] = lambda wc: self.trigger(st.rule, **dict(wc.items()))
+        return out
 
     # the source's size where it is known (the fetch rule's resources, pipeline/devices/plan_jobs.py)
     def source_mb(self, name: str) -> float | None:
@@ -210,68 +149,35 @@ class Workflow:
 
         return size_mb(hub_snapshot_dir(cache, src.repo, src.revision)) or None
 
-    def conformance_inputs(self, name: str) -> dict[str, list[str]]:
-        return self.layout.conformance_inputs(self.recipes[name])
 
-    def device_slice_inputs(self, name: str) -> dict[str, str]:
-        r = self.recipes[name]
-        es = r.eval_sets[0].name
-        return {"base": self.base_file(name), "logits": str(self.layout.base_logits(name, es)),
-                "base_record": str(self.layout.base_record(name, es))}
-
-    def device_slice_params(self, name: str) -> str:
-        r = self.recipes[name]
-        return repr((r.device_slice, self.eval_base_params(name, r.eval_sets[0].name), self.toolchain.commit))
-
-    def conformance_params(self, name: str) -> str:
-        c = self.recipes[name].conformance
-        return repr((c.describe(), str(c.text) if c.text else None, self.toolchain.build_number, self.toolchain.commit,
-                     *self._offload(), sha256_file(PROBES)))
-
-    def publish_params(self, name: str) -> str:
-        return self.recipes[name].sha256  # thresholds, eval sets, bench...: any recipe change re-publishes
-
-
-# Where a rule's shell sends the stage's own output (``Stage.output`` in pipeline/cli/stage.py's registry).
+# Where a rule's shell sends the stage's own output (``Stage.output``).
 OUTPUT_SHELL = {"console": "", "log": " > {log:q} 2>&1", "tee": " 2>&1 | tee {log:q}"}
 
 
-def stage_shell(rule: str) -> str:
-    """The shell command of a rule (rules/*.smk): ``ggufpipe stage`` with the recipe, name and roots, the
-    stage's own arguments and output (:data:`pipeline.cli.STAGES`). The text is Snakemake's code rerun
-    trigger: it must stay byte-identical for an unchanged stage (tests/unit/test_workflow_rules.py)."""
-    from pipeline.cli import STAGES
-
-    st = STAGES[rule]
+def stage_shell(st: Stage) -> str:
+    """The shell command of a stage's rule: ``ggufpipe stage`` with the recipe, name, roots, wildcards, the paths
+    Snakemake resolved, the job's log and threads, the stage's options, then where its own output goes."""
     cmd = (f'"$GGUFPIPE_PYTHON" -m pipeline.cli stage {st.cli} --recipe {{params.recipe:q}} --name {{wildcards.name}}'
-           " {params.roots}")
-    return cmd + (f" {st.args}" if st.args else "") + OUTPUT_SHELL[st.output]
-
-
-def stage_log(layout: Layout, rule: str) -> str:
-    """The log pattern of a rule, ``work/{name}/logs/<stem>.log``: the path its stage writes (pipeline/cli/stage.py cmd_stage)."""
-    from pipeline.cli import STAGES
-
-    return str(layout.log("{name}", STAGES[rule].log))
+           " {params.roots} {params.io} --log {log:q}")
+    cmd += "".join(f" --{WILDCARD_FLAGS[w]} {{wildcards.{w}:q}}" for w in st.wildcards)
+    cmd += " --threads {threads}" if st.capped else " --threads {params.threads}"
+    cmd += "".join(f" --{o.replace('_', '-')} {{params.{o}:q}}" for o in st.options)
+    return cmd + OUTPUT_SHELL[st.output]
 
 
 def logged_rules() -> tuple[str, ...]:
     """Rules whose shell sends all of the stage's output, its error line included, into the job's log only."""
-    from pipeline.cli import STAGES
-
-    return tuple(k for k, st in STAGES.items() if st.output == "log")
+    return tuple(k for k, st in registry().items() if st.output == "log")
 
 
-LOGGED_RULES = logged_rules()
-
-
-def show_stage_errors(snakemake_log, rules: tuple[str, ...] = LOGGED_RULES) -> None:
+def show_stage_errors(snakemake_log, rules: tuple[str, ...] | None = None) -> None:
     """The Snakefile's ``onerror``: print the ``error:`` line of each failed job of ``rules`` (those whose
     output goes to their log only, :func:`logged_rules`; the other stages print theirs to Snakemake's output
     themselves), so that every failed stage says what is wrong in one line, not only "check log file(s) for
     error details". ``snakemake_log``: the path(s) of Snakemake's own log (Snakemake 9 passes a list)."""
     from pipeline.distribution.ci_summary import snakemake_failed_jobs
 
+    rules = logged_rules() if rules is None else rules
     text = ""
     for path in [snakemake_log] if isinstance(snakemake_log, (str, os.PathLike)) else list(snakemake_log or []):
         try:
@@ -302,45 +208,3 @@ def release_scheduler_timers() -> None:
     for t in threading.enumerate():
         if isinstance(t, threading.Timer):
             t.cancel()
-
-
-def _n_vocab(base_gguf: str) -> int:
-    """The base GGUF's vocabulary size once it exists; before that, the bound for logits estimates."""
-    from pipeline.gguf import ArrayValue, read_header
-
-    if Path(base_gguf).is_file():
-        tokens = read_header(base_gguf).metadata.get("tokenizer.ggml.tokens")
-        if isinstance(tokens, ArrayValue):
-            return tokens.count
-    return LOGITS_VOCAB_BOUND
-
-
-def mem_mb(input_mb: float, factor: float, floor: int = 512) -> int:
-    return int(max(floor, input_mb * factor + floor))
-
-
-# Resources (README, "Running on a cluster"): every rule declares threads, mem_mb, disk_mb and runtime
-# (minutes), derived from the sizes of its inputs. Snakemake evaluates them again when a job is ready
-# to run, with its inputs present; before that (DAG construction, dry runs) a file not built yet counts
-# as empty.
-FETCH_UNKNOWN_MB = 20480  # a source not in any local cache yet: room for a ~10B-parameter BF16 checkpoint
-LOGITS_VOCAB_BOUND = 262144  # n_vocab assumed before the base GGUF exists (Gemma 3's vocabulary)
-
-
-def size_mb(path: str | os.PathLike) -> float:
-    """Size of a file, or of every file under a folder (symlinks followed), in MiB; 0 when absent."""
-    p = Path(path)
-    try:
-        if p.is_dir():
-            return sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) / 2**20
-        return p.stat().st_size / 2**20
-    except OSError:
-        return 0.0
-
-
-def logits_bytes(ctx: int, chunks: int, n_vocab: int) -> int:
-    """Size of the ``llama-perplexity --kl-divergence-base`` file: a 20-byte header, the ctx * chunks
-    tokens (int32), then for each scored token (the last ctx - 1 - ctx/2 of each chunk) the vocabulary's
-    log-probabilities as uint16 (n_vocab rounded up to even) plus 4 uint16 (min and scale floats)."""
-    per_token = 2 * (2 * ((n_vocab + 1) // 2) + 4)
-    return 20 + 4 * ctx * chunks + chunks * (ctx - 1 - ctx // 2) * per_token

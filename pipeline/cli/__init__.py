@@ -1,6 +1,6 @@
 """``ggufpipe``: the command line. Thin wrappers over the stage entry functions, one
-module per command (``pipeline/cli/<command>.py``, each with ``register(sub)``); ``ggufpipe stage`` and the stage
-registry the Snakefile's rules are built from are in ``pipeline/cli/stage.py``.
+module per command (``pipeline/cli/<command>.py``, each with ``register(sub)``); ``ggufpipe stage`` runs one stage
+as its declaration in pipeline/stages/ says (``pipeline/cli/stage.py``).
 
 Errors are printed as one line (``error: ...``) with exit status 1, never as a traceback.
 """
@@ -13,7 +13,6 @@ import importlib
 import os
 import sys
 
-from pipeline.cli.stage import STAGES, Stage, stage_for  # noqa: F401  (the registry: pipeline/workflow.py)
 from pipeline.errors import PipelineError
 
 ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES}

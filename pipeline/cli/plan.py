@@ -1,5 +1,5 @@
 """``ggufpipe plan RECIPE``: what the recipe's build will need before it runs: disk per output, RAM per stage, the
-Slurm resources each rule would request (the functions rules/*.smk are built from) and hours on a stated box, all
+Slurm resources each rule would request (the functions each stage declares) and hours on a stated box, all
 from the checkpoint's config.json and safetensors headers (pipeline/devices/plan.py, docs/planning.md)."""
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def print_plan(p: dict, box: dict) -> None:
     print("RAM per stage (predicted peak RSS of its largest process):")
     for r in p["ram"]:
         print(f"  {r['stage']:12} {r['key']:22} {fmt(r['bytes']):>11}   {r['how']}")
-    print(f"Slurm resources per job (rules/*.smk: pipeline.devices.plan_jobs.RESOURCES) and hours on the box "
+    print(f"Slurm resources per job (each stage's declared resources) and hours on the box "
           f"({box['cores']} cores, {fmt(box['ram'])} RAM):")
     print("  " + _row("rule", "key", "inputs", "mem_mb", "disk_mb", "runtime", "hours", "RAM ok"))
     for j in p["jobs"]:

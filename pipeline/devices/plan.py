@@ -9,13 +9,13 @@ from ``config.json`` (a Llama-style decoder: :func:`config_tensors`).
 - **disk** (:func:`disk_plan`): the snapshot, the base GGUF (2-D weights at the outtype, 1-D in F32, each padded to
   32 bytes, plus the metadata: the vocabulary's strings from ``tokenizer.json``), each quant (per tensor the type
   llama-quantize picks, :func:`quant_tensor_type`, a condensed ``llama_tensor_get_type`` of src/llama-quant.cpp with
-  its shape fallbacks), the base logits (:func:`pipeline.workflow.logits_bytes`), shards, the AWQ copy and its GGUF.
+  its shape fallbacks), the base logits (:func:`pipeline.stagedef.logits_bytes`), shards, the AWQ copy and its GGUF.
 - **RAM** (:func:`ram_plan`): the peak RSS (VmHWM) of the largest process of each stage: the converter (Python,
   the safetensors mapped), llama-quantize, llama-perplexity / llama-imatrix (llama.cpp's buffers, the components of
   :mod:`pipeline.devices.memory` computed from hyperparameters instead of a GGUF: :func:`llama_run_bytes`), AutoAWQ
   and the conformance stage's float32 HF forward. Constants measured on this machine: :data:`RAM_FIT`.
-- **Slurm**, jobs and the pre-flight: :mod:`pipeline.devices.plan_jobs` (the ``resources:`` of every rule in
-  rules/*.smk are built there, so ``ggufpipe plan`` evaluates the very expressions Snakemake does).
+- **Slurm**, jobs and the pre-flight: :mod:`pipeline.devices.plan_jobs` (the ``resources:`` each stage declares, so
+  ``ggufpipe plan`` evaluates the very expressions Snakemake does).
 - **free memory** (:func:`free_memory`): MemAvailable from /proc/meminfo, or from the file ``GGUFPIPE_MEMINFO``
   names (the tests' fake meminfo).
 """
@@ -314,7 +314,7 @@ def imatrix_bytes(facts: Facts) -> int:
 def disk_plan(recipe, facts: Facts, hub_on_work_fs: bool = True) -> list[dict]:
     """One row per output the build writes: ``{"stage", "key", "what", "bytes"}``, in build order. The snapshot
     counts once (the fetched folder is hard links of the hub cache's files; ``hub_on_work_fs=False``: a copy)."""
-    from pipeline.workflow import logits_bytes
+    from pipeline.stagedef import logits_bytes
 
     out = [{"stage": "fetch", "key": "", "what": "snapshot (hub cache)", "bytes": facts.snapshot_bytes}]
     if not hub_on_work_fs:

@@ -1,5 +1,5 @@
 """The jobs of a build, planned (pipeline/devices/plan.py predicts the sizes): the Slurm resources of every rule
-(:data:`RESOURCES`: rules/*.smk are built from it, ``ggufpipe plan`` evaluates it on predicted sizes), each job's disk,
+(each stage declares its own: the Snakefile wraps them, ``ggufpipe plan`` evaluates them on predicted sizes), each job's disk,
 RAM and hours on a stated box (:func:`plan_jobs`, :func:`hours`), and the Snakefile's pre-flight (:func:`preflight`,
 :func:`check_jobs`). docs/planning.md."""
 
@@ -20,84 +20,17 @@ from pipeline.devices.plan import (
     ram_plan,
     source_facts,
 )
+from pipeline.gguf import ArrayValue, read_header
+from pipeline.stagedef import LOGITS_VOCAB_BOUND, size_mb
+from pipeline.stages import registry
 
 
-# ------------------------------------------------------------------ Slurm resources (rules/*.smk use these)
-def _mm(input_mb: float, factor: float, floor: int = 512) -> int:
-    from pipeline.workflow import mem_mb
-
-    return mem_mb(input_mb, factor, floor)
-
-
-def _fetch_disk(s) -> int:
-    from pipeline.workflow import FETCH_UNKNOWN_MB
-
-    src = s.source_mb()
-    return _mm(src, 2.0) if src else FETCH_UNKNOWN_MB
-
-
-def _fetch_runtime(s) -> int:
-    src = s.source_mb()
-    return int(30 + src / 100) if src else 120
-
-
-def _logits_mb(s) -> int:
-    from pipeline.workflow import logits_bytes
-
-    e = s.recipe.eval_set(s.wc["es"])
-    return _mm(logits_bytes(e.ctx, e.chunks, s.n_vocab("base")) / MIB, 1.0)
-
-
-def _conformance_disk(s) -> int:
-    from pipeline.workflow import logits_bytes
-
-    r = s.recipe
-    if r.eval_sets:
-        return 512
-    return _mm(logits_bytes(512, r.conformance.chunks, s.n_vocab("base")) / MIB, 1.0)
-
-
-# rule -> resource -> a constant or a function of the job's input sizes (:class:`JobSizes`): MiB and minutes.
-# ``s.total``: every input (folders counted file by file); ``s.mb(key)``: one named input.
-RESOURCES = {
-    "fetch": {"mem_mb": 1024, "disk_mb": _fetch_disk, "runtime": _fetch_runtime},
-    "convert": {"mem_mb": lambda s: _mm(s.total, 1.5), "disk_mb": lambda s: _mm(s.total, 2.5),
-                "runtime": lambda s: int(30 + s.total / 100)},
-    "convert_mtp": {"mem_mb": lambda s: _mm(s.total, 1.5), "disk_mb": lambda s: _mm(s.total, 1.5),
-                    "runtime": lambda s: int(30 + s.total / 100)},
-    # float32 model (2 x the FP16 folder) + the FP16 copy written + activations: 3.5 x (AutoAWQ, docs/planning.md)
-    "awq": {"mem_mb": lambda s: _mm(s.total, 3.5, 2048), "disk_mb": lambda s: _mm(s.total, 2),
-            "runtime": lambda s: int(30 + s.total / 5)},
-    "convert_awq": {"mem_mb": lambda s: _mm(s.total, 1.5), "disk_mb": lambda s: _mm(s.total, 2.5),
-                    "runtime": lambda s: int(30 + s.total / 100)},
-    "imatrix": {"mem_mb": lambda s: _mm(s.total, 1.3, 1024), "disk_mb": 1024,
-                "runtime": lambda s: int(30 + s.total / 10)},
-    "sensitivity": {"mem_mb": lambda s: _mm(s.total, 1.3, 1024), "disk_mb": lambda s: _mm(s.mb("base"), 1.0, 1024),
-                    "runtime": lambda s: int(60 + s.total)},
-    "solve": {"mem_mb": 1024, "disk_mb": 64, "runtime": 10},
-    "quantize": {"mem_mb": lambda s: _mm(s.total, 1.2), "disk_mb": lambda s: _mm(s.total, 1.0),
-                 "runtime": lambda s: int(20 + s.total / 200)},
-    "eval_base": {"mem_mb": lambda s: _mm(s.total, 1.3, 1024), "disk_mb": _logits_mb,
-                  "runtime": lambda s: int(30 + s.total / 20)},
-    "eval": {"mem_mb": lambda s: _mm(s.mb("gguf"), 1.3, 1024), "disk_mb": 1024,
-             "runtime": lambda s: int(30 + s.mb("gguf") / 20)},
-    # the slice of the base logits (at most their size) and one llama-perplexity run of the base file on it
-    "device_slice": {"mem_mb": lambda s: _mm(s.mb("base"), 1.3, 1024), "disk_mb": lambda s: _mm(s.mb("logits"), 1.0, 64),
-                     "runtime": lambda s: int(30 + s.mb("base") / 100)},
-    "bench": {"mem_mb": lambda s: _mm(s.total, 1.3, 1024), "disk_mb": 1024,
-              "runtime": lambda s: int(30 + s.total / 100)},
-    # the HF model in float32 (2 x the F16 file) beside the base logits being read
-    "conformance": {"mem_mb": lambda s: _mm(s.mb("base"), 2.5, 2048), "disk_mb": _conformance_disk,
-                    "runtime": lambda s: int(30 + s.mb("base") / 20)},
-    "split": {"mem_mb": 1024, "disk_mb": lambda s: _mm(s.total, 1.0), "runtime": lambda s: int(10 + s.total / 200)},
-    "vocab_check": {"mem_mb": 1024, "disk_mb": 1024, "runtime": 10},
-    "acceptance": {"mem_mb": lambda s: _mm(s.total, 1.5, 1024), "disk_mb": 1024,
-                   "runtime": lambda s: int(60 + s.total / 20)},
-    "agreement": {"mem_mb": lambda s: _mm(s.mb("draft"), 1.3, 1024), "disk_mb": 1024,
-                  "runtime": lambda s: int(30 + s.mb("draft") / 20)},
-    "publish": {"mem_mb": 1024, "disk_mb": lambda s: _mm(s.total, 1.0), "runtime": lambda s: int(30 + s.total / 5000)},
-    "gate": {"mem_mb": 512, "disk_mb": 512, "runtime": 10},
-}
+# ------------------------------------------------------------------ Slurm resources (each stage declares its own)
+def resources(rule: str) -> dict:
+    """A rule's declared resources (:attr:`pipeline.stagedef.Stage.resources`): MiB and minutes, constants or functions
+    of the job's sizes (:class:`JobSizes` or :class:`PlannedSizes`: ``s.total``, every input, folders counted file by
+    file; ``s.mb(key)``: one named input)."""
+    return registry()[rule].resources
 
 
 class JobSizes:
@@ -110,8 +43,6 @@ class JobSizes:
 
     @property
     def total(self) -> float:
-        from pipeline.workflow import size_mb
-
         return sum(size_mb(f) for f in self.input)
 
     def _path(self, key: str) -> str:
@@ -119,17 +50,19 @@ class JobSizes:
         return str(v if isinstance(v, (str, os.PathLike)) else v[0])
 
     def mb(self, key: str) -> float:
-        from pipeline.workflow import size_mb
-
         return size_mb(self._path(key))
 
     def source_mb(self) -> float | None:
         return self.W.source_mb(self.wc["name"])
 
     def n_vocab(self, key: str) -> int:
-        from pipeline.workflow import _n_vocab
-
-        return _n_vocab(self._path(key))
+        """The input GGUF's vocabulary size once it exists; before that, the bound for logits estimates."""
+        path = self._path(key)
+        if Path(path).is_file():
+            tokens = read_header(path).metadata.get("tokenizer.ggml.tokens")
+            if isinstance(tokens, ArrayValue):
+                return tokens.count
+        return LOGITS_VOCAB_BOUND
 
 
 class PlannedSizes:
@@ -153,10 +86,10 @@ class PlannedSizes:
 
 
 def rule_resources(rule: str, W) -> dict:
-    """The ``resources:`` of a rule in rules/*.smk (``**rule_resources("convert", W)``): constants as they are,
-    functions wrapped for Snakemake (called with the job's wildcards and input)."""
+    """The ``resources:`` of a stage's rule: constants as they are, functions wrapped for Snakemake (called with the
+    job's wildcards and input)."""
     out = {}
-    for key, f in RESOURCES[rule].items():
+    for key, f in resources(rule).items():
         out[key] = f if isinstance(f, int) else _wrap(W, f)
     return out
 
@@ -166,7 +99,7 @@ def _wrap(W, f):
 
 
 def evaluate_resources(rule: str, sizes) -> dict[str, int]:
-    return {k: (f if isinstance(f, int) else int(f(sizes))) for k, f in RESOURCES[rule].items()}
+    return {k: (f if isinstance(f, int) else int(f(sizes))) for k, f in resources(rule).items()}
 
 
 # ------------------------------------------------------------------ the build's jobs, planned
@@ -275,9 +208,6 @@ def hours(job: dict, facts: Facts, recipe, box: dict = BOX) -> float:
 
 
 # ------------------------------------------------------------------ pre-flight (the Snakefile's onstart)
-RULE_ORDER = ("fetch", "convert", "convert_mtp", "awq", "convert_awq", "imatrix", "sensitivity", "solve", "quantize",
-              "split", "eval_base", "eval", "device_slice", "bench", "conformance", "vocab_check", "acceptance", "agreement",
-              "publish", "gate")
 
 
 def source_dir(W, name: str) -> Path | None:
@@ -338,7 +268,7 @@ def check_jobs(W, jobs: list[tuple[str, dict]], local: bool = True, node_mem_mb:
         free.setdefault(dev, [avail, 0, os.path.abspath(path)])
         return dev
 
-    order = {r: i for i, r in enumerate(RULE_ORDER)}
+    order = {r: i for i, r in enumerate(registry())}  # build order, as the stages declare it
     for rule, wc in sorted(jobs, key=lambda j: order.get(j[0], len(order))):
         name = wc.get("name", "")
         plan = plans.get(name) or {}

@@ -11,7 +11,7 @@ that are not committed yet. Then:
   ``awq.calibration``, ``imatrix.calibration``, a local ``source.path`` folder): that recipe is built;
   a recipe that no longer loads (e.g. a text it names was deleted) is selected too, so that its
   error is reported;
-* pipeline code changed (:data:`PIPELINE_PATHS`: ``pipeline/``, ``Snakefile``, ``rules/``, ``pyproject.toml``,
+* pipeline code changed (:data:`PIPELINE_PATHS`: ``pipeline/``, ``Snakefile``, ``pyproject.toml``,
   ``requirements/``): every recipe is built.
 
 :func:`run_ci` then refuses, before building anything, any selected recipe that does not validate or

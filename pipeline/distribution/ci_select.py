@@ -11,7 +11,7 @@ from pipeline.errors import PipelineError
 from pipeline.recipe import COMMIT_RE, Recipe, load_recipe
 
 # Repo-relative paths whose change means "pipeline code changed": every recipe is rebuilt.
-PIPELINE_PATHS = ("pipeline/", "Snakefile", "rules/", "pyproject.toml", "requirements/")
+PIPELINE_PATHS = ("pipeline/", "Snakefile", "pyproject.toml", "requirements/")
 
 def _git(repo: Path, *args: str) -> str:
     try:

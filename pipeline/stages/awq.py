@@ -24,6 +24,7 @@ from pathlib import Path
 from pipeline.errors import PipelineError
 from pipeline.fsutil import atomic_output, sha256_file, write_json_atomic
 from pipeline.recipe import Recipe
+from pipeline.stagedef import Stage, mem_mb
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt")
 WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
@@ -240,3 +241,15 @@ def _version(dist: str) -> str | None:
         return version(dist)
     except PackageNotFoundError:
         return None
+
+
+STAGE = Stage(
+    "awq", "awq", order=30, log="awq", output="log", threads="calib_threads", directories=("hf",),
+    run=lambda j: run_awq(j.recipe, j.input["hf"], j.output["hf"], j.output["record"], threads=j.threads),
+    inputs=lambda r, wc, L: {"hf": L.hf(r.name), "text": r.awq.calibration},
+    outputs=lambda L: {"hf": L.hf_awq("{name}"), "record": L.awq_record("{name}")},
+    trigger=lambda r, wc, s: {"awq": r.awq.describe(), "calib_threads": s.calib_threads},
+    # float32 model (2 x the FP16 folder) + the FP16 copy written + activations: 3.5 x (AutoAWQ, docs/planning.md)
+    resources={"mem_mb": lambda s: mem_mb(s.total, 3.5, 2048), "disk_mb": lambda s: mem_mb(s.total, 2),
+               "runtime": lambda s: int(30 + s.total / 5)},
+)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from pipeline.errors import PipelineError
 from pipeline.fsutil import write_json_atomic
+from pipeline.stagedef import Stage, mem_mb
 from pipeline.tools import Toolchain, find_toolchain, run_tool, tail
 
 PROMPT_TOKENS = 256
@@ -58,3 +59,14 @@ def bench(gguf: str | Path, record: str | Path, threads: int = 2, log: str | Pat
     }
     write_json_atomic(record, rec)
     return rec
+
+
+STAGE = Stage(
+    "bench", "bench", order=53, log="bench-{bkey}", wildcards=("bkey",), threads="eval_threads",
+    run=lambda j: bench(j.input["gguf"], j.output["record"], threads=j.threads, log=j.log),
+    inputs=lambda r, wc, L: {"gguf": L.main_gguf(r, wc["bkey"])},
+    outputs=lambda L: {"record": L.bench_record("{name}", "{bkey}")},
+    trigger=lambda r, wc, s: {"offload": s.offload},
+    resources={"mem_mb": lambda s: mem_mb(s.total, 1.3, 1024), "disk_mb": 1024,
+               "runtime": lambda s: int(30 + s.total / 100)},
+)

@@ -27,6 +27,7 @@ from pipeline.errors import PipelineError
 from pipeline.fsutil import atomic_output, write_json_atomic
 from pipeline.provenance import python_versions
 from pipeline.recipe import Recipe
+from pipeline.stagedef import Stage, mem_mb
 from pipeline.stages.mtp import MTP_KEYS, mtp_facts
 from pipeline.tools import Toolchain, find_toolchain, run_converter, tail
 
@@ -196,3 +197,38 @@ def convert_mtp(recipe: Recipe, hf_dir: str | Path, out_gguf: str | Path, record
     }
     write_json_atomic(record, rec)
     return rec
+
+
+def _trigger(r, wc, s) -> dict:
+    return {"outtype": r.outtype, "license": r.license, "mtp": r.mtp, "quantized_by": s.quantized_by,
+            "build": s.build_number, "commit": s.commit, "vocab_overrides": r.vocab_overrides}
+
+
+def _resources(disk: float) -> dict:
+    return {"mem_mb": lambda s: mem_mb(s.total, 1.5), "disk_mb": lambda s: mem_mb(s.total, disk),
+            "runtime": lambda s: int(30 + s.total / 100)}
+
+
+def _convert(j, fn) -> None:
+    fn(j.recipe, j.input["hf"], j.output["gguf"], j.output["record"], log=j.log, quantized_by=j.options["quantized_by"])
+
+
+CONVERT = Stage(
+    "convert", "convert", order=20, log="convert-{outtype}", wildcards=("outtype",), options=("quantized_by",),
+    run=lambda j: _convert(j, convert), inputs=lambda r, wc, L: {"hf": L.hf(r.name)},
+    outputs=lambda L: {"gguf": L.gguf("{name}", "{outtype}"), "record": L.convert_record_at("{name}", "{outtype}")},
+    trigger=_trigger, resources=_resources(2.5),
+)
+CONVERT_MTP = Stage(
+    "convert_mtp", "convert-mtp", order=21, log="convert-mtp-{outtype}", wildcards=("outtype",),
+    options=("quantized_by",), run=lambda j: _convert(j, convert_mtp), inputs=lambda r, wc, L: {"hf": L.hf(r.name)},
+    outputs=lambda L: {"gguf": L.mtp_gguf_at("{name}", "{outtype}"), "record": L.mtp_record_at("{name}", "{outtype}")},
+    trigger=_trigger, resources=_resources(1.5),
+)
+CONVERT_AWQ = Stage(
+    "convert_awq", "convert-awq", order=31, log="convert-{outtype}-awq", wildcards=("outtype",),
+    options=("quantized_by",), run=lambda j: _convert(j, convert), inputs=lambda r, wc, L: {"hf": L.hf_awq(r.name)},
+    outputs=lambda L: {"gguf": L.awq_gguf_at("{name}", "{outtype}"),
+                       "record": L.awq_convert_record_at("{name}", "{outtype}")},
+    trigger=_trigger, resources=_resources(2.5),
+)

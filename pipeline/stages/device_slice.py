@@ -20,6 +20,7 @@ from pathlib import Path
 from pipeline.errors import PipelineError
 from pipeline.fsutil import atomic_output, sha256_file, write_json_atomic
 from pipeline.recipe import EvalSet, scored_tokens
+from pipeline.stagedef import Stage, mem_mb
 from pipeline.tools import Toolchain, find_toolchain
 
 
@@ -77,3 +78,30 @@ def device_slice(recipe_name: str, es: EvalSet, chunks: int, base_gguf: str | Pa
     }
     write_json_atomic(record, rec)
     return rec
+
+
+def _run(j) -> None:
+    r, i = j.recipe, j.input
+    device_slice(r.name, r.eval_sets[0], r.device_slice, i["base"], i["logits"], i["base_record"], j.output["logits"],
+                 j.output["record"], threads=j.threads, log=j.log)
+
+
+def _inputs(r, wc, L) -> dict:
+    es = r.eval_sets[0].name
+    return {"base": L.base_gguf(r), "logits": L.base_logits(r.name, es), "base_record": L.base_record(r.name, es)}
+
+
+def _trigger(r, wc, s) -> dict:
+    from pipeline.stages.evaluate import eval_fields
+
+    return {"chunks": r.device_slice, "eval": eval_fields(r, r.eval_sets[0].name, s), "commit": s.commit}
+
+
+STAGE = Stage(
+    "device_slice", "device-slice", order=52, log="device-slice", threads="eval_threads", capped=True, run=_run,
+    inputs=_inputs, outputs=lambda L: {"logits": L.device_slice("{name}"), "record": L.device_slice_record("{name}")},
+    trigger=_trigger,
+    # the slice of the base logits (at most their size) and one llama-perplexity run of the base file on it
+    resources={"mem_mb": lambda s: mem_mb(s.mb("base"), 1.3, 1024), "disk_mb": lambda s: mem_mb(s.mb("logits"), 1.0, 64),
+               "runtime": lambda s: int(30 + s.mb("base") / 100)},
+)

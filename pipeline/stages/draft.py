@@ -21,6 +21,7 @@ from pathlib import Path
 
 from pipeline.errors import PipelineError
 from pipeline.fsutil import sha256_file, write_json_atomic
+from pipeline.stagedef import Stage, mem_mb
 from pipeline.stages.mtp import mtp_step_bytes
 from pipeline.stages.vocab import check_pair, describe_failure
 from pipeline.tools import Toolchain, find_toolchain, run_tool, tail
@@ -226,3 +227,58 @@ def deployment_line(main_file: str, draft_file: str | None, n_max: int, spec_typ
     """``llama-server`` with the speculative arguments the acceptance stage ran (:func:`spec_args`); no
     ``draft_file``: MTP heads inside the main file."""
     return " ".join(["llama-server", *spec_args(main_file, draft_file, spec_type, n_max)])
+
+
+def _pair(r, wc, L) -> dict:
+    return {"main": L.main_gguf(r, wc["mkey"]), "draft": L.draft_gguf(r, wc["dkey"], wc["mkey"])}
+
+
+def _run_acceptance(j) -> None:
+    r, d = j.recipe, j.recipe.draft
+    draft = None if d.mtp and r.mtp != "separate" else j.input["draft"]  # MTP heads inside the main file: no -md
+    acceptance(j.input["main"], draft, j.input["vocab"], d.eval_text, d.n_max, d.prompts, d.n_predict,
+               j.output["record"], threads=j.threads, log=j.log, spec_type=d.spec_type)
+
+
+def _acceptance_trigger(r, wc, s) -> dict:
+    d = r.draft
+    return {"eval_text": str(d.eval_text), "n_max": d.n_max, "prompts": d.prompts, "n_predict": d.n_predict,
+            "eval_threads": s.eval_threads, "build": s.build_number, "spec_type": d.spec_type, "offload": s.offload}
+
+
+def _run_agreement(j) -> None:
+    r, i = j.recipe, j.input
+    if r.draft.mtp:
+        raise PipelineError(f"{r.path}: draft.mtp: the MTP heads have no top-1 agreement stage (no logits of their own "
+                            "over a text)")
+    agreement(r.name, i["draft"], i["base"], r.eval_sets[0], i["logits"], i["base_record"], j.output["record"],
+              threads=j.threads, log=j.log)
+
+
+def _agreement_inputs(r, wc, L) -> dict:
+    es = r.eval_sets[0].name
+    return {"draft": L.draft_gguf(r, wc["dkey"]), "base": L.base_gguf(r), "logits": L.base_logits(r.name, es),
+            "base_record": L.base_record(r.name, es)}
+
+
+VOCAB_CHECK = Stage(
+    "vocab_check", "vocab", order=60, log="vocab-{mkey}--{dkey}", wildcards=("mkey", "dkey"), output="log",
+    run=lambda j: vocab_check(j.input["main"], j.input["draft"], j.output["record"]), inputs=_pair,
+    outputs=lambda L: {"record": L.vocab_record("{name}", "{mkey}", "{dkey}")},
+    resources={"mem_mb": 1024, "disk_mb": 1024, "runtime": 10},
+)
+ACCEPTANCE = Stage(
+    "acceptance", "acceptance", order=61, log="acceptance-{mkey}--{dkey}", wildcards=("mkey", "dkey"),
+    threads="eval_threads", run=_run_acceptance,
+    inputs=lambda r, wc, L: {**_pair(r, wc, L), "vocab": L.vocab_record(r.name, wc["mkey"], wc["dkey"])},
+    outputs=lambda L: {"record": L.spec_record("{name}", "{mkey}", "{dkey}")}, trigger=_acceptance_trigger,
+    resources={"mem_mb": lambda s: mem_mb(s.total, 1.5, 1024), "disk_mb": 1024,
+               "runtime": lambda s: int(60 + s.total / 20)},
+)
+AGREEMENT = Stage(
+    "agreement", "agreement", order=62, log="agreement-{dkey}", wildcards=("dkey",), threads="eval_threads",
+    run=_run_agreement, inputs=_agreement_inputs, outputs=lambda L: {"record": L.agreement_record("{name}", "{dkey}")},
+    trigger=lambda r, wc, s: {"offload": s.offload},
+    resources={"mem_mb": lambda s: mem_mb(s.mb("draft"), 1.3, 1024), "disk_mb": 1024,
+               "runtime": lambda s: int(30 + s.mb("draft") / 20)},
+)

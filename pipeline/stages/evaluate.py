@@ -29,6 +29,7 @@ from pathlib import Path
 from pipeline.errors import PipelineError
 from pipeline.fsutil import atomic_output, sha256_file, write_json_atomic
 from pipeline.recipe import EvalSet, scored_tokens
+from pipeline.stagedef import Stage, logits_bytes, mem_mb
 from pipeline.tools import Toolchain, ToolResult, find_toolchain, run_tool, tail
 
 # Three runs in a row lost their last lines on a 2-core box under a parallel Snakemake build (a 0.1 s run of the
@@ -402,3 +403,46 @@ def gate_messages(manifest: dict) -> list[str]:
     msgs = ([f["message"] for e in manifest.get("rejected", []) for f in e.get("failures", [])]
             + [f["message"] for f in manifest.get("failures", [])])
     return list(dict.fromkeys(msgs))  # once each: a failed conformance rejects every file with one reason
+
+
+def eval_fields(r, es_name: str, s) -> dict:
+    """What an eval set's numbers depend on: the trigger of eval-base, eval and the device slice."""
+    e = r.eval_set(es_name)
+    return {"text": str(e.text), "ctx": e.ctx, "chunks": e.chunks, "eval_threads": s.eval_threads,
+            "build": s.build_number, "offload": s.offload}
+
+
+def _logits_mb(s) -> int:
+    e = s.recipe.eval_set(s.wc["es"])
+    return mem_mb(logits_bytes(e.ctx, e.chunks, s.n_vocab("base")) / 2**20, 1.0)
+
+
+def _run_eval_base(j) -> None:
+    eval_base(j.recipe.name, j.recipe.eval_set(j["es"]), j.input["base"], j.output["logits"], j.output["record"],
+              threads=j.threads, log=j.log)
+
+
+def _run_eval(j) -> None:
+    i = j.input
+    eval_quant(j.recipe.name, j["quant"], j.recipe.eval_set(j["es"]), i["gguf"], i["logits"], i["base_record"],
+               j.output["record"], threads=j.threads, log=j.log, base_gguf=i["base"])
+
+
+EVAL_BASE = Stage(
+    "eval_base", "eval-base", order=50, log="eval-{es}-base", wildcards=("es",), threads="eval_threads", capped=True,
+    run=_run_eval_base, inputs=lambda r, wc, L: {"base": L.base_gguf(r)},
+    outputs=lambda L: {"logits": L.base_logits("{name}", "{es}"), "record": L.base_record("{name}", "{es}")},
+    trigger=lambda r, wc, s: eval_fields(r, wc["es"], s),
+    resources={"mem_mb": lambda s: mem_mb(s.total, 1.3, 1024), "disk_mb": _logits_mb,
+               "runtime": lambda s: int(30 + s.total / 20)},
+)
+EVAL = Stage(
+    "eval", "eval", order=51, log="eval-{es}-{quant}", wildcards=("es", "quant"), threads="eval_threads", capped=True,
+    run=_run_eval,
+    inputs=lambda r, wc, L: {"gguf": L.quant(r, wc["quant"]), "logits": L.base_logits(r.name, wc["es"]),
+                             "base_record": L.base_record(r.name, wc["es"]), "base": L.base_gguf(r)},
+    outputs=lambda L: {"record": L.eval_record("{name}", "{es}", "{quant}")},
+    trigger=lambda r, wc, s: eval_fields(r, wc["es"], s),
+    resources={"mem_mb": lambda s: mem_mb(s.mb("gguf"), 1.3, 1024), "disk_mb": 1024,
+               "runtime": lambda s: int(30 + s.mb("gguf") / 20)},
+)

@@ -17,6 +17,7 @@ from pathlib import Path
 from pipeline.errors import PipelineError
 from pipeline.fsutil import atomic_output, hashing_ahead, sha256_file, write_json_atomic
 from pipeline.recipe import Recipe
+from pipeline.stagedef import FETCH_UNKNOWN_MB, Stage, mem_mb
 
 SAFE_PATTERNS = ["*.safetensors", "*.safetensors.index.json", "*.json", "*.model", "*.jinja", "*.txt",
                  "*.tiktoken", "README.md", "LICENSE*"]
@@ -211,3 +212,19 @@ def _fetch(recipe: Recipe, out_dir: Path, record: Path, hub_cache: str | None) -
     print(f"[fetch] {recipe.name}: {len(listing)} files from {origin.get('repo', origin.get('path'))}"
           + (f"@{origin['commit']}" if "commit" in origin else ""), flush=True)
     return rec
+
+
+def _disk_mb(s) -> int:
+    src = s.source_mb()
+    return mem_mb(src, 2.0) if src else FETCH_UNKNOWN_MB
+
+
+STAGE = Stage(
+    "fetch", "fetch", order=10, log="fetch", output="log", options=("hub_cache",), directories=("hf",),
+    run=lambda j: fetch(j.recipe, j.output["hf"], j.output["record"], hub_cache=j.options.get("hub_cache") or None),
+    outputs=lambda L: {"hf": L.hf("{name}"), "record": L.fetch_record("{name}")},
+    trigger=lambda r, wc, s: {"source": r.source.describe(), "allow_pickle": r.source.allow_pickle,
+                              "trust_remote_code": r.source.trust_remote_code},
+    resources={"mem_mb": 1024, "disk_mb": _disk_mb,
+               "runtime": lambda s: int(30 + s.source_mb() / 100) if s.source_mb() else 120},
+)

@@ -16,6 +16,7 @@ from pipeline.errors import PipelineError
 from pipeline.fsutil import atomic_output, sha256_file, write_json_atomic
 from pipeline.gguf import read_header
 from pipeline.recipe import Recipe
+from pipeline.stagedef import Stage, mem_mb
 from pipeline.stages.evaluate import count_tokens
 from pipeline.tools import Toolchain, find_toolchain, run_tool, tail
 
@@ -77,3 +78,16 @@ def imatrix(recipe: Recipe, base: str, base_gguf: str | Path, out: str | Path, r
     }
     write_json_atomic(record, rec)
     return rec
+
+
+STAGE = Stage(
+    "imatrix", "imatrix", order=35, log="imatrix-{base}", wildcards=("base",), threads="calib_threads",
+    run=lambda j: imatrix(j.recipe, j["base"], j.input["base"], j.output["imatrix"], j.output["record"], log=j.log,
+                          threads=j.threads),
+    inputs=lambda r, wc, L: {"base": L.source_gguf(r, wc["base"]), "text": r.imatrix.calibration},
+    outputs=lambda L: {"imatrix": L.imatrix("{name}", "{base}"), "record": L.imatrix_record("{name}", "{base}")},
+    trigger=lambda r, wc, s: {"imatrix": r.imatrix.describe(), "calib_threads": s.calib_threads,
+                              "build": s.build_number, "offload": s.offload},
+    resources={"mem_mb": lambda s: mem_mb(s.total, 1.3, 1024), "disk_mb": 1024,
+               "runtime": lambda s: int(30 + s.total / 10)},
+)

@@ -36,6 +36,7 @@ from pipeline.layout import Layout, plain_name
 from pipeline.provenance import source_files_digest
 from pipeline.recipe import Recipe
 from pipeline.recipe.naming import label_of_key
+from pipeline.stagedef import Stage, mem_mb
 from pipeline.stages.evaluate import failure_message, gate_messages, verdict
 from pipeline.stages.mtp import MTP_KEYS, lost_heads, mtp_facts
 from pipeline.stages.publish_devices import device_check_section, device_results, publish_slice
@@ -494,3 +495,25 @@ def strip_volatile(manifest: dict) -> dict:
     if "sensitivity" in out:
         out["sensitivity"] = strip_sensitivity_cost(out["sensitivity"])
     return out
+
+
+def _gate(j) -> None:
+    check_gates(j.input["manifest"], j.output["ok"])
+    print(f"gates passed: {j.recipe.name}")
+
+
+# publish reads its many inputs through the same layout they are named from (Layout.publish_inputs)
+PUBLISH = Stage(
+    "publish", "publish", order=90, log="publish", output="log", threads=2,
+    run=lambda j: publish(j.recipe, j.layout), inputs=lambda r, wc, L: L.publish_inputs(r),
+    outputs=lambda L: {"manifest": L.manifest("{name}"), "metrics": L.metrics("{name}"), "report": L.report("{name}"),
+                       "plot": L.plot("{name}"), "card": L.card("{name}")},
+    trigger=lambda r, wc, s: {"recipe": r.sha256},  # thresholds, eval sets, bench...: any recipe change re-publishes
+    resources={"mem_mb": 1024, "disk_mb": lambda s: mem_mb(s.total, 1.0), "runtime": lambda s: int(30 + s.total / 5000)},
+)
+GATE = Stage(
+    "gate", "gate", order=95, log="gate", output="tee", run=_gate,
+    # the publish inputs too, so that a checkout holding only the git-tracked manifest rebuilds
+    inputs=lambda r, wc, L: {**L.publish_inputs(r), "manifest": L.manifest(r.name)},
+    outputs=lambda L: {"ok": L.gate_ok("{name}")}, resources={"mem_mb": 512, "disk_mb": 512, "runtime": 10},
+)

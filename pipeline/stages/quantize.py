@@ -11,6 +11,7 @@ from pipeline.errors import PipelineError
 from pipeline.fsutil import atomic_output, sha256_file, write_json_atomic
 from pipeline.gguf.reader import read_header
 from pipeline.recipe import Recipe
+from pipeline.stagedef import Stage, mem_mb
 from pipeline.stages.quant_plan import check_patterns, check_written, parse_dry_run, plan, predict_header
 from pipeline.tools import Toolchain, find_toolchain, run_tool, tail
 
@@ -135,3 +136,25 @@ def quantize(recipe: Recipe, key: str, base_gguf: str | Path, out_gguf: str | Pa
         rec["mix"] = layout
     write_json_atomic(record, rec)
     return rec
+
+
+def _run(j) -> None:
+    i = j.input
+    quantize(j.recipe, j["quant"], i["base"], j.output["gguf"], j.output["record"], log=j.log, threads=j.threads,
+             imatrix=i.get("imatrix"), mix=(i["map"], i["layout"]) if "map" in i else None)
+
+
+def _trigger(r, wc, s) -> dict:
+    q = r.quant(wc["quant"])
+    return {"type": q.type, "args": q.quantize_args(), "build": s.build_number, "commit": s.commit, "base": q.base,
+            "imatrix": q.imatrix, "map": sha256_file(q.tensor_types_file) if q.tensor_types_file else None}
+
+
+STAGE = Stage(
+    "quantize", "quantize", order=45, log="quantize-{quant}", wildcards=("quant",), threads="threads", capped=True,
+    run=_run, inputs=lambda r, wc, L: L.quant_inputs(r, wc["quant"]),
+    outputs=lambda L: {"gguf": L.gguf("{name}", "{quant}"), "record": L.quant_record("{name}", "{quant}")},
+    trigger=_trigger,
+    resources={"mem_mb": lambda s: mem_mb(s.total, 1.2), "disk_mb": lambda s: mem_mb(s.total, 1.0),
+               "runtime": lambda s: int(20 + s.total / 200)},
+)

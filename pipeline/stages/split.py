@@ -23,6 +23,7 @@ from pathlib import Path
 from pipeline.errors import PipelineError
 from pipeline.fsutil import atomic_output
 from pipeline.gguf import GGUFHeader, read_header
+from pipeline.stagedef import Stage, mem_mb
 
 SHARD_RE = re.compile(r"^(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 
@@ -126,3 +127,17 @@ def model_path(entry: dict) -> str:
     first shard of a split file (llama.cpp finds the others beside it)."""
     s = entry.get("split")
     return f"{entry['file']}/{s['shards'][0]['file']}" if s else entry["file"]
+
+
+def _trigger(r, wc, s) -> dict:
+    sp = r.split_for(wc["skey"])
+    return {"split": sp.args() if sp else None, "build": s.build_number, "commit": s.commit}
+
+
+STAGE = Stage(
+    "split", "split", order=47, log="split-{skey}", wildcards=("skey",), directories=("shards",),
+    run=lambda j: split(j.recipe, j["skey"], j.input["gguf"], j.output["shards"], log=j.log),
+    inputs=lambda r, wc, L: {"gguf": L.gguf(r.name, wc["skey"])},
+    outputs=lambda L: {"shards": L.split_dir("{name}", "{skey}")}, trigger=_trigger,
+    resources={"mem_mb": 1024, "disk_mb": lambda s: mem_mb(s.total, 1.0), "runtime": lambda s: int(10 + s.total / 200)},
+)

@@ -104,32 +104,31 @@ def test_every_rule_declares_its_resources(tmp_path, demo_hub):
         elif line.strip().startswith("resources:") and rule:
             values = dict(kv.split("=", 1) for kv in line.split(":", 1)[1].strip().split(", "))
             found.setdefault(rule, set()).update(k for k in ("mem_mb", "disk_mb", "runtime") if values[k] == "1")
-    snakefile = "\n".join(p.read_text() for p in [ROOT / "Snakefile", *sorted((ROOT / "rules").glob("*.smk"))])
-    rules = set(re.findall(r"^rule (\w+):", snakefile, re.M)) - {"all"}
+    from pipeline.devices.plan_jobs import resources
+    from pipeline.stages import registry
+
+    rules = set(registry())
     assert rules - set(found) == {"convert_mtp", "split", "sensitivity", "solve"}  # no recipe here uses them
     assert {r: d for r, d in found.items() if d and r != "all"} == {}
-    from pipeline.devices.plan_jobs import RESOURCES
-
-    for r in rules:  # threads too, in every rule (those unused here included); resources from the one table
-        block = snakefile.split(f"\nrule {r}:\n", 1)[1].split("\nrule ", 1)[0]
-        assert "    threads:" in block and f'**rule_resources("{r}", W)' in block, r
-        assert set(RESOURCES[r]) == {"mem_mb", "disk_mb", "runtime"}, r
+    for r in rules:  # every declared stage (those unused here included) declares all three
+        assert set(resources(r)) == {"mem_mb", "disk_mb", "runtime"}, r
 
 
 def test_derived_resources_match_real_files(demo_build, demo_hub):
     """The estimates that input sizes alone do not give, against the demo build's real files: the base logits
     file (from ctx, chunks and the vocabulary in the base GGUF's header) and the source snapshot's size."""
-    from pipeline.workflow import Workflow, logits_bytes, size_mb
+    from pipeline.stagedef import logits_bytes, size_mb
+    from pipeline.workflow import Workflow
 
     wf = Workflow({"recipes": str(DEMO_RECIPE), "hf_hub_cache": str(demo_hub)})
     es = wf.recipe(NAME).eval_sets[0]
     logits = demo_build / "work" / NAME / "eval" / es.name / "base.logits"
     assert logits.stat().st_size == logits_bytes(es.ctx, es.chunks, 49152)  # SmolLM2: 49152 tokens
     base = demo_build / "work" / NAME / "quants" / f"{NAME}-F16.gguf"
-    from pipeline.devices.plan_jobs import RESOURCES, JobSizes
+    from pipeline.devices.plan_jobs import JobSizes, resources
 
-    def disk(rule: str, wc: dict, inputs: dict) -> int:  # as rules/*.smk's resources evaluate it
-        return RESOURCES[rule]["disk_mb"](JobSizes(wf, {"name": NAME, **wc}, inputs))
+    def disk(rule: str, wc: dict, inputs: dict) -> int:  # as the rules' resources evaluate it
+        return resources(rule)["disk_mb"](JobSizes(wf, {"name": NAME, **wc}, inputs))
 
     assert disk("eval_base", {"es": es.name}, {"base": str(base)}) == int(logits.stat().st_size / 2**20 + 512)
     # before the base GGUF exists: the bound, never less than the real file

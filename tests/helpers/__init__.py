@@ -29,7 +29,7 @@ TINY_REPO = "ggufpipe-test/tiny-llama"
 TINY_COMMIT = "fa17ed0000000000000000000000000000c0ffee"
 # Files a project repository needs to run this workflow (besides pipeline/ and its recipes)
 PROJECT_FILES = ["Snakefile", "dvc.yaml", ".dvcignore", ".dvc/config", "envs/ggufpipe.yaml", "data/botchan.txt"]
-PROJECT_DIRS = ["pipeline", "rules"]  # the package and the Snakefile's rule files
+PROJECT_DIRS = ["pipeline"]  # the package (its stages declare the Snakefile's rules)
 
 
 def snakemake(workdir: Path, recipes: list[Path] | Path, cores: int = 2, extra: list[str] | None = None,

@@ -12,6 +12,7 @@ test string and knows only published tokenizers' hashes.
 from __future__ import annotations
 
 import functools
+import json
 import re
 
 import pytest
@@ -172,11 +173,11 @@ def test_convert_trigger_holds_the_mode(tmp_path, glm_hf):
 
     files = [mtp_recipe(tmp_path, glm_hf, mode, name=f"m-{mode}") for mode in ("keep", "strip", "separate")]
     W = Workflow({"recipes": ",".join(map(str, files))})
-    params = {mode: W.convert_params(f"m-{mode}") for mode in ("keep", "strip", "separate")}
+    params = {mode: W.trigger("convert", f"m-{mode}", outtype="F16") for mode in ("keep", "strip", "separate")}
     assert len(set(params.values())) == 3
-    assert "keep" not in params["keep"]  # the default leaves the trigger of existing builds unchanged
-    assert W.publish_inputs("m-separate")["mtp"] == [str(W.layout.mtp_gguf(W.recipe("m-separate"))),
-                                                     str(W.layout.mtp_record(W.recipe("m-separate")))]
-    assert "mtp" not in W.publish_inputs("m-strip")
+    assert all(json.loads(params[m])["mtp"] == m for m in params)
+    sep = W.recipe("m-separate")
+    assert W.layout.publish_inputs(sep)["mtp"] == [str(W.layout.mtp_gguf(sep)), str(W.layout.mtp_record(sep))]
+    assert "mtp" not in W.layout.publish_inputs(W.recipe("m-strip"))
 
 

@@ -43,9 +43,9 @@ def test_split_wiring_covers_base_quants_and_mtp_draft(tmp_path):
         """)
     W = Workflow({"recipes": str(rfile)})
     r = W.recipe(SPLIT_NAME)
-    assert W.publish_inputs(SPLIT_NAME)["split"] == [str(W.layout.split_dir(SPLIT_NAME, k)) for k in ("F16", "Q8_0")]
+    assert W.layout.publish_inputs(r)["split"] == [str(W.layout.split_dir(SPLIT_NAME, k)) for k in ("F16", "Q8_0")]
     assert set(W.split_key_regex().split("|")) == {"F16", "Q8_0"}
-    assert W.split_params(SPLIT_NAME, "Q8_0") != W.split_params(SPLIT_NAME, "Q4_0")  # a changed split re-runs the rule
+    assert W.trigger("split", SPLIT_NAME, skey="Q8_0") != W.trigger("split", SPLIT_NAME, skey="Q4_0")  # a changed split re-runs
     assert {k: v["file"] for k, v in matrix([r], tmp_path)["ggufs"].items()} == {
         f"{SPLIT_NAME}-F16": f"{SPLIT_NAME}-F16", f"{SPLIT_NAME}-Q8_0": f"{SPLIT_NAME}-Q8_0", f"{SPLIT_NAME}-Q4_0": f"{SPLIT_NAME}-Q4_0.gguf",
         f"{SPLIT_NAME}-mtp-F16_MTP": f"{SPLIT_NAME}-mtp-F16_MTP.gguf"}

@@ -83,7 +83,7 @@ def test_disk_and_ram_plan(tmp_path):
     tensor_data = sum(P._pad((2 if len(s) == 2 else 4) * P._numel(s), 32) for _, s, _ in f.tensors)
     assert disk[("convert", "F16")] == P._header_bytes(f, len(f.tensors)) + tensor_data
     assert disk[("quantize", "Q4_K_M")] < disk[("quantize", "Q8_0")] < disk[("convert", "F16")]
-    from pipeline.workflow import logits_bytes
+    from pipeline.stagedef import logits_bytes
 
     assert disk[("eval_base", "botchan")] == logits_bytes(512, 16, 4096)
     ram = {(x["stage"], x["key"]): x["bytes"] for x in P.ram_plan(r, f)}
@@ -93,14 +93,13 @@ def test_disk_and_ram_plan(tmp_path):
 
 
 def test_rules_resources_come_from_the_plan():
-    """Every rule's resources: are `**rule_resources(<rule>, W)` (the functions `ggufpipe plan` evaluates), and the
-    formulas are those of docs/cluster.md."""
-    from pipeline.cli import STAGES
+    """Every rule's resources are `**rule_resources(st.rule, W)` (the Snakefile's one rule per stage), the stage's
+    declared functions that `ggufpipe plan` evaluates, and the formulas are those of docs/cluster.md."""
+    from pipeline.stages import registry
 
-    text = "".join(p.read_text() for p in (ROOT / "rules").glob("*.smk"))
-    for rule in STAGES:
-        assert f'**rule_resources("{rule}", W),' in text, rule
-        assert set(J.RESOURCES[rule]) == {"mem_mb", "disk_mb", "runtime"}
+    assert "**rule_resources(st.rule, W)," in (ROOT / "Snakefile").read_text()
+    for rule in registry():
+        assert set(J.resources(rule)) == {"mem_mb", "disk_mb", "runtime"}, rule
     s = SimpleNamespace(total=1000.0, mb=lambda k: 1000.0)
     assert J.evaluate_resources("convert", s) == {"mem_mb": 2012, "disk_mb": 3012, "runtime": 40}
     assert J.evaluate_resources("quantize", s) == {"mem_mb": 1712, "disk_mb": 1512, "runtime": 25}

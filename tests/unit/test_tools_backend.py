@@ -200,13 +200,13 @@ def _workflow(backend: str, ngl: int, recipe):
 
     from pipeline.workflow import Workflow
 
-    w = Workflow.__new__(Workflow)  # the trigger functions read only these attributes
+    w = Workflow.__new__(Workflow)  # the triggers read only these attributes
     w.toolchain = SimpleNamespace(backend=backend, ngl=ngl, build_number=11312, commit="0c1e570")
-    w.recipes, w.eval_threads, w.calib_threads = {recipe.name: recipe}, 2, 2
+    w.recipes, w.eval_threads, w.calib_threads, w.quantized_by = {recipe.name: recipe}, 2, 2, "ggufpipe"
     return w
 
 
-def test_a_backend_switch_reruns_the_stages_llama_cpp_computes_and_the_cpu_triggers_stay(tmp_path):
+def test_a_backend_switch_reruns_the_stages_llama_cpp_computes_and_not_the_others(tmp_path):
     import yaml
 
     from pipeline.recipe import load_recipe
@@ -220,14 +220,15 @@ def test_a_backend_switch_reruns_the_stages_llama_cpp_computes_and_the_cpu_trigg
                                     "imatrix": {"calibration": str(tmp_path / "c.txt")}}))
     r = load_recipe(path)
     cpu, cuda = _workflow("cpu", 0, r), _workflow("cuda", 999, r)
-    # the CPU trigger is the one from before backends existed: no re-run for a CPU build box upgrading
-    assert cpu.eval_base_params("m", "g") == repr((str(text), 512, 16, 2, 11312))
-    assert cpu.offload_params == {}
-    for f in ("eval_base_params", "eval_params"):
-        assert getattr(cuda, f)("m", "g") != getattr(cpu, f)("m", "g") and "('cuda', 999)" in getattr(cuda, f)("m", "g")
-    assert cuda.imatrix_params("m") != cpu.imatrix_params("m")
-    assert cuda.device_slice_params("m") != cpu.device_slice_params("m")  # through the eval set's base logits
-    assert cuda.offload_params == {"offload": "(('cuda', 999),)"}
+    assert json.loads(cpu.trigger("eval_base", "m", es="g")) == {"text": str(text), "ctx": 512, "chunks": 16,
+                                                                  "eval_threads": 2, "build": 11312, "offload": []}
+    computed = {"eval_base": {"es": "g"}, "eval": {"es": "g", "quant": "Q8_0"}, "imatrix": {"base": "plain"},
+                "device_slice": {}, "bench": {"bkey": "Q8_0"}}  # device slice: through the eval set's base logits
+    for rule, wc in computed.items():
+        assert cuda.trigger(rule, "m", **wc) != cpu.trigger(rule, "m", **wc), rule
+        assert '"cuda", 999' in cuda.trigger(rule, "m", **wc), rule
+    for rule, wc in {"quantize": {"quant": "Q8_0"}, "fetch": {}, "convert": {"outtype": "F16"}}.items():
+        assert cuda.trigger(rule, "m", **wc) == cpu.trigger(rule, "m", **wc), rule  # llama.cpp computes no numbers
 
 
 def test_the_manifest_records_the_backend_of_this_run(monkeypatch):

@@ -12,6 +12,7 @@ from typing import Any
 
 from pipeline.errors import PipelineError
 from pipeline.fsutil import write_json_atomic
+from pipeline.stagedef import Stage, logits_bytes, mem_mb
 from pipeline.stages.conformance.causes import backend_spec, control_typed, merging_variant, read_normalizer
 from pipeline.stages.conformance.common import (
     DEFAULT_CHUNKS,
@@ -369,3 +370,31 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _disk_mb(s) -> int:
+    r = s.recipe
+    if r.eval_sets:
+        return 512
+    return mem_mb(logits_bytes(512, r.conformance.chunks, s.n_vocab("base")) / 2**20, 1.0)
+
+
+def _trigger(r, wc, s) -> dict:
+    from pipeline.fsutil import sha256_file
+    from pipeline.stages.conformance.common import PROBES_FILE
+
+    c = r.conformance
+    return {"conformance": c.describe(), "text": str(c.text) if c.text else None, "build": s.build_number,
+            "commit": s.commit, "offload": s.offload, "probes": sha256_file(PROBES_FILE)}
+
+
+# Its inputs are named for Snakemake; the stage reads them through the same layout (run_stage).
+STAGE = Stage(
+    "conformance", "conformance", order=55, log="conformance", threads="eval_threads",
+    run=lambda j: run_stage(j.recipe, j.layout, threads=j.threads, log=j.log),
+    inputs=lambda r, wc, L: L.conformance_inputs(r), outputs=lambda L: {"record": L.conformance_record("{name}")},
+    trigger=_trigger,
+    # the HF model in float32 (2 x the F16 file) beside the base logits being read
+    resources={"mem_mb": lambda s: mem_mb(s.mb("base"), 2.5, 2048), "disk_mb": _disk_mb,
+               "runtime": lambda s: int(30 + s.mb("base") / 20)},
+)

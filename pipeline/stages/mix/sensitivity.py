@@ -28,6 +28,7 @@ from pipeline.fsutil import atomic_output, sha256_file, write_json_atomic
 from pipeline.gguf.reader import read_header
 from pipeline.gguf.types import padded_nbytes
 from pipeline.recipe import EvalSet, Recipe
+from pipeline.stagedef import Stage, mem_mb
 from pipeline.stages.mix.groups import bands, group_tensors
 from pipeline.stages.mix.plan import check_budgets, dry_run_types, header_bytes, imatrix_args, map_text
 from pipeline.tools import Toolchain, find_toolchain, run_tool
@@ -192,3 +193,22 @@ def _elements(shape) -> int:
     for d in shape:
         n *= d
     return n
+
+
+def _run(j) -> None:
+    r, i, f = j.recipe, j.input, j["flavour"]
+    sensitivity(r, f, i["base"], i["ref"], j.output["json"], j.output["record"], j.layout.sensitivity_dir(r.name, f),
+                imatrix=i.get("imatrix"), threads=j.threads, log=j.log)
+
+
+STAGE = Stage(
+    "sensitivity", "sensitivity", order=40, log="sensitivity-{flavour}", wildcards=("flavour",),
+    threads="eval_threads", run=_run, inputs=lambda r, wc, L: L.sensitivity_inputs(r, wc["flavour"]),
+    outputs=lambda L: {"json": L.sensitivity("{name}", "{flavour}"), "record": L.sensitivity_record("{name}", "{flavour}")},
+    # not the budgets or targets: changing those re-solves, never re-measures
+    trigger=lambda r, wc, s: {"sensitivity": r.sensitivity.describe(), "candidates": r.mix_candidates(wc["flavour"]),
+                              "eval_threads": s.eval_threads, "build": s.build_number, "commit": s.commit,
+                              "offload": s.offload},
+    resources={"mem_mb": lambda s: mem_mb(s.total, 1.3, 1024), "disk_mb": lambda s: mem_mb(s.mb("base"), 1.0, 1024),
+               "runtime": lambda s: int(60 + s.total)},
+)

@@ -29,6 +29,7 @@ from pipeline.fsutil import atomic_output, sha256_file, write_json_atomic
 from pipeline.gguf.reader import read_header
 from pipeline.gguf.types import padded_nbytes
 from pipeline.recipe import Recipe
+from pipeline.stagedef import Stage
 from pipeline.stages.mix.plan import budget_bytes, dry_run_types, header_bytes, imatrix_args, map_text
 from pipeline.tools import Toolchain, find_toolchain
 
@@ -187,3 +188,21 @@ def solve(recipe: Recipe, key: str, sensitivity_json: str | Path, base_gguf: str
     write_json_atomic(out_layout, layout)
     return layout
 
+
+def _run(j) -> None:
+    i = j.input
+    solve(j.recipe, j["quant"], i["sensitivity"], i["base"], j.output["map"], j.output["layout"],
+          imatrix=i.get("imatrix"), log=j.log)
+
+
+def _trigger(r, wc, s) -> dict:
+    q = r.quant(wc["quant"])
+    return {"type": q.type, "mix": q.mix.describe(), "solver": SOLVER, "build": s.build_number, "commit": s.commit}
+
+
+STAGE = Stage(
+    "solve", "solve", order=42, log="solve-{quant}", wildcards=("quant",), run=_run,
+    inputs=lambda r, wc, L: L.solve_inputs(r, wc["quant"]),
+    outputs=lambda L: {"map": L.mix_map("{name}", "{quant}"), "layout": L.mix_layout("{name}", "{quant}")},
+    trigger=_trigger, resources={"mem_mb": 1024, "disk_mb": 64, "runtime": 10},
+)
