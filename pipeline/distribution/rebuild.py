@@ -146,7 +146,7 @@ def _recorded_settings(m: dict) -> dict:
             "awq_device": awq[0].get("device", "cpu") if awq else None}
 
 
-def preflight(m: dict, recipe_path: Path, hub_cache: str | None) -> tuple[list[str], object, Path | None]:
+def rebuild_preflight(m: dict, recipe_path: Path, hub_cache: str | None) -> tuple[list[str], object, Path | None]:
     """(refusals, the recipe, hub cache): every way the inputs here differ from the recorded ones."""
     from pipeline.provenance import python_versions
     from pipeline.recipe import load_recipe, naming
@@ -348,7 +348,7 @@ def rebuild_check(manifest_path: str | Path, recipe: str | None = None, cores: s
             raise PipelineError(f"--only: {', '.join(unknown)} not in {manifest_path} (it lists: {', '.join(keys)})")
         entries = [keys[k] for k in only]
 
-    errors, _recipe, cache = preflight(m, recipe_path, hub_cache)
+    errors, _recipe, cache = rebuild_preflight(m, recipe_path, hub_cache)
     if errors:
         for e in errors:
             out(f"error: cannot rebuild {manifest_path}: {e}")
