@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     r = load_recipe(a.recipe)
     L = Layout(Path(a.artifacts), Path(a.work))
     rows = stock_and_mixes(r, L)
-    es = r.eval_sets[0].name
+    es = r.first_eval_set.name
     print(f"# {r.name}: gate set {es} (the solver never saw it); sensitivity on {r.sensitivity.text.name}\n")
     print(f"{'quant':12} {'bytes':>11} {'bpw':>6} {'mean KLD':>9} {'PPL ratio':>9} {'same top p':>10}  "
           f"{'pred. bytes':>11} {'pred. KLD':>9}")

@@ -209,8 +209,8 @@ def run(recipe, base_gguf, hf_dir, logits_file, base_record, out_record, log=Non
     override = getattr(recipe, "chat_template_override", None)
     if override is not None:  # the fix path: the recipe's template is the model's, on both sides
         tok.chat_template = Path(override).read_text(encoding="utf-8")
-    eval_sets = getattr(recipe, "eval_sets", ())
-    eval_text = eval_sets[0].text if eval_sets else settings.get("text")
+    first = getattr(recipe, "first_eval_set", None)
+    eval_text = first.text if first else settings.get("text")
     probes = load_probes() + added_token_probes(tok) + eval_slice_probe(eval_text)
     conversations = load_conversations()
     from pipeline.gguf import read_header
@@ -319,8 +319,8 @@ def run_stage(recipe, layout, threads: int = 2, tc: Toolchain | None = None, log
     torch.set_num_threads(threads)  # fixed (eval_threads), not --cores: the numbers stay bit-identical
     base = layout.base_gguf(recipe)
     awq = layout.hf_awq(name) if "awq" in recipe.bases else None
-    if recipe.eval_sets:
-        es = recipe.eval_sets[0]
+    es = recipe.first_eval_set
+    if es:
         logits, base_record = layout.base_logits(name, es.name), layout.base_record(name, es.name)
         if Path(logits).is_file():
             restore_base_logits(tc, es, base, logits, base_record, threads, log, f"{name}: conformance")
