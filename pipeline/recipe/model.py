@@ -11,7 +11,7 @@ from pipeline.errors import PipelineError
 from pipeline.recipe import naming
 from pipeline.recipe import schema as _schema
 from pipeline.recipe.devices import Device
-from pipeline.recipe.mix import Mix, Sensitivity
+from pipeline.recipe.mix import Flavour, Mix, Sensitivity
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 VARIANT_RE = naming.VARIANT_RE  # letters only: the Hub label `_[A-Z]+` stops at a digit
@@ -226,8 +226,8 @@ class Quant:
 
     @property
     def flavour(self) -> str:
-        """What a mix's sensitivity is measured on: its base, with or without the importance matrix."""
-        return self.base + ("-imatrix" if self.imatrix else "")
+        """What a mix's sensitivity is measured on, by name: its base, with or without the importance matrix."""
+        return str(Flavour(self.base, self.imatrix))
 
     @property
     def key(self) -> str:
