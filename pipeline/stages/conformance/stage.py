@@ -12,6 +12,7 @@ from typing import Any
 
 from pipeline.errors import PipelineError
 from pipeline.fsutil import write_json_atomic
+from pipeline.recipe import EvalSet, load_recipe
 from pipeline.stages.conformance.causes import backend_spec, control_typed, merging_variant, read_normalizer
 from pipeline.stages.conformance.common import (
     DEFAULT_CHUNKS,
@@ -29,6 +30,7 @@ from pipeline.stages.conformance.hparams import check_hparams
 from pipeline.stages.conformance.logits import check_logits
 from pipeline.stages.conformance.template import check_chat_template, plan_chat_template
 from pipeline.stages.conformance.tokenizer import cause_status, check_tokenizer, residual_requests
+from pipeline.stages.evaluate import eval_base, restore_base_logits
 from pipeline.tools import Toolchain, find_toolchain
 
 # --------------------------------------------------------------------------- the stage
@@ -303,9 +305,6 @@ def run_stage(recipe, layout, threads: int = 2, tc: Toolchain | None = None, log
     removed afterwards. ``log``: the job log (default ``layout.log(name, "conformance")``)."""
     import shutil
 
-    from pipeline.recipe import EvalSet
-    from pipeline.stages.evaluate import eval_base, restore_base_logits
-
     name = recipe.name
     log = Path(log or layout.log(name, "conformance"))
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -341,8 +340,6 @@ def run_stage(recipe, layout, threads: int = 2, tc: Toolchain | None = None, log
 def main(argv: list[str] | None = None) -> int:
     """``python -m pipeline.stages.conformance RECIPE BASE_GGUF HF_DIR OUT [--logits F --base-record R]``: one run by hand."""
     import argparse
-
-    from pipeline.recipe import load_recipe
 
     ap = argparse.ArgumentParser(prog="python -m pipeline.stages.conformance", description=__doc__.splitlines()[0])
     ap.add_argument("recipe")
