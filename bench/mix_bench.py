@@ -58,6 +58,7 @@ def stock_and_mixes(r, L) -> list[dict]:
 def held_out(r, L, sens: dict, layouts: list[dict], n: int, seed: int, threads: int) -> list[tuple[str, float, float]]:
     """(mix, predicted, measured) mean KLD on the sensitivity text for random and solved mixes."""
     from pipeline.recipe import EvalSet
+    from pipeline.recipe.mix import Flavour
     from pipeline.stages.evaluate import kl_divergence
     from pipeline.stages.mix.plan import map_text
     from pipeline.stages.mix.sensitivity import MEASURE_FTYPE, RETRIES
@@ -68,7 +69,7 @@ def held_out(r, L, sens: dict, layouts: list[dict], n: int, seed: int, threads: 
     s = r.sensitivity
     es = EvalSet(name="sensitivity", text=s.text, ctx=s.ctx, chunks=s.chunks)
     logits = L.sensitivity_dir(r.name, sens["flavour"]) / "base.logits"
-    base = L.source_gguf(r, sens["flavour"].removesuffix("-imatrix"))
+    base = L.source_gguf(r, Flavour.parse(sens["flavour"]).base)
     floor, fk = sens["floor"], sens["floor_kld"]["kld_mean"]
     rnd = random.Random(seed)
     mixes = []
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     r = load_recipe(a.recipe)
     L = Layout(Path(a.artifacts), Path(a.work))
     rows = stock_and_mixes(r, L)
-    es = r.eval_sets[0].name
+    es = r.first_eval_set.name
     print(f"# {r.name}: gate set {es} (the solver never saw it); sensitivity on {r.sensitivity.text.name}\n")
     print(f"{'quant':12} {'bytes':>11} {'bpw':>6} {'mean KLD':>9} {'PPL ratio':>9} {'same top p':>10}  "
           f"{'pred. bytes':>11} {'pred. KLD':>9}")

@@ -488,7 +488,6 @@ def pip_fetch(name: str, version: str, filename: str, sha256: str, downloads: Pa
     return dest
 
 
-if __name__ == "__main__":  # `python -m pipeline.tools install|where|gguf-py` (the command is pipeline/tools_install.py)
-    from pipeline.tools_install import main
-
-    sys.exit(main())
+if __name__ == "__main__":  # `python -m pipeline.tools install|where|gguf-py`: pipeline/tools_install.py's command, run
+    # in place of this process (not imported: tools_install imports this module, here loaded as __main__)
+    os.execv(sys.executable, [sys.executable, "-m", "pipeline.tools_install", *sys.argv[1:]])

@@ -10,8 +10,10 @@ from __future__ import annotations
 import argparse
 import errno
 import importlib
+import json
 import os
 import sys
+from pathlib import Path
 
 from pipeline.errors import PipelineError
 
@@ -53,10 +55,18 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _note_failure(args, message: str) -> None:
-    """A failing stage tells `ggufpipe ci` what failed (only when it runs under it)."""
-    if args.cmd == "stage" and os.environ.get("GGUFPIPE_CI_ERRORS"):
-        from pipeline.distribution.ci_summary import note_stage_failure
-
-        note_stage_failure(args, message)
+    """A failing stage tells `ggufpipe ci` what failed (only when it runs under it): one JSON line into
+    ``$GGUFPIPE_CI_ERRORS`` (pipeline/distribution/ci_summary.py ``read_errors``)."""
+    dest = os.environ.get("GGUFPIPE_CI_ERRORS")
+    if not dest or args.cmd != "stage":
+        return
+    rec = {k: getattr(args, k, None) for k in ("name", "recipe", "stage", "quant", "draft_quant", "eval_set")}
+    rec["name"] = rec["name"] or Path(str(rec["recipe"])).stem
+    rec["message"] = " ".join(str(message).split())
+    try:
+        with open(dest, "a", encoding="utf-8") as fh:  # one short append per failing job
+            fh.write(json.dumps(rec) + "\n")
+    except OSError:
+        pass  # the error line still reaches Snakemake's output
 
 

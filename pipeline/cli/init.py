@@ -14,7 +14,7 @@ DEFAULT_GATES = ROOT / "data" / "botchan.txt"
 def parse_device(text: str):
     """``name:memory[:ctx[:arch]]``, e.g. ``pi5:8G:4096:arm64-dotprod`` -> Device."""
     from pipeline.devices.memory import ARCH_FEATURES, parse_size
-    from pipeline.recipe.init import Device
+    from pipeline.recipe.devices import Device
 
     parts = text.split(":")
     if not 2 <= len(parts) <= 4 or not parts[0]:
@@ -28,7 +28,7 @@ def parse_device(text: str):
         raise PipelineError(f"--device {text!r}: unknown arch {arch!r}: one of {', '.join(ARCH_FEATURES)}")
     if ctx < 16:
         raise PipelineError(f"--device {text!r}: context size {ctx} is below 16")
-    return Device(parts[0], parse_size(parts[1]), parts[1], ctx, arch)
+    return Device(parts[0], memory=parts[1], memory_bytes=parse_size(parts[1]), ctx=ctx, arch=arch)
 
 
 def cmd_init(args) -> None:

@@ -319,12 +319,12 @@ def disk_plan(recipe, facts: Facts, hub_on_work_fs: bool = True) -> list[dict]:
     out = [{"stage": "fetch", "key": "", "what": "snapshot (hub cache)", "bytes": facts.snapshot_bytes}]
     if not hub_on_work_fs:
         out.append({"stage": "fetch", "key": "", "what": "work/<name>/hf (copy)", "bytes": facts.snapshot_bytes})
-    base = gguf_bytes(facts, recipe.outtype.upper())
-    out.append({"stage": "convert", "key": recipe.outtype.upper(), "what": "base GGUF", "bytes": base})
+    base = gguf_bytes(facts, recipe.base_key)
+    out.append({"stage": "convert", "key": recipe.base_key, "what": "base GGUF", "bytes": base})
     if recipe.awq is not None and any(q.awq for q in recipe.quants):
         n16 = sum(_numel(s) for _, s, _ in facts.tensors)
         out.append({"stage": "awq", "key": "", "what": "AWQ-scaled copy (FP16)", "bytes": 2 * n16 + facts.other_bytes})
-        out.append({"stage": "convert_awq", "key": recipe.outtype.upper(), "what": "AWQ base GGUF", "bytes": base})
+        out.append({"stage": "convert_awq", "key": recipe.base_key, "what": "AWQ base GGUF", "bytes": base})
     for b in recipe.imatrix_bases if recipe.imatrix is not None else []:
         out.append({"stage": "imatrix", "key": b, "what": "importance matrix", "bytes": imatrix_bytes(facts)})
     for q in recipe.quants:
@@ -338,7 +338,7 @@ def disk_plan(recipe, facts: Facts, hub_on_work_fs: bool = True) -> list[dict]:
         out.append({"stage": "eval_base", "key": es.name, "what": f"base logits (ctx {es.ctx} x {es.chunks})",
                     "bytes": logits_bytes(es.ctx, es.chunks, facts.n_vocab)})
     if recipe.device_slice:
-        es = recipe.eval_sets[0]
+        es = recipe.first_eval_set
         out.append({"stage": "device_slice", "key": "", "what": f"device slice (ctx {es.ctx} x {recipe.device_slice})",
                     "bytes": logits_bytes(es.ctx, recipe.device_slice, facts.n_vocab)})
     return out
@@ -387,9 +387,9 @@ def ram_plan(recipe, facts: Facts) -> list[dict]:
     """One row per stage kind: ``{"stage", "key", "bytes", "how"}`` (peak RSS of its largest process)."""
     from pipeline.devices.memory import FIT
 
-    base = gguf_bytes(facts, recipe.outtype.upper())
+    base = gguf_bytes(facts, recipe.base_key)
     rows = []
-    rows.append({"stage": "convert", "key": recipe.outtype.upper(), "bytes": int(
+    rows.append({"stage": "convert", "key": recipe.base_key, "bytes": int(
         RAM_FIT["python_convert"] + 6 * facts.largest_tensor),
         "how": "Python + the largest tensor as read (F16) and in F32"})
     if recipe.awq is not None:
@@ -414,11 +414,11 @@ def ram_plan(recipe, facts: Facts) -> list[dict]:
             p = llama_run_bytes(facts, gguf_bytes(facts, q.type), es.ctx, es.ctx, kl="quant")
             rows.append({"stage": "eval", "key": f"{es.name}/{q.key}", "bytes": p["total"], "how": _how(p)})
     if recipe.device_slice:
-        es = recipe.eval_sets[0]
+        es = recipe.first_eval_set
         p = llama_run_bytes(facts, base, es.ctx, es.ctx, kl="quant")  # the base file measured on the slice
         rows.append({"stage": "device_slice", "key": "", "bytes": p["total"], "how": _how(p)})
     if recipe.conformance.enabled:
-        ctx = recipe.eval_sets[0].ctx if recipe.eval_sets else 512
+        ctx = recipe.first_eval_set.ctx if recipe.eval_sets else 512
         fwd = facts.n_vocab * ctx * 4 * 3 + ctx * (facts.n_embd * 16 + facts.n_ff * 3) * 4
         rows.append({"stage": "conformance", "key": "", "bytes": int(
             RAM_FIT["python_conformance"] + 4 * facts.n_params + fwd),

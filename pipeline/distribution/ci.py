@@ -22,7 +22,7 @@ and for a recipe that failed before publishing, the error of the stage that fail
 
 Stage errors are collected exactly, not parsed from Snakemake's interleaved output: ``run_ci`` sets
 ``GGUFPIPE_CI_ERRORS`` to a file, and every failing ``ggufpipe stage`` run appends one JSON line
-(recipe name, stage, quant, message) to it (:func:`note_stage_failure`, called by the CLI).
+(recipe name, stage, quant, message) to it (pipeline/cli/__init__.py ``_note_failure``).
 
 Exit status: 0 when every selected recipe passed its gates and draft checks (or no recipe changed);
 1 when a gate, a draft check or a build step failed; 2 when nothing was built because a recipe was

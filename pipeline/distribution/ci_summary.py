@@ -4,7 +4,6 @@ publishing) and the markdown summary (pipeline/distribution/ci.py runs the comma
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,22 +12,7 @@ from pipeline.distribution.ci_select import Selection
 from pipeline.layout import Layout
 from pipeline.recipe import Recipe
 
-ERRORS_ENV = "GGUFPIPE_CI_ERRORS"
-
-
-def note_stage_failure(args, message: str) -> None:
-    """Called by the CLI when a ``stage`` run fails: one JSON line into ``$GGUFPIPE_CI_ERRORS`` (when set)."""
-    dest = os.environ.get(ERRORS_ENV)
-    if not dest or getattr(args, "cmd", None) != "stage":
-        return
-    rec = {k: getattr(args, k, None) for k in ("name", "recipe", "stage", "quant", "draft_quant", "eval_set")}
-    rec["name"] = rec["name"] or Path(str(rec["recipe"])).stem
-    rec["message"] = " ".join(str(message).split())
-    try:
-        with open(dest, "a", encoding="utf-8") as fh:  # one short append per failing job
-            fh.write(json.dumps(rec) + "\n")
-    except OSError:
-        pass  # the error line still reaches Snakemake's output
+ERRORS_ENV = "GGUFPIPE_CI_ERRORS"  # each failing `ggufpipe stage` appends a line (pipeline/cli/__init__.py)
 
 
 def read_errors(path: Path) -> list[dict]:

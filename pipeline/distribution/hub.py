@@ -24,6 +24,7 @@ from pathlib import Path
 
 from pipeline.errors import PipelineError
 from pipeline.fsutil import sha256_file, write_json_atomic
+from pipeline.stages.evaluate import gate_messages
 from pipeline.stages.hubfiles import FOLDER_FILES, HUB_URL, mix_files
 
 # --------------------------------------------------------------------------- the upload plan
@@ -52,7 +53,6 @@ def upload_plan(recipe, manifest: dict, folder: str | Path) -> list[dict]:
     in ``folder``, was built from ``recipe`` as it is now, records no failed check, and vouches for every GGUF,
     Modelfile and Hub file (size and SHA256 as in ``ggufpipe verify``)."""
     from pipeline.distribution.verify import verify
-    from pipeline.stages.evaluate import gate_messages
 
     folder = Path(folder)
     name = recipe.name

@@ -31,8 +31,15 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeline.demo import hub_cache_dir
 from pipeline.errors import PipelineError
 from pipeline.fsutil import sha256_file
+from pipeline.layout import Layout
+from pipeline.provenance import python_versions, source_files_digest
+from pipeline.recipe import load_recipe, naming
+from pipeline.stages.fetch import hub_snapshot_dir
+from pipeline.stages.publish import artifact_key, strip_volatile
+from pipeline.tools import find_toolchain
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_THREADS = 2  # Workflow's eval_threads / calib_threads defaults
@@ -108,8 +115,6 @@ def find_recipe(manifest_path: Path, manifest: dict, explicit: str | None) -> Pa
 def find_hub_cache(source: dict, explicit: str | None) -> tuple[Path | None, str | None]:
     """(hub cache holding the recorded commit, None) or (None, why not). Tried in order: ``--hub-cache``,
     ``$HF_HUB_CACHE``, huggingface_hub's default cache, the demo's hub cache."""
-    from pipeline.stages.fetch import hub_snapshot_dir
-
     if not source.get("repo"):
         return None, None
     cands = [Path(explicit)] if explicit else []
@@ -118,8 +123,6 @@ def find_hub_cache(source: dict, explicit: str | None) -> tuple[Path | None, str
             cands.append(Path(os.environ["HF_HUB_CACHE"]))
         hf_home = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface"))
         cands.append(hf_home / "hub")
-        from pipeline.demo import hub_cache_dir
-
         cands.append(hub_cache_dir())
     for c in cands:
         if hub_snapshot_dir(c.expanduser(), source["repo"], source["commit"]).is_dir():
@@ -146,12 +149,8 @@ def _recorded_settings(m: dict) -> dict:
             "awq_device": awq[0].get("device", "cpu") if awq else None}
 
 
-def preflight(m: dict, recipe_path: Path, hub_cache: str | None) -> tuple[list[str], object, Path | None]:
+def rebuild_preflight(m: dict, recipe_path: Path, hub_cache: str | None) -> tuple[list[str], object, Path | None]:
     """(refusals, the recipe, hub cache): every way the inputs here differ from the recorded ones."""
-    from pipeline.provenance import python_versions
-    from pipeline.recipe import load_recipe, naming
-    from pipeline.tools import find_toolchain
-
     errors: list[str] = []
     tc = find_toolchain()
     want = m["tools"]
@@ -238,8 +237,6 @@ def preflight(m: dict, recipe_path: Path, hub_cache: str | None) -> tuple[list[s
 def _mix_rows(entries: list[dict], m: dict, name: str, layout) -> list[Row]:
     """One row per mix map of ``entries`` and per sensitivity measurement they were solved from (all of the manifest's
     when every entry is compared)."""
-    from pipeline.stages.publish import artifact_key
-
     def sha(p: Path) -> str | None:
         return sha256_file(p) if p.is_file() else None
 
@@ -277,8 +274,6 @@ def _snakemake(recipe_path: Path, scratch: Path, cores: str, settings: dict, tar
 
 def _rows_for(entry: dict, name: str, layout) -> list[Row]:
     """One row per file of a manifest entry: the GGUF, or each shard and the whole file of a split one."""
-    from pipeline.stages.publish import artifact_key
-
     def sha(p: Path) -> str | None:
         return sha256_file(p) if p.is_file() else None
 
@@ -332,10 +327,6 @@ def format_table(rows: list[Row]) -> str:
 def rebuild_check(manifest_path: str | Path, recipe: str | None = None, cores: str = "all", keep: str | None = None,
                   only: list[str] | None = None, hub_cache: str | None = None, out=print) -> int:
     """Entry function of ``ggufpipe rebuild-check``; returns the exit status (0: everything matches)."""
-    from pipeline.layout import Layout
-    from pipeline.provenance import source_files_digest
-    from pipeline.stages.publish import artifact_key, strip_volatile
-
     manifest_path = Path(manifest_path)
     m = _load_manifest(manifest_path)
     name = m["name"]
@@ -348,7 +339,7 @@ def rebuild_check(manifest_path: str | Path, recipe: str | None = None, cores: s
             raise PipelineError(f"--only: {', '.join(unknown)} not in {manifest_path} (it lists: {', '.join(keys)})")
         entries = [keys[k] for k in only]
 
-    errors, _recipe, cache = preflight(m, recipe_path, hub_cache)
+    errors, _recipe, cache = rebuild_preflight(m, recipe_path, hub_cache)
     if errors:
         for e in errors:
             out(f"error: cannot rebuild {manifest_path}: {e}")

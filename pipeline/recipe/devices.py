@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from pipeline.devices.memory import ARCH_FEATURES, KV_TYPES, parse_size
+from pipeline.errors import PipelineError
 from pipeline.recipe import schema as _schema
 
 DEVICE_KEYS = _schema.keys("devices[]")
@@ -35,9 +37,6 @@ class Device:
 
 def parse_devices(ctx, value) -> tuple[Device, ...]:
     """``devices:``: a list of devices with unique names (``ctx``: the parser's ``_Ctx``, one-line errors)."""
-    from pipeline.devices.memory import ARCH_FEATURES, KV_TYPES, parse_size
-    from pipeline.errors import PipelineError
-
     if value is None:
         return ()
     if not isinstance(value, list):

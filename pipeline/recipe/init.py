@@ -24,6 +24,7 @@ from pipeline.devices import memory as mem
 from pipeline.devices.plan import quant_tensor_type
 from pipeline.errors import PipelineError
 from pipeline.gguf.types import GGML_TYPE_CODES, GGML_TYPES, tensor_nbytes
+from pipeline.recipe.devices import Device
 from pipeline.stages.fetch import PICKLE_PATTERNS, _wanted, check_safetensors, hub_snapshot_dir, read_config
 
 # Stock quants a device suggestion chooses from, largest first (no IQ types: they need an importance matrix).
@@ -37,7 +38,9 @@ _SAFETENSORS_DTYPES = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8, "I64": 8, "I32":
 
 
 @dataclass
-class Source:
+class CheckpointFacts:
+    """What :func:`inspect_source` read from a checkpoint folder (a recipe's ``source:`` is recipe.model.Source)."""
+
     folder: Path
     config: dict
     tensors: dict[str, tuple[str, tuple[int, ...]]]  # name -> (safetensors dtype, shape)
@@ -125,7 +128,7 @@ def _front_matter(readme: Path) -> dict:
 
 
 def inspect_source(spec: str, convert_script: Path, build: int, allow_pickle: bool = False,
-                   trust_remote_code: bool = False, hub_cache: Path | None = None) -> Source:
+                   trust_remote_code: bool = False, hub_cache: Path | None = None) -> CheckpointFacts:
     """Read and check the checkpoint ``spec``; refuse in one line what the build could not use."""
     folder, repo, commit = resolve(spec, hub_cache)
     files = _files(folder)
@@ -151,7 +154,7 @@ def inspect_source(spec: str, convert_script: Path, build: int, allow_pickle: bo
         for name, t in check_safetensors(folder / f, f"{spec}: source").items():  # checked, then read once
             if name != "__metadata__" and isinstance(t, dict):
                 tensors[name] = (str(t.get("dtype")), tuple(int(x) for x in t.get("shape", ())))
-    src = Source(folder, config, tensors, repo, commit, arch, pickles=pickles)
+    src = CheckpointFacts(folder, config, tensors, repo, commit, arch, pickles=pickles)
     tc = src.text_config()
     for key in MTP_CONFIG_KEYS:
         if isinstance(tc.get(key), int) and tc[key] > 0:
@@ -178,7 +181,7 @@ def inspect_source(spec: str, convert_script: Path, build: int, allow_pickle: bo
     return src
 
 
-def checkpoint_dtype(src: Source) -> str:
+def checkpoint_dtype(src: CheckpointFacts) -> str:
     """The dtype that holds most of the checkpoint's parameters (safetensors), else config's torch_dtype."""
     count: dict[str, int] = {}
     for dtype, shape in src.tensors.values():
@@ -213,7 +216,7 @@ def _role(name: str) -> str:
     return "other"
 
 
-def _vocab_facts(src: Source, n_vocab: int) -> tuple[int, int]:
+def _vocab_facts(src: CheckpointFacts, n_vocab: int) -> tuple[int, int]:
     """(merges, metadata bytes): the tokenizer's BPE merges and an estimate of the GGUF header (each token: its
     bytes + 8 length + 4 score + 4 type; each merge: its bytes + 8)."""
     try:
@@ -228,7 +231,7 @@ def _vocab_facts(src: Source, n_vocab: int) -> tuple[int, int]:
         return 0, 24 * n_vocab + 100 * len(src.tensors)
 
 
-def estimate_memory(src: Source, ftype: str, ctx: int, arch: str = "x86_64", kv_type: str = "f16") -> dict:
+def estimate_memory(src: CheckpointFacts, ftype: str, ctx: int, arch: str = "x86_64", kv_type: str = "f16") -> dict:
     """Predicted peak RSS (bytes) of ``llama-bench -p ctx`` on the pinned CPU build for the ``ftype`` quant of
     ``src``, by the components of pipeline.devices.memory.predict_memory (docs/init.md)."""
     if arch not in mem.ARCH_FEATURES:
@@ -279,19 +282,10 @@ def estimate_memory(src: Source, ftype: str, ctx: int, arch: str = "x86_64", kv_
             "overhead": overhead, "total": total}
 
 
-@dataclass(frozen=True)
-class Device:
-    name: str
-    memory: int
-    memory_text: str
-    ctx: int = 4096
-    arch: str = "x86_64"
-
-
-def suggest(src: Source, device: Device) -> tuple[str | None, dict[str, int]]:
+def suggest(src: CheckpointFacts, device: Device) -> tuple[str | None, dict[str, int]]:
     """The largest stock quant whose estimated memory fits ``device`` (None: none does), and every estimate."""
     est = {q: estimate_memory(src, q, device.ctx, device.arch)["total"] for q in STOCK_QUANTS}
-    return next((q for q in STOCK_QUANTS if est[q] <= device.memory), None), est
+    return next((q for q in STOCK_QUANTS if est[q] <= device.memory_bytes), None), est
 
 
 # ------------------------------------------------------------------ the recipe text
@@ -300,7 +294,7 @@ def _q(s: str) -> str:
     return json.dumps(s, ensure_ascii=False)
 
 
-def render(src: Source, name: str, out: Path, gates_text: Path, quants: list[str], devices: list[Device],
+def render(src: CheckpointFacts, name: str, out: Path, gates_text: Path, quants: list[str], devices: list[Device],
            build: int, allow_pickle: bool, trust_remote_code: bool) -> str:
     mib = 1 << 20
     where = f"{src.repo}@{src.commit}" if src.repo else str(src.folder)
@@ -334,7 +328,7 @@ def render(src: Source, name: str, out: Path, gates_text: Path, quants: list[str
     notes: dict[str, list[str]] = {}
     for d in devices:
         pick, est = suggest(src, d)
-        desc = f"{d.name} ({d.memory_text}, ctx {d.ctx}, {d.arch})"
+        desc = f"{d.name} ({d.memory}, ctx {d.ctx}, {d.arch})"
         if pick is None:
             lines += [f"# {desc}: no stock quant fits: {STOCK_QUANTS[-1]} needs about {est[STOCK_QUANTS[-1]] / mib:.0f} MiB"]
             continue

@@ -11,7 +11,7 @@ from pipeline.errors import PipelineError
 from pipeline.recipe import naming
 from pipeline.recipe import schema as _schema
 from pipeline.recipe.devices import Device
-from pipeline.recipe.mix import Mix, Sensitivity
+from pipeline.recipe.mix import Flavour, Mix, Sensitivity
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 VARIANT_RE = naming.VARIANT_RE  # letters only: the Hub label `_[A-Z]+` stops at a digit
@@ -226,8 +226,8 @@ class Quant:
 
     @property
     def flavour(self) -> str:
-        """What a mix's sensitivity is measured on: its base, with or without the importance matrix."""
-        return self.base + ("-imatrix" if self.imatrix else "")
+        """What a mix's sensitivity is measured on, by name: its base, with or without the importance matrix."""
+        return str(Flavour(self.base, self.imatrix))
 
     @property
     def key(self) -> str:
@@ -386,7 +386,7 @@ class Recipe:
         d = self.draft
         if d is None or d.source is None:
             return None
-        text = self.eval_sets[0].text if self.eval_sets else None
+        text = self.first_eval_set.text if self.eval_sets else None
         return Recipe(path=self.path, sha256=self.sha256, name=self.draft_name, source=d.source, outtype=d.outtype,
                       quants=d.quants, description=f"draft model of {self.name}", license=self.license,
                       eval_sets=(), bench=False, draft=None, raw={},
@@ -426,7 +426,7 @@ class Recipe:
     def model_keys(self) -> list[str]:
         """Keys of every model file a recipe can publish: the base (``F16``/``BF16``), each quant, and
         the MTP draft (``mtp-F16_MTP``) of ``mtp: separate``."""
-        keys = [self.outtype.upper(), *(q.key for q in self.quants)]
+        keys = [self.base_key, *(q.key for q in self.quants)]
         if self.mtp == "separate":
             keys.append(self.mtp_key)
         return keys
@@ -435,7 +435,7 @@ class Recipe:
         """How file ``key`` is split (None: published whole)."""
         if key == self.mtp_key:  # whole at the repo root: llama.cpp looks for the sidecar only in the model's
             return None  # folder or above (find_best_sibling, download.cpp:574-582), never in a shard folder
-        if key == self.outtype.upper():
+        if key == self.base_key:
             return self.split
         return self.quant(key).split
 
@@ -449,7 +449,7 @@ class Recipe:
         the name of its first shard of a representative two."""
         out = []
         for key in self.model_keys:
-            if key == self.outtype.upper():
+            if key == self.base_key:
                 entry = f"the base file ({key})"
             elif key == self.mtp_key:
                 entry = f"the MTP draft ({key})"
@@ -465,8 +465,18 @@ class Recipe:
         return out
 
     @property
+    def base_key(self) -> str:
+        """``F16``/``BF16``: the model key of the base file, the quants' source (the outtype, upper-cased)."""
+        return self.outtype.upper()
+
+    @property
+    def first_eval_set(self) -> EvalSet | None:
+        """The eval set the device slice, the draft's agreement and conformance's logits use (None: no gates)."""
+        return self.eval_sets[0] if self.eval_sets else None
+
+    @property
     def base_file(self) -> str:
-        return f"{self.name}-{self.outtype.upper()}.gguf"
+        return f"{self.name}-{self.base_key}.gguf"
 
     @property
     def mtp_file(self) -> str:

@@ -22,6 +22,7 @@ from pathlib import Path
 from pipeline.errors import PipelineError
 from pipeline.fsutil import sha256_file, write_json_atomic
 from pipeline.stagedef import Stage, mem_mb
+from pipeline.stages.evaluate import eval_quant
 from pipeline.stages.mtp import mtp_step_bytes
 from pipeline.stages.vocab import check_pair, describe_failure
 from pipeline.tools import Toolchain, find_toolchain, run_tool, tail
@@ -206,7 +207,6 @@ def agreement(recipe_name: str, draft_gguf: str | Path, main_base: str | Path, e
     """Entry function: top-1 agreement of the draft with the main model's unquantized file over the
     first eval set ("same top p" of a KL-divergence run of the draft against the main base logits)."""
     from pipeline.gguf.vocab_defaults import effective_vocab
-    from pipeline.stages.evaluate import eval_quant
 
     n_main, n_draft = effective_vocab(main_base)["n_tokens"], effective_vocab(draft_gguf)["n_tokens"]
     if n_main != n_draft:

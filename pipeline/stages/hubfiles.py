@@ -23,6 +23,7 @@ import re
 from pathlib import Path
 
 from pipeline.fsutil import sha256_file, write_text_atomic
+from pipeline.layout import Layout
 from pipeline.stages.split import model_path
 
 MODEL_ROLES = ("base", "quant")  # artifacts that get a Modelfile (not e.g. a separate MTP-heads file)
@@ -235,8 +236,6 @@ def _front_matter(text: str) -> dict:
 
 
 def _work_layout(folder: Path, layout):
-    from pipeline.layout import Layout
-
     return layout if layout is not None else Layout(folder.parent, folder.parent.parent / "work")
 
 
@@ -354,7 +353,7 @@ def chat_facts(manifest: dict, base: Path | None, layout) -> dict | None:
     if base is None:
         return None
     from pipeline.gguf import read_header
-    from pipeline.stages.conformance import load_conversations
+    from pipeline.stages.conformance.common import load_conversations
 
     meta = read_header(base).metadata
     jinja = meta.get("tokenizer.chat_template")

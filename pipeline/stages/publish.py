@@ -250,8 +250,8 @@ def build_manifest(recipe: Recipe, layout: Layout) -> tuple[dict, dict]:
 
     base_path = layout.base_gguf(recipe)
     base = read_facts(base_path)
-    if base.quant_type != recipe.outtype.upper():
-        raise PipelineError(f"{base_path}: general.file_type says {base.quant_type}, recipe asks for {recipe.outtype.upper()}")
+    if base.quant_type != recipe.base_key:
+        raise PipelineError(f"{base_path}: general.file_type says {base.quant_type}, recipe asks for {recipe.base_key}")
 
     eval_sets, eval_base, metrics_out, eval_threads = [], {}, {}, {}
     for es in recipe.eval_sets:
@@ -299,7 +299,7 @@ def build_manifest(recipe: Recipe, layout: Layout) -> tuple[dict, dict]:
         per_set, thresholds = {}, {}
         for es in recipe.eval_sets:
             ev = _load(layout.eval_record(name, es.name, q.key))
-            if es is recipe.eval_sets[0]:  # the device slice's values: the running statistics after its chunks
+            if es is recipe.first_eval_set:  # the device slice's values: the running statistics after its chunks
                 chunk_rows[q.key] = ev.get("chunk_rows") or []
             per_set[es.name] = {k: ev["metrics"][k] for k in GATE_METRICS}
             thresholds[es.name] = recipe.thresholds(q.key, es.name)
@@ -343,7 +343,7 @@ def build_manifest(recipe: Recipe, layout: Layout) -> tuple[dict, dict]:
 
     bench = {}
     if recipe.bench:  # keyed by the published name (file, or folder of a split file)
-        for key in [recipe.outtype.upper()] + [q.key for q in recipe.quants]:
+        for key in [recipe.base_key] + [q.key for q in recipe.quants]:
             fname = recipe.artifact_for(key)
             b = _load(layout.bench_record(name, key))
             bench[fname] = {k: b[k] for k in ("pp_tokens_per_s", "tg_tokens_per_s", "pp_tokens", "tg_tokens", "threads")}

@@ -53,7 +53,7 @@ def device_check_section(recipe, layout: Layout, entries: dict[str, dict], chunk
     n = recipe.device_slice
     if not n:
         return None
-    name, es = recipe.name, recipe.eval_sets[0]
+    name, es = recipe.name, recipe.first_eval_set
     path = layout.device_slice_record(name)
     rec = _load(path)
     if (rec["eval_set"], rec["chunks"], rec["ctx"]) != (es.name, n, es.ctx):
@@ -62,7 +62,7 @@ def device_check_section(recipe, layout: Layout, entries: dict[str, dict], chunk
     slice_path = layout.device_slice(name)
     if not slice_path.is_file() or slice_path.stat().st_size != rec["size_bytes"]:
         raise PipelineError(f"{slice_path}: missing or not the {rec['size_bytes']} bytes {path} records: re-run device_slice")
-    base_key = recipe.outtype.upper()
+    base_key = recipe.base_key
     for key, entry in entries.items():
         if key == base_key:
             values = rec["base_metrics"]

@@ -57,7 +57,7 @@ def _tokenizer_keys(recipe: Recipe, layout: Layout, artifacts: list[dict], rejec
         if digest != base and entry in artifacts and entry.get("role") != "mtp-draft":
             entry["failures"] = [{"check": "tokenizer_keys", "message": (
                 f"tokenizer keys differ: recipe {recipe.name}, {entry['file']} does not carry the "
-                f"{recipe.outtype.upper()} file's tokenizer.* keys byte for byte")}]
+                f"{recipe.base_key} file's tokenizer.* keys byte for byte")}]
             artifacts.remove(entry)
             rejected.append(entry)
 
@@ -89,8 +89,8 @@ def _mtp_draft_entry(recipe: Recipe, layout: Layout) -> dict:
     path = layout.mtp_gguf(recipe)
     rec = _load(layout.mtp_record(recipe))
     facts = read_facts(path)
-    if facts.quant_type != recipe.outtype.upper():
-        raise PipelineError(f"{path}: general.file_type says {facts.quant_type}, recipe asks for {recipe.outtype.upper()}")
+    if facts.quant_type != recipe.base_key:
+        raise PipelineError(f"{path}: general.file_type says {facts.quant_type}, recipe asks for {recipe.base_key}")
     heads = mtp_facts(path)
     if not heads["tensors"]:
         raise PipelineError(f"{path}: holds no nextn (MTP) tensors: re-run the convert-mtp stage")

@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 from pipeline.fsutil import write_text_atomic
+from pipeline.recipe.mix import Flavour
 
 MIB = 1024 * 1024
 HEATMAP_PREFIX = "sensitivity-"
@@ -187,9 +188,10 @@ def card_mix_lines(manifest: dict) -> list[str]:
         if not published:
             continue
         m = e["mix"]
-        src = "<the AWQ-scaled F16>.gguf" if m["flavour"].startswith("awq") else base_file
+        flavour = Flavour.parse(m["flavour"])
+        src = "<the AWQ-scaled F16>.gguf" if flavour.base == "awq" else base_file
         imx = (e.get("calibration") or {}).get("imatrix", {}).get("file")
-        extra = f"--imatrix {imx} " if imx and m["flavour"].endswith("-imatrix") else ""
+        extra = f"--imatrix {imx} " if imx and flavour.imatrix else ""
         out += [f"- `{e['file']}`: per-tensor types solved from measured sensitivity for {goal_text(m)}: predicted mean "
                 f"KLD {m['predicted']['kld_mean']:.4f} on the sensitivity text `{m['sensitivity']['text']}`.",
                 f"  Reproduce: `llama-quantize {extra}--tensor-type-file {m['map']['file']} {src} out.gguf "

@@ -121,9 +121,9 @@ def test_init_device_suggestions(tmp_path, capsys, monkeypatch, hub, tiny_folder
 
     tc = find_toolchain()
     src = inspect_source(str(tiny_folder), tc.convert_script, tc.build_number)
-    from pipeline.recipe.init import Device
+    from pipeline.recipe.devices import Device
 
-    _, est = suggest(src, Device("x", 1 << 40, "1T", 1024, "arm64"))
+    _, est = suggest(src, Device("x", "1T", 1 << 40, ctx=1024, arch="arm64"))
     assert [est[q] for q in STOCK_QUANTS] == sorted(est.values(), reverse=True)  # larger quant, more memory
     between = (est["Q6_K"] + est["Q5_K_M"]) // 2  # Q5_K_M fits, Q6_K does not
     out = tmp_path / "r.yaml"

@@ -10,6 +10,7 @@ import pytest
 
 from pipeline.errors import PipelineError
 from pipeline.recipe import load_recipe
+from pipeline.recipe.mix import Flavour
 from pipeline.recipe.tensor_map import read_map
 from pipeline.stages.mix.groups import bands, group_tensors
 from pipeline.stages.mix.plan import map_text
@@ -37,6 +38,17 @@ def _refused(tmp_path, quants: str, extra: str = "sensitivity: {text: sens.txt}\
     msg = str(exc.value)
     assert msg.startswith(str(tmp_path / "r.yaml") + ": ") and "\n" not in msg, msg
     return msg
+
+
+def test_flavour_names_round_trip():
+    """A flavour's name (wildcards, file names, records) is its base and whether the importance matrix is used."""
+    assert [str(f) for f in Flavour.every()] == ["plain", "plain-imatrix", "awq", "awq-imatrix"]
+    assert all(Flavour.parse(str(f)) == f for f in Flavour.every())
+    assert Flavour.parse("awq-imatrix") == Flavour("awq", True) and sorted(map(str, Flavour.every())) == [
+        str(f) for f in sorted(Flavour.every())]
+    for bad in ("", "imatrix", "-imatrix", "awq-imatrix-imatrix", "Plain"):
+        with pytest.raises(PipelineError, match="is not a mix flavour"):
+            Flavour.parse(bad)
 
 
 def test_mix_recipe_loads_with_defaults(tmp_path):

@@ -30,7 +30,7 @@ def test_minicpm_example_validates_offline(path):
     d = r.draft_recipe()
     assert d.name == f"{r.name}-draft" and [q.key for q in d.quants] == ["Q8_0"]
     assert r.draft.pairs == (("Q4_K_M", "Q8_0"), ("Q8_0", "Q8_0"))
-    assert r.eval_sets and r.eval_sets[0].text.is_file()
+    assert r.eval_sets and r.first_eval_set is r.eval_sets[0] and r.first_eval_set.text.is_file()
     assert r.conformance.enabled and r.conformance.chunks == 2
     # the revision lookup is the one step left to the Hub: CI refuses the recipe until both sources are pinned
     assert r.source.revision == r.draft.source.revision == "main"

@@ -15,7 +15,8 @@ def test_good_recipe_loads(tmp_path):
     assert r.source.repo == "org/model" and r.source.revision == RECIPE_SHA
     assert [q.key for q in r.quants] == ["Q8_0", "Q4_K_M_EMBQ", "Q4_K_M"]  # alias Q4_K resolved
     assert r.file_for("Q4_K_M_EMBQ") == "demo-a-Q4_K_M_EMBQ.gguf"
-    assert r.base_file == "demo-a-F16.gguf"
+    assert r.base_file == "demo-a-F16.gguf" and r.base_key == "F16" and r.model_keys[0] == r.base_key
+    assert r.eval_sets == () and r.first_eval_set is None
     assert r.quants[1].quantize_args() == [
         "--output-tensor-type", "q8_0", "--token-embedding-type", "q8_0", "--tensor-type", "attn_v=q8_0"]
     assert len(r.sha256) == 64

@@ -12,6 +12,7 @@ from typing import Any
 
 from pipeline.errors import PipelineError
 from pipeline.fsutil import write_json_atomic
+from pipeline.recipe import EvalSet, load_recipe
 from pipeline.stagedef import Stage, logits_bytes, mem_mb
 from pipeline.stages.conformance.causes import backend_spec, control_typed, merging_variant, read_normalizer
 from pipeline.stages.conformance.common import (
@@ -30,6 +31,7 @@ from pipeline.stages.conformance.hparams import check_hparams
 from pipeline.stages.conformance.logits import check_logits
 from pipeline.stages.conformance.template import check_chat_template, plan_chat_template
 from pipeline.stages.conformance.tokenizer import cause_status, check_tokenizer, residual_requests
+from pipeline.stages.evaluate import eval_base, restore_base_logits
 from pipeline.tools import Toolchain, find_toolchain
 
 # --------------------------------------------------------------------------- the stage
@@ -210,8 +212,8 @@ def run(recipe, base_gguf, hf_dir, logits_file, base_record, out_record, log=Non
     override = getattr(recipe, "chat_template_override", None)
     if override is not None:  # the fix path: the recipe's template is the model's, on both sides
         tok.chat_template = Path(override).read_text(encoding="utf-8")
-    eval_sets = getattr(recipe, "eval_sets", ())
-    eval_text = eval_sets[0].text if eval_sets else settings.get("text")
+    first = getattr(recipe, "first_eval_set", None)
+    eval_text = first.text if first else settings.get("text")
     probes = load_probes() + added_token_probes(tok) + eval_slice_probe(eval_text)
     conversations = load_conversations()
     from pipeline.gguf import read_header
@@ -304,9 +306,6 @@ def run_stage(recipe, layout, threads: int = 2, tc: Toolchain | None = None, log
     removed afterwards. ``log``: the job log (default ``layout.log(name, "conformance")``)."""
     import shutil
 
-    from pipeline.recipe import EvalSet
-    from pipeline.stages.evaluate import eval_base, restore_base_logits
-
     name = recipe.name
     log = Path(log or layout.log(name, "conformance"))
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -320,8 +319,8 @@ def run_stage(recipe, layout, threads: int = 2, tc: Toolchain | None = None, log
     torch.set_num_threads(threads)  # fixed (eval_threads), not --cores: the numbers stay bit-identical
     base = layout.base_gguf(recipe)
     awq = layout.hf_awq(name) if "awq" in recipe.bases else None
-    if recipe.eval_sets:
-        es = recipe.eval_sets[0]
+    es = recipe.first_eval_set
+    if es:
         logits, base_record = layout.base_logits(name, es.name), layout.base_record(name, es.name)
         if Path(logits).is_file():
             restore_base_logits(tc, es, base, logits, base_record, threads, log, f"{name}: conformance")
@@ -342,8 +341,6 @@ def run_stage(recipe, layout, threads: int = 2, tc: Toolchain | None = None, log
 def main(argv: list[str] | None = None) -> int:
     """``python -m pipeline.stages.conformance RECIPE BASE_GGUF HF_DIR OUT [--logits F --base-record R]``: one run by hand."""
     import argparse
-
-    from pipeline.recipe import load_recipe
 
     ap = argparse.ArgumentParser(prog="python -m pipeline.stages.conformance", description=__doc__.splitlines()[0])
     ap.add_argument("recipe")
