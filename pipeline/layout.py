@@ -12,6 +12,7 @@ from pathlib import Path
 
 from pipeline.errors import PipelineError
 from pipeline.recipe import Recipe
+from pipeline.recipe.mix import Flavour
 
 # A recipe name (or a derived ``<name>-draft``): one plain path segment under artifacts/ and work/.
 _FOLDER_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
@@ -65,14 +66,14 @@ class Layout:
 
     def base_gguf(self, r: Recipe) -> Path:
         """The F16/BF16 file the quants are made from (published as ``artifacts/<name>/<base_file>``)."""
-        return self.gguf(r.name, r.outtype.upper())
+        return self.gguf(r.name, r.base_key)
 
     def mtp_gguf_at(self, name: str, outtype: str) -> Path:
         return self.gguf(name, f"mtp-{outtype}_MTP")  # naming.mtp_key
 
     def mtp_gguf(self, r: Recipe) -> Path:
         """The MTP-head draft of ``mtp: separate``, written by the convert-mtp stage."""
-        return self.mtp_gguf_at(r.name, r.outtype.upper())
+        return self.mtp_gguf_at(r.name, r.base_key)
 
     def published(self, r: Recipe, key: str) -> Path:
         """The published file ``<name>-<KEY>.gguf``, or the folder ``<name>-<KEY>/`` of a split file."""
@@ -117,7 +118,7 @@ class Layout:
         return self.wrk(name, "records", f"convert-{outtype}.json")
 
     def convert_record(self, r: Recipe) -> Path:
-        return self.convert_record_at(r.name, r.outtype.upper())
+        return self.convert_record_at(r.name, r.base_key)
 
     # calibration: AWQ-scaled weights and importance matrices
     def hf_awq(self, name: str) -> Path:
@@ -132,13 +133,13 @@ class Layout:
     def awq_gguf(self, r: Recipe) -> Path:
         """The base GGUF converted from the AWQ-scaled weights (an intermediate: the published
         base file stays the unmodified model, the reference every quant is measured against)."""
-        return self.awq_gguf_at(r.name, r.outtype.upper())
+        return self.awq_gguf_at(r.name, r.base_key)
 
     def awq_convert_record_at(self, name: str, outtype: str) -> Path:
         return self.wrk(name, "records", f"convert-{outtype}-awq.json")
 
     def awq_convert_record(self, r: Recipe) -> Path:
-        return self.awq_convert_record_at(r.name, r.outtype.upper())
+        return self.awq_convert_record_at(r.name, r.base_key)
 
     def source_gguf(self, r: Recipe, base: str) -> Path:
         """The base GGUF a quant of base ``plain`` or ``awq`` is made from."""
@@ -178,7 +179,8 @@ class Layout:
         return self.wrk(name, "mix", flavour)
 
     def sensitivity_inputs(self, r: Recipe, flavour: str) -> dict[str, str]:
-        out = self._base_inputs(r, flavour.removesuffix("-imatrix"), flavour.endswith("-imatrix"))
+        f = Flavour.parse(flavour)
+        out = self._base_inputs(r, f.base, f.imatrix)
         return {**out, "ref": str(self.base_gguf(r)), "text": str(r.sensitivity.text)}
 
     def mix_map(self, name: str, key: str) -> Path:
@@ -196,7 +198,7 @@ class Layout:
         return self.wrk(name, "records", f"convert-mtp-{outtype}.json")
 
     def mtp_record(self, r: Recipe) -> Path:
-        return self.mtp_record_at(r.name, r.outtype.upper())
+        return self.mtp_record_at(r.name, r.base_key)
 
     def quant(self, r: Recipe, key: str) -> Path:
         return self.gguf(r.name, key)
@@ -231,7 +233,7 @@ class Layout:
     # drafts (speculative decoding)
     def main_gguf(self, r: Recipe, key: str) -> Path:
         """The file of key ``key``: the base file (key = outtype) or a quant in work/."""
-        return self.base_gguf(r) if key == r.outtype.upper() else self.quant(r, key)
+        return self.base_gguf(r) if key == r.base_key else self.quant(r, key)
 
     def draft_gguf(self, r: Recipe, key: str, mkey: str | None = None) -> Path:
         """A draft file: the given GGUF, a quant of the derived ``<name>-draft`` recipe, or the file holding the
@@ -268,7 +270,7 @@ class Layout:
         (when the recipe has eval sets), the AWQ-folded folder (with ``awq:``)."""
         out = {"base": [str(self.base_gguf(r))], "hf": [str(self.hf(r.name))]}
         if r.eval_sets:
-            es = r.eval_sets[0].name
+            es = r.first_eval_set.name
             out["logits"] = [str(self.base_logits(r.name, es)), str(self.base_record(r.name, es))]
         if "awq" in r.bases:
             out["awq"] = [str(self.hf_awq(r.name))]
@@ -293,7 +295,7 @@ class Layout:
             "imatrix_records": [str(self.imatrix_record(r.name, b)) for b in r.imatrix_bases],
             "base_records": [str(self.base_record(r.name, es.name)) for es in r.eval_sets],
             "evals": [str(self.eval_record(r.name, es.name, k)) for es in r.eval_sets for k in keys],
-            "bench": [str(self.bench_record(r.name, k)) for k in [r.outtype.upper(), *keys]] if r.bench else [],
+            "bench": [str(self.bench_record(r.name, k)) for k in [r.base_key, *keys]] if r.bench else [],
             "conformance": [str(self.conformance_record(r.name))] if r.conformance.enabled else [],
             "device_slice": [str(self.device_slice(r.name)), str(self.device_slice_record(r.name))] if r.device_slice else [],
             "device_results": [str(self.device_results(r.name))] if self.device_results(r.name).is_file() else [],

@@ -39,7 +39,7 @@ def job_for(st: Stage, recipe, layout: Layout, args) -> Job:
         flag = WILDCARD_FLAGS[w]
         value = getattr(args, flag.replace("-", "_"))
         if value is None and w == "outtype":
-            value = recipe.outtype.upper()
+            value = recipe.base_key
         if value is None:
             raise PipelineError(f"ggufpipe stage {st.cli}: --{flag} is required")
         wc[w] = value

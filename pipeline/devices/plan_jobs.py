@@ -23,6 +23,7 @@ from pipeline.devices.plan import (
 from pipeline.gguf import ArrayValue, read_header
 from pipeline.stagedef import LOGITS_VOCAB_BOUND, size_mb
 from pipeline.stages import registry
+from pipeline.stages.fetch import hub_snapshot_dir
 
 
 # ------------------------------------------------------------------ Slurm resources (each stage declares its own)
@@ -110,7 +111,7 @@ def plan_jobs(recipe, facts: Facts) -> list[dict]:
     disk = {(d["stage"], d["key"]): d["bytes"] for d in disk_plan(recipe, facts)}
     ram = {(r["stage"], r["key"]): r["bytes"] for r in ram_plan(recipe, facts)}
     mb = lambda stage, key="": disk.get((stage, key), 0) / MIB  # noqa: E731
-    ot = recipe.outtype.upper()
+    ot = recipe.base_key
     snap = facts.snapshot_bytes / MIB
     text = lambda p: (Path(p).stat().st_size / MIB) if p and Path(p).is_file() else 0.0  # noqa: E731
     jobs = []
@@ -144,7 +145,7 @@ def plan_jobs(recipe, facts: Facts) -> list[dict]:
             add("eval", f"{es.name}/{q.key}", {"es": es.name, "quant": q.key},
                 {"gguf": mb("quantize", q.key), "logits": mb("eval_base", es.name)})
     if recipe.device_slice:
-        es = recipe.eval_sets[0]
+        es = recipe.first_eval_set
         add("device_slice", "", {}, {"base": mb("convert", ot), "logits": mb("eval_base", es.name)})
     if recipe.bench:
         for key in [ot, *(q.key for q in recipe.quants)]:
@@ -194,11 +195,11 @@ def hours(job: dict, facts: Facts, recipe, box: dict = BOX) -> float:
         es = recipe.eval_set(job["wc"]["es"])
         tokens = es.ctx * es.chunks
     elif rule == "device_slice":
-        tokens = recipe.eval_sets[0].ctx * recipe.device_slice
+        tokens = recipe.first_eval_set.ctx * recipe.device_slice
     elif rule == "imatrix":
         tokens = recipe.imatrix.ctx * recipe.imatrix.chunks
     elif rule == "conformance":
-        tokens = (recipe.eval_sets[0].ctx if recipe.eval_sets else 512) * recipe.conformance.chunks
+        tokens = (recipe.first_eval_set.ctx if recipe.eval_sets else 512) * recipe.conformance.chunks
     elif rule == "bench":
         tokens = 512 + 128 * 20  # llama-bench pp512 + tg128 (token generation is bandwidth-bound: ~20x a pp token)
     elif rule == "awq":
@@ -222,8 +223,6 @@ def source_dir(W, name: str) -> Path | None:
         return p if (p / "config.json").is_file() else None
     if not src.repo:
         return None
-    from pipeline.stages.fetch import hub_snapshot_dir
-
     cache = W.hub_cache
     if not cache:
         from huggingface_hub.constants import HF_HUB_CACHE

@@ -82,19 +82,19 @@ def device_slice(recipe_name: str, es: EvalSet, chunks: int, base_gguf: str | Pa
 
 def _run(j) -> None:
     r, i = j.recipe, j.input
-    device_slice(r.name, r.eval_sets[0], r.device_slice, i["base"], i["logits"], i["base_record"], j.output["logits"],
+    device_slice(r.name, r.first_eval_set, r.device_slice, i["base"], i["logits"], i["base_record"], j.output["logits"],
                  j.output["record"], threads=j.threads, log=j.log)
 
 
 def _inputs(r, wc, L) -> dict:
-    es = r.eval_sets[0].name
+    es = r.first_eval_set.name
     return {"base": L.base_gguf(r), "logits": L.base_logits(r.name, es), "base_record": L.base_record(r.name, es)}
 
 
 def _trigger(r, wc, s) -> dict:
     from pipeline.stages.evaluate import eval_fields
 
-    return {"chunks": r.device_slice, "eval": eval_fields(r, r.eval_sets[0].name, s), "commit": s.commit}
+    return {"chunks": r.device_slice, "eval": eval_fields(r, r.first_eval_set.name, s), "commit": s.commit}
 
 
 STAGE = Stage(

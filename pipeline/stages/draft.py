@@ -251,12 +251,12 @@ def _run_agreement(j) -> None:
     if r.draft.mtp:
         raise PipelineError(f"{r.path}: draft.mtp: the MTP heads have no top-1 agreement stage (no logits of their own "
                             "over a text)")
-    agreement(r.name, i["draft"], i["base"], r.eval_sets[0], i["logits"], i["base_record"], j.output["record"],
+    agreement(r.name, i["draft"], i["base"], r.first_eval_set, i["logits"], i["base_record"], j.output["record"],
               threads=j.threads, log=j.log)
 
 
 def _agreement_inputs(r, wc, L) -> dict:
-    es = r.eval_sets[0].name
+    es = r.first_eval_set.name
     return {"draft": L.draft_gguf(r, wc["dkey"]), "base": L.base_gguf(r), "logits": L.base_logits(r.name, es),
             "base_record": L.base_record(r.name, es)}
 
