@@ -195,6 +195,28 @@ def swa_layers(arch: str, meta: dict, n_layer: int) -> list[bool]:
     return [period == 0 or il % period < period - 1 for il in range(n_layer)]
 
 
+# HF model_type -> the llama.cpp architecture whose sliding-window layers the converted file gets (the others run
+# every layer at full context in llama.cpp, whatever their config says: Qwen2's or Mistral's sliding_window)
+HF_SWA_ARCHS = {"gemma2": "gemma2", "gemma3": "gemma3", "gemma3_text": "gemma3", "cohere2": "cohere2",
+                "gpt_oss": "openai-moe", "exaone4": "exaone4", "llama4": "llama4"}
+
+
+def config_swa(cfg: dict, n_layer: int) -> tuple[list[bool], int]:
+    """(per layer: sliding window, the window) from config.json: ``layer_types`` or ``sliding_window_pattern``,
+    else the architecture's period (:func:`swa_layers`)."""
+    arch = HF_SWA_ARCHS.get(str(cfg.get("model_type", "")))
+    n_swa = int(cfg.get("sliding_window") or 0)
+    if arch is None or n_swa <= 0:
+        return [], 0
+    types = cfg.get("layer_types")
+    pattern = ([t == "sliding_attention" for t in types] if isinstance(types, list)
+               else cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern"))
+    meta = {f"{arch}.attention.sliding_window": n_swa}
+    if pattern is not None:
+        meta[f"{arch}.attention.sliding_window_pattern"] = pattern
+    return swa_layers(arch, meta, n_layer), n_swa
+
+
 def _metadata(header) -> dict[str, Any]:
     """Scalars as they are; the per-layer arrays this model reads decoded (small), other arrays as counts."""
     meta: dict[str, Any] = {}

@@ -188,7 +188,9 @@ def source_facts(source: str | os.PathLike) -> Facts:
         other = max(other, 20 * MIB)  # tokenizer and configs of a snapshot described only by its index
     weight_bytes = sum(_numel(s) * b for _, s, b in tensors)
     vocab_bytes, n_merges = _vocab_bytes(folder, n_vocab)
-    swa, n_swa = _swa(cfg, n_layer)
+    from pipeline.devices.memory import config_swa
+
+    swa, n_swa = config_swa(cfg, n_layer)
     return Facts(
         origin=origin, model_type=str(cfg.get("model_type", "")), n_layer=n_layer, n_embd=h,
         n_ff=int(cfg.get("intermediate_size") or cfg.get("n_inner") or 4 * h), n_head=nh, n_head_kv=int(cfg.get("num_key_value_heads") or nh),
@@ -196,30 +198,6 @@ def source_facts(source: str | os.PathLike) -> Facts:
         tied=bool(cfg.get("tie_word_embeddings", False)) or not any("lm_head" in n for n, _, _ in tensors),
         tensors=tensors, snapshot_bytes=(weights_on_disk or weight_bytes) + other, vocab_bytes=vocab_bytes,
         other_bytes=other, notes=notes, n_merges=n_merges, swa=swa, n_swa=n_swa)
-
-
-# HF model_type -> the llama.cpp architecture whose sliding-window layers the converted file gets (the others run
-# every layer at full context in llama.cpp, whatever their config says: Qwen2's or Mistral's sliding_window)
-HF_SWA_ARCHS = {"gemma2": "gemma2", "gemma3": "gemma3", "gemma3_text": "gemma3", "cohere2": "cohere2",
-                "gpt_oss": "openai-moe", "exaone4": "exaone4", "llama4": "llama4"}
-
-
-def _swa(cfg: dict, n_layer: int) -> tuple[list[bool], int]:
-    """(per layer: sliding window, the window) from config.json: ``layer_types`` or ``sliding_window_pattern``,
-    else the architecture's period (:func:`pipeline.devices.memory.swa_layers`)."""
-    arch = HF_SWA_ARCHS.get(str(cfg.get("model_type", "")))
-    n_swa = int(cfg.get("sliding_window") or 0)
-    if arch is None or n_swa <= 0:
-        return [], 0
-    from pipeline.devices.memory import swa_layers
-
-    types = cfg.get("layer_types")
-    pattern = ([t == "sliding_attention" for t in types] if isinstance(types, list)
-               else cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern"))
-    meta = {f"{arch}.attention.sliding_window": n_swa}
-    if pattern is not None:
-        meta[f"{arch}.attention.sliding_window_pattern"] = pattern
-    return swa_layers(arch, meta, n_layer), n_swa
 
 
 # ------------------------------------------------------------------ GGUF sizes
