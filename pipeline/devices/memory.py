@@ -60,12 +60,8 @@ MIB = 1 << 20
 
 # ------------------------------------------------------------------ llama.cpp / llama-bench defaults (b11312)
 N_BATCH = 2048  # tools/llama-bench/llama-bench.cpp:391
-# the default micro-batch of llama-bench (tools/llama-bench/llama-bench.cpp:392) and of llama-perplexity /
-# llama-imatrix (common/common.h n_ubatch): the rows the compute buffer holds activations and mask for
-N_UBATCH = 512
-# llama.cpp rounds the context up to whole 256-cell KV blocks (src/llama-context.cpp:290 n_ctx;
-# src/llama-kv-cache-iswa.cpp:73 the SWA cache), so the KV cache and the mask are that many cells
-CTX_PAD = 256
+N_UBATCH = 512  # the default micro-batch of llama-bench (llama-bench.cpp:392) and llama-perplexity (common.h)
+CTX_PAD = 256  # llama.cpp pads n_ctx (src/llama-context.cpp:290) and the SWA cache (llama-kv-cache-iswa.cpp:73) to it
 TENSOR_ALIGNMENT = 32  # ggml/src/ggml-impl.h:44 and GGUF's general.alignment: each tensor's data is padded to it
 
 # ggml type -> [(features that must all be present, ne[1] must be a multiple of)], in the order repack.cpp tries
