@@ -11,13 +11,15 @@ def _mib(n: float) -> str:
 
 
 def cmd_fit(args) -> None:
-    from pipeline.devices.memory import parse_size, predict_memory  # not at import: every command imports this module
+    # not at import: every command imports this module
+    from pipeline.devices.memory import ModelShape, components, parse_size
 
     try:
         mem = parse_size(args.mem)
     except PipelineError as exc:
         raise PipelineError(f"--mem: {exc}") from None
-    p = predict_memory(args.gguf, args.ctx, kv_type=args.kv_type, arch=args.arch, threads=args.threads)
+    p = components(ModelShape.from_gguf(args.gguf), args.ctx, kv_type=args.kv_type, arch=args.arch,
+                   threads=args.threads)
     d = p["details"]
     print(f"{args.gguf}: {d['architecture']}, ctx {args.ctx} (KV cells {d['n_ctx']}"
           + (f", sliding-window layers {d['swa_layers']} at {d['swa_cells']}" if d["swa_layers"] else "")

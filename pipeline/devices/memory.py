@@ -37,12 +37,18 @@ The components (bytes), with where in the pinned llama.cpp tree each comes from 
 
 ``arch`` names a CPU feature profile (:data:`ARCH_FEATURES`) that decides which tensors are repacked; the
 constants were fitted on x86_64 (see :data:`FIT`). Standard library and :mod:`pipeline.gguf.reader` only.
+
+One model for every caller: :func:`components` of a :class:`ModelShape`, read from a GGUF header
+(:meth:`ModelShape.from_gguf`: ``ggufpipe fit``, :func:`predict_memory`, the publish stage's device fits) or
+predicted from config.json and safetensors headers before any GGUF exists (:func:`pipeline.devices.plan.model_shape`:
+``ggufpipe plan``'s llama.cpp stages, ``ggufpipe init``'s device suggestions).
 """
 
 from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass, field
 from typing import Any
 
 from pipeline.devices.profiles import ARCH_FEATURES, KV_TYPES
@@ -54,9 +60,9 @@ MIB = 1 << 20
 
 # ------------------------------------------------------------------ llama.cpp / llama-bench defaults (b11312)
 N_BATCH = 2048  # tools/llama-bench/llama-bench.cpp:391
-N_UBATCH = 512  # tools/llama-bench/llama-bench.cpp:392
-CTX_PAD = 256  # src/llama-context.cpp:290 (n_ctx), src/llama-kv-cache-iswa.cpp:73 (SWA cache)
-TENSOR_ALIGNMENT = 32  # ggml/src/ggml-impl.h:44: each tensor in a backend buffer is padded to it
+N_UBATCH = 512  # the default micro-batch of llama-bench (llama-bench.cpp:392) and llama-perplexity (common.h)
+CTX_PAD = 256  # llama.cpp pads n_ctx (src/llama-context.cpp:290) and the SWA cache (llama-kv-cache-iswa.cpp:73) to it
+TENSOR_ALIGNMENT = 32  # ggml/src/ggml-impl.h:44 and GGUF's general.alignment: each tensor's data is padded to it
 
 # ggml type -> [(features that must all be present, ne[1] must be a multiple of)], in the order repack.cpp tries
 # them (ggml/src/ggml-cpu/repack.cpp:4974-5135); the first that applies repacks the tensor. RISC-V, SVE and s390x
@@ -129,7 +135,9 @@ def _row_bytes(type_bs: tuple[int, int], n: int) -> int:
     return n // blck * size
 
 
-def _pad(x: int, n: int) -> int:
+def pad(x: int, n: int = TENSOR_ALIGNMENT) -> int:
+    """``x`` rounded up to a multiple of ``n`` (GGML_PAD): tensor data to :data:`TENSOR_ALIGNMENT`, cells to
+    :data:`CTX_PAD`. The one padding rule of the memory and size predictions."""
     return (x + n - 1) // n * n
 
 
@@ -183,6 +191,28 @@ def swa_layers(arch: str, meta: dict, n_layer: int) -> list[bool]:
     return [period == 0 or il % period < period - 1 for il in range(n_layer)]
 
 
+# HF model_type -> the llama.cpp architecture whose sliding-window layers the converted file gets (the others run
+# every layer at full context in llama.cpp, whatever their config says: Qwen2's or Mistral's sliding_window)
+HF_SWA_ARCHS = {"gemma2": "gemma2", "gemma3": "gemma3", "gemma3_text": "gemma3", "cohere2": "cohere2",
+                "gpt_oss": "openai-moe", "exaone4": "exaone4", "llama4": "llama4"}
+
+
+def config_swa(cfg: dict, n_layer: int) -> tuple[list[bool], int]:
+    """(per layer: sliding window, the window) from config.json: ``layer_types`` or ``sliding_window_pattern``,
+    else the architecture's period (:func:`swa_layers`)."""
+    arch = HF_SWA_ARCHS.get(str(cfg.get("model_type", "")))
+    n_swa = int(cfg.get("sliding_window") or 0)
+    if arch is None or n_swa <= 0:
+        return [], 0
+    types = cfg.get("layer_types")
+    pattern = ([t == "sliding_attention" for t in types] if isinstance(types, list)
+               else cfg.get("sliding_window_pattern") or cfg.get("_sliding_window_pattern"))
+    meta = {f"{arch}.attention.sliding_window": n_swa}
+    if pattern is not None:
+        meta[f"{arch}.attention.sliding_window_pattern"] = pattern
+    return swa_layers(arch, meta, n_layer), n_swa
+
+
 def _metadata(header) -> dict[str, Any]:
     """Scalars as they are; the per-layer arrays this model reads decoded (small), other arrays as counts."""
     meta: dict[str, Any] = {}
@@ -197,79 +227,144 @@ def _metadata(header) -> dict[str, Any]:
     return meta
 
 
-def predict_memory(gguf_path: str | os.PathLike, ctx: int, kv_type: str = "f16", arch: str = "x86_64",
-                   threads: int = 2) -> dict:
-    """Predicted peak RSS (bytes) of llama-bench at ``ctx`` on the CPU build, with its components.
+# ------------------------------------------------------------------ the model as the memory model sees it
+@dataclass(frozen=True)
+class TensorShape:
+    """One tensor of the GGUF: ``ne`` in ggml order (row length first), its type, bytes and offset in the data
+    section; ``role``: ``"token_embd"`` and ``"output"`` matter here (the tied output is a repacked duplicate of
+    token_embd), others may be ``""``; ``matmul``: a weight of MUL_MAT / MUL_MAT_ID (the only ones ggml-cpu repacks
+    and converts activations for)."""
 
-    Returns ``{"weights", "repack", "kv", "compute", "output", "overhead", "total"}`` (bytes), ``"reserved"``
-    (the buffers as llama.cpp prints them: mapped model buffer, repack, kv, output, reserved compute) and
-    ``"details"`` (the numbers the components were computed from)."""
+    name: str
+    ne: tuple[int, ...]
+    type_name: str
+    n_bytes: int
+    offset: int
+    role: str
+    matmul: bool
+
+
+@dataclass
+class ModelShape:
+    """What the memory model needs of a model: hyperparameters, per-layer KV heads, sliding-window layers,
+    vocabulary and the tensors of its GGUF. Built from a GGUF header (:meth:`from_gguf`) or, before any GGUF
+    exists, from config.json and safetensors headers (:func:`pipeline.devices.plan.model_shape`)."""
+
+    architecture: str  # the GGUF's general.architecture (llama.cpp's name)
+    n_layer: int
+    n_embd: int
+    n_ff: int  # the largest layer's
+    n_head_kv: list[int]  # per layer
+    head_k: int
+    head_v: int
+    n_vocab: int
+    tensors: list[TensorShape]
+    metadata_bytes: int  # everything before the tensor data (header, vocabulary, tensor infos, padding)
+    weights: int  # the tensor data section
+    n_merges: int = 0
+    swa: list[bool] = field(default_factory=list)  # per layer: sliding-window cache; empty: none
+    n_swa: int = 0
+    head_k_swa: int = 0  # 0: head_k
+    head_v_swa: int = 0  # 0: head_v
+    source: str = ""  # what it was built from
+
+    @classmethod
+    def from_gguf(cls, path: str | os.PathLike) -> ModelShape:
+        header = read_header(path)
+        meta = _metadata(header)
+        arch = str(meta.get("general.architecture", ""))
+        g = lambda key, default=None: meta.get(f"{arch}.{key}", default)  # noqa: E731
+        n_layer = int(g("block_count", 0) or 0)
+        n_embd = int(g("embedding_length", 0) or 0)
+        n_head = _layer_values(meta, f"{arch}.attention.head_count", n_layer, 0)
+        n_head_kv = _layer_values(meta, f"{arch}.attention.head_count_kv", n_layer, max(n_head, default=0))
+        head_max = max(n_head, default=0) or 1
+        head_k = int(g("attention.key_length", 0) or (n_embd // head_max))
+        head_v = int(g("attention.value_length", 0) or (n_embd // head_max))
+        by_name = {t.name: t for t in header.tensors}
+        embd_t, out_t = by_name.get("token_embd.weight"), by_name.get("output.weight")
+        n_vocab = (embd_t.shape[1] if embd_t and len(embd_t.shape) > 1 else
+                   out_t.shape[1] if out_t and len(out_t.shape) > 1 else int(meta.get("tokenizer.ggml.tokens", 0) or 0))
+        tensors = [TensorShape(t.name, tuple(t.shape), t.type_name, t.n_bytes, t.offset - header.data_offset,
+                               {"token_embd.weight": "token_embd", "output.weight": "output"}.get(t.name, ""),
+                               _matmul_weight(t.name, t.shape)) for t in header.tensors]
+        return cls(
+            architecture=arch, n_layer=n_layer, n_embd=n_embd,
+            n_ff=max(_layer_values(meta, f"{arch}.feed_forward_length", n_layer, 0), default=0),
+            n_head_kv=n_head_kv, head_k=head_k, head_v=head_v, n_vocab=n_vocab, tensors=tensors,
+            metadata_bytes=header.data_offset, weights=header.data_end - header.data_offset,
+            n_merges=int(meta.get("tokenizer.ggml.merges", 0) or 0), swa=swa_layers(arch, meta, n_layer),
+            n_swa=int(g("attention.sliding_window", 0) or 0), head_k_swa=int(g("attention.key_length_swa", 0) or 0),
+            head_v_swa=int(g("attention.value_length_swa", 0) or 0), source=str(path))
+
+
+def _vec_dot_bytes(type_name: str) -> float:
+    """Bytes per activation element a matmul with a weight of this type converts to (0: F32, no conversion)."""
+    if type_name == "F32":
+        return 0.0
+    return _VEC_DOT_BYTES.get(GGML_TYPES[GGML_TYPE_CODES[type_name]][1], 2.0)
+
+
+def _check(ctx: int, kv_type: str, arch: str) -> tuple[frozenset[str], tuple[int, int]]:
+    """(CPU features, KV type's block and bytes), or the one-line error for a bad argument."""
     if ctx < 1:
         raise PipelineError(f"context size must be at least 1 (got {ctx})")
     if arch not in ARCH_FEATURES:
         raise PipelineError(f"unknown arch {arch!r}: one of {', '.join(ARCH_FEATURES)}")
-    features = ARCH_FEATURES[arch]
-    kv_bs = _kv_type(kv_type)
-    header = read_header(gguf_path)
-    meta = _metadata(header)
-    model_arch = str(meta.get("general.architecture", ""))
-    g = lambda key, default=None: meta.get(f"{model_arch}.{key}", default)  # noqa: E731
+    return ARCH_FEATURES[arch], _kv_type(kv_type)
 
-    tensors = {t.name: t for t in header.tensors}
-    n_layer = int(g("block_count", 0) or 0)
-    n_embd = int(g("embedding_length", 0) or 0)
-    n_head = _layer_values(meta, f"{model_arch}.attention.head_count", n_layer, 0)
-    n_head_kv = _layer_values(meta, f"{model_arch}.attention.head_count_kv", n_layer, max(n_head, default=0))
-    n_ff = max(_layer_values(meta, f"{model_arch}.feed_forward_length", n_layer, 0), default=0)
-    head_max = max(n_head, default=0) or 1
-    head_k = int(g("attention.key_length", 0) or (n_embd // head_max))
-    head_v = int(g("attention.value_length", 0) or (n_embd // head_max))
-    head_k_swa = int(g("attention.key_length_swa", 0) or head_k)
-    head_v_swa = int(g("attention.value_length_swa", 0) or head_v)
-    embd_t = tensors.get("token_embd.weight")
-    out_t = tensors.get("output.weight")
-    n_vocab = (embd_t.shape[1] if embd_t and len(embd_t.shape) > 1 else
-               out_t.shape[1] if out_t and len(out_t.shape) > 1 else int(meta.get("tokenizer.ggml.tokens", 0) or 0))
-    n_merges = int(meta.get("tokenizer.ggml.merges", 0) or 0)
+
+def components(shape: ModelShape, ctx: int, kv_type: str = "f16", arch: str = "x86_64", threads: int = 2,
+               n_outputs: int = 1) -> dict:
+    """Predicted peak RSS (bytes) of a llama.cpp CPU run of ``shape`` at context ``ctx``, by component.
+
+    ``n_outputs``: rows of logits the run keeps (1: llama-bench, the last token's; llama-perplexity and
+    llama-imatrix keep every token of a chunk). Returns ``{"weights", "repack", "kv", "compute", "output",
+    "overhead", "total"}`` (bytes), ``"reserved"`` (the buffers as llama.cpp prints them: mapped model buffer,
+    repack, kv, output, reserved compute) and ``"details"`` (the numbers the components were computed from)."""
+    features, kv_bs = _check(ctx, kv_type, arch)
+    s = shape
+    n_layer, n_vocab = s.n_layer, s.n_vocab
 
     # -- weights and repack
-    weights = header.data_end - header.data_offset
-    repack_names = [t.name for t in header.tensors if _matmul_weight(t.name, t.shape)
-                    and repacked(t.type_name, t.shape, features)]
-    repack = sum(_pad(tensors[n].n_bytes, TENSOR_ALIGNMENT) for n in repack_names)
-    if out_t is None and embd_t is not None and repacked(embd_t.type_name, embd_t.shape, features):
-        repack += _pad(embd_t.n_bytes, TENSOR_ALIGNMENT)  # the tied output: a repacked duplicate of token_embd
-        repack_names.append("token_embd.weight (as output)")
-    kept = [t for t in header.tensors if t.name not in set(repack_names)]
+    weights = s.weights
+    repacked_t = [t for t in s.tensors if t.matmul and repacked(t.type_name, t.ne, features)]
+    repack = sum(pad(t.n_bytes) for t in repacked_t)
+    repack_names = [t.name for t in repacked_t]
+    embd_t = next((t for t in s.tensors if t.role == "token_embd"), None)
+    if (embd_t is not None and not any(t.role == "output" for t in s.tensors)
+            and repacked(embd_t.type_name, embd_t.ne, features)):
+        repack += pad(embd_t.n_bytes)  # the tied output: a repacked duplicate of token_embd
+        repack_names.append(f"{embd_t.name} (as output)")
+    kept = [t for t in s.tensors if t.name not in set(repack_names)]
     mapped = (max(t.offset + t.n_bytes for t in kept) - min(t.offset for t in kept)) if kept else 0
 
     # -- KV cache
-    n_ctx = _pad(ctx, CTX_PAD)
+    n_ctx = pad(ctx, CTX_PAD)
     n_batch = min(ctx, N_BATCH)  # src/llama-context.cpp:246-248 (n_ctx before padding)
     n_ubatch = min(n_batch, N_UBATCH)
-    swa = swa_layers(model_arch, meta, n_layer)
-    n_swa = int(g("attention.sliding_window", 0) or 0)
-    swa_cells = _pad(min(n_ctx, n_swa + n_ubatch), CTX_PAD) if any(swa) else 0
+    swa = (list(s.swa) + [False] * n_layer)[:n_layer]
+    swa_cells = pad(min(n_ctx, s.n_swa + n_ubatch), CTX_PAD) if any(swa) else 0
+    head_k_swa, head_v_swa = s.head_k_swa or s.head_k, s.head_v_swa or s.head_v
     kv = 0
     for il in range(n_layer):
         cells = swa_cells if swa[il] else n_ctx
-        hk, hv = (head_k_swa, head_v_swa) if swa[il] else (head_k, head_v)
-        kv += cells * (_row_bytes(kv_bs, hk * n_head_kv[il]) + _row_bytes(kv_bs, hv * n_head_kv[il]))
+        hk, hv = (head_k_swa, head_v_swa) if swa[il] else (s.head_k, s.head_v)
+        kv += cells * (_row_bytes(kv_bs, hk * s.n_head_kv[il]) + _row_bytes(kv_bs, hv * s.n_head_kv[il]))
     caches = [n_ctx] + ([swa_cells] if any(swa) else [])
     if all(swa) and n_layer:
         caches = [swa_cells]
 
     # -- output, compute, overhead
-    output = n_vocab * 4
+    output = n_vocab * 4 * max(n_outputs, 1)
     mask = FIT["mask_bytes"] * n_ubatch * sum(caches)
-    act = FIT["act_per_token_dim"] * n_ubatch * (n_embd + n_ff) * 4
-    blocks = {GGML_TYPES[t.ggml_type][1] for t in header.tensors if _matmul_weight(t.name, t.shape)}
-    vec_dot = max((_VEC_DOT_BYTES.get(b, 2.0) for b in blocks if not _f32_only(header, b)), default=0.0)
-    work = vec_dot * n_ubatch * max(n_ff, n_embd)
-    fa_scratch = 4 * (64 * head_k + 2 * 64 * 64 + 64 * head_v + 64 * head_v + 64 * head_k) * threads  # ggml-cpu.c:2995
+    act = FIT["act_per_token_dim"] * n_ubatch * (s.n_embd + s.n_ff) * 4
+    vec_dot = max((_vec_dot_bytes(t.type_name) for t in s.tensors if t.matmul), default=0.0)
+    work = vec_dot * n_ubatch * max(s.n_ff, s.n_embd)
+    fa_scratch = 4 * (64 * s.head_k + 2 * 64 * 64 + 64 * s.head_v + 64 * s.head_v + 64 * s.head_k) * threads  # ggml-cpu.c:2995
     compute_reserved = int(n_vocab * n_ubatch * 4 + act + mask)
     compute = compute_reserved - n_vocab * n_ubatch * 4 + n_vocab * 4 + int(work) + fa_scratch
-    vocab_heap = n_vocab * VOCAB_BYTES_PER_TOKEN + n_merges * VOCAB_BYTES_PER_MERGE + header.data_offset
+    vocab_heap = n_vocab * VOCAB_BYTES_PER_TOKEN + s.n_merges * VOCAB_BYTES_PER_MERGE + s.metadata_bytes
     overhead = int(FIT["process_base"] + vocab_heap)
 
     total = weights + repack + kv + compute + output + overhead
@@ -278,21 +373,24 @@ def predict_memory(gguf_path: str | os.PathLike, ctx: int, kv_type: str = "f16",
         "overhead": overhead, "total": total,
         "reserved": {"mapped": mapped, "repack": repack, "kv": kv, "output": output, "compute": compute_reserved},
         "details": {
-            "file": str(gguf_path), "architecture": model_arch, "arch": arch, "features": sorted(features),
+            "source": s.source, "architecture": s.architecture, "arch": arch, "features": sorted(features),
             "ctx": ctx, "n_ctx": n_ctx, "n_ubatch": n_ubatch, "kv_type": kv_type.lower(), "n_layer": n_layer,
-            "n_embd": n_embd, "n_ff": n_ff, "n_head_kv": n_head_kv, "head_k": head_k, "head_v": head_v,
-            "n_vocab": n_vocab, "n_merges": n_merges, "swa_layers": sum(swa), "n_swa": n_swa, "swa_cells": swa_cells,
-            "repacked_tensors": repack_names, "vocab_heap": vocab_heap, "work_buffer": int(work), "fa_scratch": fa_scratch,
+            "n_embd": s.n_embd, "n_ff": s.n_ff, "n_head_kv": list(s.n_head_kv), "head_k": s.head_k,
+            "head_v": s.head_v, "n_vocab": n_vocab, "n_merges": s.n_merges, "swa_layers": sum(swa),
+            "n_swa": s.n_swa, "swa_cells": swa_cells, "repacked_tensors": repack_names, "vocab_heap": vocab_heap,
+            "work_buffer": int(work), "fa_scratch": fa_scratch, "n_outputs": n_outputs,
         },
     }
 
 
-def _f32_only(header, blck: int) -> bool:
-    """Block size 1 covers F32 (no conversion) and F16/BF16 (2 bytes): true when only F32 weights have it."""
-    if blck != 1:
-        return False
-    return all(GGML_TYPES[t.ggml_type][0] in ("F32",) for t in header.tensors
-               if GGML_TYPES[t.ggml_type][1] == 1 and _matmul_weight(t.name, t.shape))
+def predict_memory(gguf_path: str | os.PathLike, ctx: int, kv_type: str = "f16", arch: str = "x86_64",
+                   threads: int = 2) -> dict:
+    """Predicted peak RSS (bytes) of llama-bench at ``ctx`` on the CPU build, with its components: the
+    :func:`components` of the file's :meth:`ModelShape.from_gguf`, ``details["file"]`` naming it."""
+    _check(ctx, kv_type, arch)  # before reading the file
+    p = components(ModelShape.from_gguf(gguf_path), ctx, kv_type, arch, threads)
+    p["details"]["file"] = str(gguf_path)
+    return p
 
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B?)?\s*$", re.IGNORECASE)

@@ -12,7 +12,7 @@ from ``config.json`` (a Llama-style decoder: :func:`config_tensors`).
   its shape fallbacks), the base logits (:func:`pipeline.stagedef.logits_bytes`), shards, the AWQ copy and its GGUF.
 - **RAM** (:func:`ram_plan`): the peak RSS (VmHWM) of the largest process of each stage: the converter (Python,
   the safetensors mapped), llama-quantize, llama-perplexity / llama-imatrix (llama.cpp's buffers, the components of
-  :mod:`pipeline.devices.memory` computed from hyperparameters instead of a GGUF: :func:`llama_run_bytes`), AutoAWQ
+  :func:`pipeline.devices.memory.components` of the :func:`model_shape` the GGUF will have: :func:`llama_run_bytes`), AutoAWQ
   and the conformance stage's float32 HF forward. Constants measured on this machine: :data:`RAM_FIT`.
 - **Slurm**, jobs and the pre-flight: :mod:`pipeline.devices.plan_jobs` (the ``resources:`` each stage declares, so
   ``ggufpipe plan`` evaluates the very expressions Snakemake does).
@@ -33,7 +33,6 @@ from pipeline.errors import PipelineError
 
 MIB = 1 << 20
 GIB = 1 << 30
-ALIGN = 32  # GGUF tensor data alignment (general.alignment default)
 
 _ST_DTYPE = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I64": 8, "I32": 4, "I16": 2,
              "I8": 1, "U8": 1, "BOOL": 1}
@@ -60,6 +59,9 @@ class Facts:
     vocab_bytes: int  # GGUF bytes of the vocabulary arrays (tokens, types, scores, merges)
     other_bytes: int = 0  # the snapshot's files besides the weights (tokenizer, configs, README)
     notes: list[str] = field(default_factory=list)
+    n_merges: int = 0  # BPE merges of tokenizer.json
+    swa: list[bool] = field(default_factory=list)  # per layer: sliding-window attention as llama.cpp runs it
+    n_swa: int = 0  # the window
 
     @property
     def n_params(self) -> int:
@@ -175,9 +177,9 @@ def source_facts(source: str | os.PathLike) -> Facts:
                 notes.append(f"{len(missing)} tensors of the index not derived from config.json (e.g. {min(missing)})")
             if total and abs(derived - total) > 0.001 * total:
                 notes.append(f"derived {derived} bytes vs index total_size {total}")
-    n_layer = int(cfg.get("num_hidden_layers") or 0)
-    h = int(cfg.get("hidden_size") or 0)
-    nh = int(cfg.get("num_attention_heads") or 1)
+    n_layer = int(cfg.get("num_hidden_layers") or cfg.get("n_layer") or 0)  # GPT-2 style names second
+    h = int(cfg.get("hidden_size") or cfg.get("n_embd") or 0)
+    nh = int(cfg.get("num_attention_heads") or cfg.get("n_head") or 1)
     n_vocab = int(cfg.get("vocab_size") or 0)
     on_disk = [f for f in folder.rglob("*") if f.is_file()]
     weights_on_disk = sum(f.stat().st_size for f in files)
@@ -185,28 +187,47 @@ def source_facts(source: str | os.PathLike) -> Facts:
     if not files:
         other = max(other, 20 * MIB)  # tokenizer and configs of a snapshot described only by its index
     weight_bytes = sum(_numel(s) * b for _, s, b in tensors)
-    vocab_bytes, _ = _vocab_bytes(folder, n_vocab)
+    vocab_bytes, n_merges = _vocab_bytes(folder, n_vocab)
+    from pipeline.devices.memory import config_swa
+
+    swa, n_swa = config_swa(cfg, n_layer)
     return Facts(
         origin=origin, model_type=str(cfg.get("model_type", "")), n_layer=n_layer, n_embd=h,
-        n_ff=int(cfg.get("intermediate_size") or 4 * h), n_head=nh, n_head_kv=int(cfg.get("num_key_value_heads") or nh),
+        n_ff=int(cfg.get("intermediate_size") or cfg.get("n_inner") or 4 * h), n_head=nh, n_head_kv=int(cfg.get("num_key_value_heads") or nh),
         head_dim=int(cfg.get("head_dim") or h // nh), n_vocab=n_vocab,
         tied=bool(cfg.get("tie_word_embeddings", False)) or not any("lm_head" in n for n, _, _ in tensors),
         tensors=tensors, snapshot_bytes=(weights_on_disk or weight_bytes) + other, vocab_bytes=vocab_bytes,
-        other_bytes=other, notes=notes)
+        other_bytes=other, notes=notes, n_merges=n_merges, swa=swa, n_swa=n_swa)
 
 
 # ------------------------------------------------------------------ GGUF sizes
-_ROLES = (("embed_tokens", "token_embd"), ("lm_head", "output"), ("q_proj", "attn_q"), ("k_proj", "attn_k"),
-          ("v_proj", "attn_v"), ("o_proj", "attn_output"), ("gate_proj", "ffn_gate"), ("up_proj", "ffn_up"),
-          ("down_proj", "ffn_down"), ("qkv_proj", "attn_qkv"), ("gate_up_proj", "ffn_up"))
-_LAYER = re.compile(r"\.(?:layers|h|blocks)\.(\d+)\.")
+# HF tensor name -> the GGUF role llama-quantize's type choice and the memory model go by: the first role one of
+# whose name parts the (lower-cased) name contains. Fused q/k/v before v_proj (which "qkv_proj" contains), gate_up
+# before gate. Llama-style names, GPT-2 / GPT-NeoX / Falcon / InternLM / Phi spellings.
+TENSOR_ROLES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("output", ("lm_head",)),
+    ("token_embd", ("embed_tokens", "wte.", "word_embeddings", "tok_embeddings", "embedding.weight")),
+    ("attn_qkv", ("qkv_proj", "query_key_value", "c_attn", "wqkv")),
+    ("attn_q", ("q_proj",)),
+    ("attn_k", ("k_proj",)),
+    ("attn_v", ("v_proj",)),
+    ("attn_output", ("o_proj", "out_proj", "attention.dense", "attn.c_proj", "self_attn.dense")),
+    ("ffn_up", ("gate_up_proj", "up_proj")),
+    ("ffn_gate", ("gate_proj",)),
+    ("ffn_down", ("down_proj", ".w2.", "fc2", "dense_4h_to_h", "mlp.c_proj")),
+)
+_LAYER = re.compile(r"\.(?:layers|h|blocks|layer)\.(\d+)\.")
 
 
-def _role(name: str) -> tuple[str, int]:
+def tensor_role(name: str) -> tuple[str, int]:
+    """(GGUF role, layer or -1) of an HF tensor name (:data:`TENSOR_ROLES`; ``"other"`` when none applies)."""
     m = _LAYER.search(name)
     layer = int(m.group(1)) if m else -1
-    for key, role in _ROLES:
-        if f"{key}." in name or name.startswith(key):
+    n = name.lower()
+    if n.endswith("output.weight") and "layers" not in n:  # a checkpoint already in GGUF-like names
+        return "output", layer
+    for role, parts in TENSOR_ROLES:
+        if any(p in n for p in parts):
             return role, layer
     return "other", layer
 
@@ -281,27 +302,42 @@ def quant_tensor_type(ftype: str, role: str, layer: int, n_layer: int, ncols: in
 def _header_bytes(facts: Facts, n_tensors: int) -> int:
     """GGUF metadata + tensor infos, padded: the vocabulary arrays, ~8 KiB of other keys (chat template, ids,
     hyperparameters) and per tensor its info (name ~24 B, dims, type, offset)."""
-    return _pad(24 + facts.vocab_bytes + 8192 + n_tensors * (8 + 28 + 4 + 4 * 8 + 4 + 8), ALIGN)
+    from pipeline.devices.memory import TENSOR_ALIGNMENT, pad
+
+    return pad(24 + facts.vocab_bytes + 8192 + n_tensors * (8 + 28 + 4 + 4 * 8 + 4 + 8), TENSOR_ALIGNMENT)
 
 
-def _pad(x: int, n: int) -> int:
-    return (x + n - 1) // n * n
+def model_shape(facts: Facts, ftype: str):
+    """The :class:`pipeline.devices.memory.ModelShape` of the GGUF the build will write from ``facts`` (config.json
+    + safetensors headers) at ``ftype`` (the base's F16/BF16 or a llama-quantize ftype): per tensor the type
+    :func:`quant_tensor_type` picks (1-D tensors, biases and norms in F32), each padded in the data section."""
+    from pipeline.devices.memory import ModelShape, TensorShape, pad
+
+    n_gqa = facts.n_head // max(facts.n_head_kv, 1)
+    tensors, offset, n_vocab = [], 0, facts.n_vocab
+    for name, shape, _ in facts.tensors:
+        role, layer = tensor_role(name)
+        if len(shape) < 2 or name.endswith((".bias", "norm.weight")):
+            t, matmul = "F32", False
+        else:
+            t = quant_tensor_type(ftype, role, layer, facts.n_layer, int(shape[-1]), facts.tied, n_gqa)
+            matmul = role != "token_embd" and "position" not in name
+            if role == "token_embd":
+                n_vocab = int(shape[0])
+        n = _type_bytes(t, _numel(shape))
+        tensors.append(TensorShape(name, tuple(int(d) for d in reversed(shape)), t, n, offset, role, matmul))
+        offset += pad(n)
+    return ModelShape(
+        architecture=facts.model_type, n_layer=facts.n_layer, n_embd=facts.n_embd, n_ff=facts.n_ff,
+        n_head_kv=[facts.n_head_kv] * facts.n_layer, head_k=facts.head_dim, head_v=facts.head_dim, n_vocab=n_vocab,
+        tensors=tensors, metadata_bytes=_header_bytes(facts, len(tensors)), weights=offset, n_merges=facts.n_merges,
+        swa=list(facts.swa), n_swa=facts.n_swa, source=f"{facts.origin}, {ftype}")
 
 
 def gguf_bytes(facts: Facts, ftype: str) -> int:
     """Predicted size of the base GGUF (ftype F16/BF16) or of a quant of it (llama-quantize ftype name)."""
-    total = 0
-    n = 0
-    for name, shape, _ in facts.tensors:
-        numel = _numel(shape)
-        n += 1
-        if len(shape) < 2 or name.endswith((".bias", "norm.weight")):
-            total += _pad(4 * numel, ALIGN)  # norms and biases in F32
-            continue
-        role, layer = _role(name)
-        t = quant_tensor_type(ftype, role, layer, facts.n_layer, int(shape[-1]), facts.tied)
-        total += _pad(_type_bytes(t, numel), ALIGN)
-    return _header_bytes(facts, n) + total
+    s = model_shape(facts, ftype)
+    return s.metadata_bytes + s.weights
 
 
 def imatrix_bytes(facts: Facts) -> int:
@@ -356,38 +392,29 @@ RAM_FIT = {
 }
 
 
-def llama_run_bytes(facts: Facts, gguf_size: int, ctx: int, n_outputs: int, kv_bytes: int = 2,
-                    kl: str | None = None) -> dict:
-    """A llama.cpp CPU run's peak RSS from hyperparameters (the GGUF-free twin of
-    :func:`pipeline.devices.memory.predict_memory`, same constants): the whole file mapped and resident, the KV
-    cache (ctx padded to 256), ``n_outputs`` logits rows (llama-perplexity / llama-imatrix keep every token of a
-    chunk), the compute buffer's activations and mask, the process with its vocabulary heap; ``kl``: the
-    ``--kl-divergence-base`` log-probability buffers of llama-perplexity (``"base"``: a whole chunk as uint16,
-    ``"quant"``: the scored half read back; ``"imatrix"``: llama-imatrix's copy of the chunk's logits for its
-    perplexity, one more ``n_outputs x n_vocab`` floats: the demo's imatrix VmHWM is 91.6 MiB above the other
-    components, its logits 96 MiB)."""
-    from pipeline.devices.memory import FIT, VOCAB_BYTES_PER_TOKEN
+def llama_run_bytes(facts: Facts, ftype: str, ctx: int, n_outputs: int, kl: str | None = None,
+                    kv_type: str = "f16") -> dict:
+    """A llama.cpp CPU run's peak RSS on the ``ftype`` GGUF of ``facts``: :func:`pipeline.devices.memory.components`
+    of its :func:`model_shape` with ``n_outputs`` logits rows (llama-perplexity / llama-imatrix keep every token of a
+    chunk), plus, in ``compute``, the tool's own buffers ``kl``: the ``--kl-divergence-base`` log-probabilities of
+    llama-perplexity (``"base"``: a whole chunk as uint16, ``"quant"``: the scored half read back; ``"imatrix"``:
+    llama-imatrix's copy of the chunk's logits for its perplexity, one more ``n_outputs x n_vocab`` floats: the
+    demo's imatrix VmHWM is 91.6 MiB above the other components, its logits 96 MiB)."""
+    from pipeline.devices.memory import components
 
-    n_ctx = _pad(ctx, 256)
-    n_ub = min(ctx, 512)
-    kv = facts.n_layer * n_ctx * 2 * facts.n_head_kv * facts.head_dim * kv_bytes
-    output = facts.n_vocab * n_outputs * 4
-    act = FIT["act_per_token_dim"] * n_ub * (facts.n_embd + facts.n_ff) * 4 + FIT["mask_bytes"] * n_ub * n_ctx
-    work = 2 * n_ub * max(facts.n_ff, facts.n_embd)
+    p = components(model_shape(facts, ftype), ctx, kv_type, n_outputs=n_outputs)
     nv = 2 * ((facts.n_vocab + 1) // 2) + 4
     klbuf = {"base": ctx * nv * 2, "quant": (ctx - 1 - ctx // 2) * nv * 2,
              "imatrix": n_outputs * facts.n_vocab * 4}.get(kl or "", 0)
-    compute = int(act + work + klbuf)
-    overhead = FIT["process_base"] + facts.n_vocab * VOCAB_BYTES_PER_TOKEN + facts.vocab_bytes * 2
-    total = gguf_size + kv + output + compute + overhead
-    return {"weights": gguf_size, "kv": kv, "output": output, "compute": compute, "overhead": overhead, "total": total}
+    p["compute"] += klbuf
+    p["total"] += klbuf
+    return p
 
 
 def ram_plan(recipe, facts: Facts) -> list[dict]:
     """One row per stage kind: ``{"stage", "key", "bytes", "how"}`` (peak RSS of its largest process)."""
     from pipeline.devices.memory import FIT
 
-    base = gguf_bytes(facts, recipe.base_key)
     rows = []
     rows.append({"stage": "convert", "key": recipe.base_key, "bytes": int(
         RAM_FIT["python_convert"] + 6 * facts.largest_tensor),
@@ -400,22 +427,22 @@ def ram_plan(recipe, facts: Facts) -> list[dict]:
                      "how": "AutoAWQ: the model in float32 + the FP16 copy written + calibration activations"})
     if recipe.imatrix is not None:
         im = recipe.imatrix
-        p = llama_run_bytes(facts, base, im.ctx, im.ctx, kl="imatrix")
+        p = llama_run_bytes(facts, recipe.base_key, im.ctx, im.ctx, kl="imatrix")
         rows.append({"stage": "imatrix", "key": "plain", "bytes": p["total"], "how": _how(p)})
     for q in recipe.quants:
         rows.append({"stage": "quantize", "key": q.key, "bytes": int(
             FIT["process_base"] + facts.largest_tensor * (4 + 2) + _type_bytes("Q8_0", facts.largest_tensor)),
             "how": "llama-quantize: the largest tensor as read, in F32 and quantized"})
     for es in recipe.eval_sets:
-        p = llama_run_bytes(facts, base, es.ctx, es.ctx, kl="base")
+        p = llama_run_bytes(facts, recipe.base_key, es.ctx, es.ctx, kl="base")
         rows.append({"stage": "eval_base", "key": es.name, "bytes": max(p["total"], RAM_FIT["python_eval_stage"]),
                      "how": _how(p)})
         for q in recipe.quants:
-            p = llama_run_bytes(facts, gguf_bytes(facts, q.type), es.ctx, es.ctx, kl="quant")
+            p = llama_run_bytes(facts, q.type, es.ctx, es.ctx, kl="quant")
             rows.append({"stage": "eval", "key": f"{es.name}/{q.key}", "bytes": p["total"], "how": _how(p)})
     if recipe.device_slice:
         es = recipe.first_eval_set
-        p = llama_run_bytes(facts, base, es.ctx, es.ctx, kl="quant")  # the base file measured on the slice
+        p = llama_run_bytes(facts, recipe.base_key, es.ctx, es.ctx, kl="quant")  # the base file on the slice
         rows.append({"stage": "device_slice", "key": "", "bytes": p["total"], "how": _how(p)})
     if recipe.conformance.enabled:
         ctx = recipe.first_eval_set.ctx if recipe.eval_sets else 512
@@ -427,7 +454,9 @@ def ram_plan(recipe, facts: Facts) -> list[dict]:
 
 
 def _how(p: dict) -> str:
-    return ", ".join(f"{k} {p[k] / MIB:.0f}" for k in ("weights", "kv", "output", "compute", "overhead")) + " MiB"
+    keys = ("weights", "repack", "kv", "output", "compute", "overhead") if p["repack"] else (
+        "weights", "kv", "output", "compute", "overhead")
+    return ", ".join(f"{k} {p[k] / MIB:.0f}" for k in keys) + " MiB"
 
 
 # ------------------------------------------------------------------ free memory and disk

@@ -5,9 +5,10 @@ revision pinned to the snapshot's commit), and refuses in one line what the buil
 no ``config.json``, custom code (``auto_map``) or pickled-only weights without the matching opt-in, an architecture
 the pinned converter does not register (the names of ``@ModelBase.register(...)`` in ``convert_hf_to_gguf.py`` and
 its ``conversion/`` package, parsed as text, never imported). :func:`estimate_memory` predicts, before any GGUF
-exists, the memory llama.cpp's CPU build takes to run a stock quant at a context size: the components of
-:func:`pipeline.devices.memory.predict_memory`, with the weights estimated per tensor from the safetensors headers
-and llama-quantize's type choice as ``ggufpipe plan`` condenses it (pipeline/devices/plan.py ``quant_tensor_type``). :func:`render` writes the recipe text.
+exists, the memory llama.cpp's CPU build takes to run a stock quant at a context size: the one memory model,
+:func:`pipeline.devices.memory.components`, of the quant's :func:`pipeline.devices.plan.model_shape` (config.json,
+the safetensors headers and llama-quantize's type choice as ``ggufpipe plan`` condenses it). :func:`render` writes
+the recipe text.
 """
 
 from __future__ import annotations
@@ -20,10 +21,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.devices import memory as mem
-from pipeline.devices.plan import quant_tensor_type
+from pipeline.devices.memory import components
+from pipeline.devices.plan import Facts, model_shape, source_facts
 from pipeline.errors import PipelineError
-from pipeline.gguf.types import GGML_TYPE_CODES, GGML_TYPES, tensor_nbytes
 from pipeline.recipe.devices import Device
 from pipeline.stages.fetch import PICKLE_PATTERNS, _wanted, check_safetensors, hub_snapshot_dir, read_config
 
@@ -32,7 +32,6 @@ STOCK_QUANTS = ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q3_K_M", "Q2_K")
 DEFAULT_QUANTS = ("Q8_0", "Q4_K_M")
 MTP_CONFIG_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_layers", "mtp_num_layers")
 _REGISTER = re.compile(r"@ModelBase\.register\(([^)]*)\)", re.S)
-_LAYER = re.compile(r"\.(?:layers|h|blocks|layer)\.(\d+)\.")
 _SAFETENSORS_DTYPES = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
                        "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
 
@@ -53,6 +52,7 @@ class CheckpointFacts:
     license: str | None = None
     license_from: str | None = None
     pickles: list[str] = field(default_factory=list)
+    facts: Facts | None = None  # what ggufpipe plan reads of the checkpoint (pipeline.devices.plan.source_facts), once
 
     def text_config(self) -> dict:
         tc = self.config.get("text_config")
@@ -199,87 +199,13 @@ def slug(text: str) -> str:
 
 # ------------------------------------------------------------------ memory estimate before any GGUF exists
 
-def _role(name: str) -> str:
-    n = name.lower()
-    if "lm_head" in n or n.endswith("output.weight") and "layers" not in n:
-        return "output"
-    if any(k in n for k in ("embed_tokens", "wte.", "word_embeddings", "tok_embeddings", "embedding.weight")):
-        return "token_embd"
-    if any(k in n for k in ("qkv_proj", "query_key_value", "c_attn", "wqkv")):
-        return "attn_qkv"
-    if "v_proj" in n:
-        return "attn_v"
-    if any(k in n for k in ("o_proj", "out_proj", "attention.dense", "attn.c_proj", "self_attn.dense")):
-        return "attn_output"
-    if any(k in n for k in ("down_proj", ".w2.", "fc2", "dense_4h_to_h", "mlp.c_proj")):
-        return "ffn_down"
-    return "other"
-
-
-def _vocab_facts(src: CheckpointFacts, n_vocab: int) -> tuple[int, int]:
-    """(merges, metadata bytes): the tokenizer's BPE merges and an estimate of the GGUF header (each token: its
-    bytes + 8 length + 4 score + 4 type; each merge: its bytes + 8)."""
-    try:
-        tok = json.loads((src.folder / "tokenizer.json").read_text(encoding="utf-8"))
-        model = tok.get("model", {})
-        merges = model.get("merges") or []
-        vocab = model.get("vocab") or {}
-        tok_bytes = sum(len(str(k).encode()) for k in (vocab if isinstance(vocab, dict) else [v[0] for v in vocab]))
-        merge_bytes = sum(len((m if isinstance(m, str) else " ".join(m)).encode()) + 8 for m in merges)
-        return len(merges), tok_bytes + 16 * n_vocab + merge_bytes + 100 * len(src.tensors)
-    except (OSError, ValueError, TypeError, AttributeError, IndexError):
-        return 0, 24 * n_vocab + 100 * len(src.tensors)
-
-
 def estimate_memory(src: CheckpointFacts, ftype: str, ctx: int, arch: str = "x86_64", kv_type: str = "f16") -> dict:
     """Predicted peak RSS (bytes) of ``llama-bench -p ctx`` on the pinned CPU build for the ``ftype`` quant of
-    ``src``, by the components of pipeline.devices.memory.predict_memory (docs/init.md)."""
-    if arch not in mem.ARCH_FEATURES:
-        raise PipelineError(f"unknown arch {arch!r}: one of {', '.join(mem.ARCH_FEATURES)}")
-    features = mem.ARCH_FEATURES[arch]
-    tc = src.text_config()
-    n_layer = int(tc.get("num_hidden_layers") or tc.get("n_layer") or 0)
-    n_embd = int(tc.get("hidden_size") or tc.get("n_embd") or 0)
-    n_head = int(tc.get("num_attention_heads") or tc.get("n_head") or 1)
-    n_head_kv = int(tc.get("num_key_value_heads") or n_head)
-    head_dim = int(tc.get("head_dim") or n_embd // max(n_head, 1))
-    n_ff = int(tc.get("intermediate_size") or tc.get("n_inner") or 4 * n_embd)
-    tied = not any(_role(n) == "output" for n in src.tensors)
-    emb = [s for n, (_, s) in src.tensors.items() if _role(n) == "token_embd" and len(s) == 2]
-    n_vocab = emb[0][0] if emb else int(tc.get("vocab_size") or 0)
-    weights = repack = 0
-    blocks = set()
-    for name, (_, shape) in src.tensors.items():
-        if len(shape) < 2:
-            weights += mem._pad(math.prod(shape) * 4, mem.TENSOR_ALIGNMENT)  # norms and biases: F32
-            continue
-        role = _role(name)
-        m = _LAYER.search(name)
-        t = quant_tensor_type(ftype, role, int(m.group(1)) if m else 0, max(n_layer, 1), shape[-1], tied,
-                              n_head // max(n_head_kv, 1))
-        gshape = tuple(reversed(shape))
-        nbytes = tensor_nbytes(GGML_TYPE_CODES[t], gshape)
-        weights += mem._pad(nbytes, mem.TENSOR_ALIGNMENT)
-        if role != "token_embd" or tied:
-            blocks.add(GGML_TYPES[GGML_TYPE_CODES[t]][1])
-            if mem.repacked(t, gshape, features):
-                repack += mem._pad(nbytes, mem.TENSOR_ALIGNMENT)
-    n_ctx = mem._pad(ctx, mem.CTX_PAD)
-    n_ubatch = min(ctx, mem.N_BATCH, mem.N_UBATCH)
-    kv_bs = mem._kv_type(kv_type)
-    kv = n_layer * n_ctx * 2 * mem._row_bytes(kv_bs, head_dim * n_head_kv)  # sliding windows counted at full ctx
-    output = n_vocab * 4
-    act = mem.FIT["act_per_token_dim"] * n_ubatch * (n_embd + n_ff) * 4
-    mask = mem.FIT["mask_bytes"] * n_ubatch * n_ctx
-    work = max((mem._VEC_DOT_BYTES.get(b, 2.0) for b in blocks), default=2.0) * n_ubatch * max(n_ff, n_embd)
-    fa = 4 * (64 * head_dim * 4 + 2 * 64 * 64) * 2
-    compute = int(act + mask) + n_vocab * 4 + int(work) + fa
-    merges, meta_bytes = _vocab_facts(src, n_vocab)
-    overhead = int(mem.FIT["process_base"] + n_vocab * mem.VOCAB_BYTES_PER_TOKEN
-                   + merges * mem.VOCAB_BYTES_PER_MERGE + meta_bytes)
-    total = weights + repack + kv + compute + output + overhead
-    return {"weights": weights, "repack": repack, "kv": kv, "compute": compute, "output": output,
-            "overhead": overhead, "total": total}
+    ``src``: :func:`pipeline.devices.memory.components` of the GGUF :func:`pipeline.devices.plan.model_shape`
+    predicts (docs/init.md)."""
+    if src.facts is None:
+        src.facts = source_facts(src.folder)
+    return components(model_shape(src.facts, ftype), ctx, kv_type, arch)
 
 
 def suggest(src: CheckpointFacts, device: Device) -> tuple[str | None, dict[str, int]]:

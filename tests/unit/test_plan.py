@@ -13,6 +13,7 @@ import pytest
 
 from pipeline.devices import plan as P
 from pipeline.devices import plan_jobs as J
+from pipeline.devices.memory import pad
 from pipeline.layout import Layout
 from pipeline.recipe import load_recipe
 
@@ -80,7 +81,7 @@ def test_disk_and_ram_plan(tmp_path):
     r = recipe(tmp_path, src)
     f = P.source_facts(src)
     disk = {(d["stage"], d["key"]): d["bytes"] for d in P.disk_plan(r, f)}
-    tensor_data = sum(P._pad((2 if len(s) == 2 else 4) * P._numel(s), 32) for _, s, _ in f.tensors)
+    tensor_data = sum(pad((2 if len(s) == 2 else 4) * P._numel(s), 32) for _, s, _ in f.tensors)
     assert disk[("convert", "F16")] == P._header_bytes(f, len(f.tensors)) + tensor_data
     assert disk[("quantize", "Q4_K_M")] < disk[("quantize", "Q8_0")] < disk[("convert", "F16")]
     from pipeline.stagedef import logits_bytes
