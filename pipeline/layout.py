@@ -265,15 +265,15 @@ class Layout:
         """Scratch of the conformance stage: base logits of a recipe without eval sets (a built draft)."""
         return self.wrk(name, "conformance")
 
-    def conformance_inputs(self, r: Recipe) -> dict[str, list[str]]:
-        """What the conformance stage reads: the base GGUF, the HF folder, the first eval set's base logits
-        (when the recipe has eval sets), the AWQ-folded folder (with ``awq:``)."""
-        out = {"base": [str(self.base_gguf(r))], "hf": [str(self.hf(r.name))]}
+    def conformance_inputs(self, r: Recipe) -> dict[str, str]:
+        """What the conformance stage reads: the base GGUF, the HF folder, the first eval set's base logits and their
+        record (when the recipe has eval sets), the AWQ-folded folder (with ``awq:``)."""
+        out = {"base": str(self.base_gguf(r)), "hf": str(self.hf(r.name))}
         if r.eval_sets:
             es = r.first_eval_set.name
-            out["logits"] = [str(self.base_logits(r.name, es)), str(self.base_record(r.name, es))]
+            out["logits"], out["base_record"] = str(self.base_logits(r.name, es)), str(self.base_record(r.name, es))
         if "awq" in r.bases:
-            out["awq"] = [str(self.hf_awq(r.name))]
+            out["awq"] = str(self.hf_awq(r.name))
         return out
 
     def gate_ok(self, name: str) -> Path:

@@ -299,41 +299,42 @@ def run(recipe, base_gguf, hf_dir, logits_file, base_record, out_record, log=Non
     return rec
 
 
-def run_stage(recipe, layout, threads: int = 2, tc: Toolchain | None = None, log: str | os.PathLike | None = None) -> dict:
-    """The Snakemake stage (``ggufpipe stage conformance``): :func:`run` on the recipe's paths. The base logits are
-    eval-base's of the first eval set (recomputed first when ``ggufpipe clean-logits`` emptied them); a recipe
-    without eval sets (a built draft) gets its own, from ``conformance.text`` at ctx 512, in its scratch folder,
+def run_stage(recipe, layout, threads: int = 2, tc: Toolchain | None = None, log: str | os.PathLike | None = None,
+              paths: dict | None = None) -> dict:
+    """The Snakemake stage (``ggufpipe stage conformance``): :func:`run` on the recipe's paths (``paths``: those
+    Snakemake resolved, named as ``Layout.conformance_inputs`` names them, and ``record``; default: the layout's). The
+    base logits are eval-base's of the first eval set (recomputed first when ``ggufpipe clean-logits`` emptied them); a
+    recipe without eval sets (a built draft) gets its own, from ``conformance.text`` at ctx 512, in its scratch folder,
     removed afterwards. ``log``: the job log (default ``layout.log(name, "conformance")``)."""
     import shutil
 
     name = recipe.name
+    p = paths or {**layout.conformance_inputs(recipe), "record": layout.conformance_record(name)}
     log = Path(log or layout.log(name, "conformance"))
     log.parent.mkdir(parents=True, exist_ok=True)
-    record = layout.conformance_record(name)
+    record, base, hf = p["record"], p["base"], p["hf"]
     settings = _settings(recipe)
     if settings is None:
-        return run(recipe, layout.base_gguf(recipe), layout.hf(name), None, None, record, log, tc)
+        return run(recipe, base, hf, None, None, record, log, tc)
     tc = tc or find_toolchain()
     import torch
 
     torch.set_num_threads(threads)  # fixed (eval_threads), not --cores: the numbers stay bit-identical
-    base = layout.base_gguf(recipe)
-    awq = layout.hf_awq(name) if "awq" in recipe.bases else None
+    awq = p.get("awq")
     es = recipe.first_eval_set
     if es:
-        logits, base_record = layout.base_logits(name, es.name), layout.base_record(name, es.name)
+        logits, base_record = p["logits"], p["base_record"]
         if Path(logits).is_file():
             restore_base_logits(tc, es, base, logits, base_record, threads, log, f"{name}: conformance")
-        return run(recipe, base, layout.hf(name), logits, base_record, record, log, tc, awq)
+        return run(recipe, base, hf, logits, base_record, record, log, tc, awq)
     text = settings.get("text")
     if text is None:
-        return run(recipe, base, layout.hf(name), None, None, record, log, tc, awq)
+        return run(recipe, base, hf, None, None, record, log, tc, awq)
     scratch = Path(layout.conformance_dir(name))
     es = EvalSet(name="conformance", text=Path(text), ctx=512, chunks=settings["chunks"])
     try:
         eval_base(name, es, base, scratch / "base.logits", scratch / "base.json", threads, log, tc)
-        return run(recipe, base, layout.hf(name), scratch / "base.logits", scratch / "base.json", record, log, tc,
-                   awq)
+        return run(recipe, base, hf, scratch / "base.logits", scratch / "base.json", record, log, tc, awq)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 
@@ -385,10 +386,9 @@ def _trigger(r, wc, s) -> dict:
             "commit": s.commit, "offload": s.offload, "probes": sha256_file(PROBES_FILE)}
 
 
-# Its inputs are named for Snakemake; the stage reads them through the same layout (run_stage).
 STAGE = Stage(
     "conformance", "conformance", order=55, log="conformance", threads="eval_threads",
-    run=lambda j: run_stage(j.recipe, j.layout, threads=j.threads, log=j.log),
+    run=lambda j: run_stage(j.recipe, j.layout, threads=j.threads, log=j.log, paths={**j.input, **j.output}),
     inputs=lambda r, wc, L: L.conformance_inputs(r), outputs=lambda L: {"record": L.conformance_record("{name}")},
     trigger=_trigger,
     # the HF model in float32 (2 x the F16 file) beside the base logits being read
