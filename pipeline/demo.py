@@ -22,6 +22,7 @@ from pathlib import Path
 
 from pipeline.errors import PipelineError
 from pipeline.fsutil import atomic_output, sha256_file, write_text_atomic
+from pipeline.gguf import read_header
 from pipeline.tools import cache_root, pip_fetch
 
 DEMO_REPO = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -82,8 +83,6 @@ def eval_text(dest: str | os.PathLike | None = None) -> Path:
 
 
 def _gguf_tokenizer_meta(gguf_path: Path) -> dict:
-    from pipeline.gguf import read_header
-
     get = read_header(gguf_path).get  # arrays decoded (tokens, types, merges)
     if get("tokenizer.ggml.model") != "gpt2":
         raise PipelineError(f"{gguf_path}: expected a gpt2 BPE tokenizer, found {get('tokenizer.ggml.model')!r}")
@@ -103,6 +102,7 @@ def _gguf_tokenizer_meta(gguf_path: Path) -> dict:
 
 def write_tokenizer(gguf_path: Path, out_dir: Path) -> dict:
     """Write a GPT-2 byte-level BPE tokenizer (SmolLM flavour) from the GGUF's vocab and merges."""
+    # tokenizers: only writing the demo's tokenizer needs it
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
 
     meta = _gguf_tokenizer_meta(gguf_path)
@@ -150,6 +150,7 @@ def write_tokenizer(gguf_path: Path, out_dir: Path) -> dict:
 
 def gguf_to_hf(gguf_path: Path, out_dir: Path) -> None:
     """Dequantize a GGUF with transformers and save it as an HF safetensors folder (float16)."""
+    # torch, transformers: only the demo's dequantization needs them
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -178,8 +179,6 @@ def gguf_to_hf(gguf_path: Path, out_dir: Path) -> None:
 
 def _write_model_card(gguf_path: Path, out_dir: Path) -> None:
     """A model card like the Hub's, with the license and languages the source GGUF declares."""
-    from pipeline.gguf import read_header
-
     r = read_header(gguf_path)
     lic = r.get("general.license", "apache-2.0")
     langs = r.get("general.languages", ["en"])
@@ -261,6 +260,7 @@ ROTATED_COMMIT = hashlib.sha1(f"ggufpipe rotated demo: {DEMO_REPO}@{DEMO_COMMIT}
 def setup_rotated_demo(hub_cache: Path | None = None) -> Path:
     """The demo with its residual stream rotated off the Q4_1 grid (same function; docs/rotation.md), placed in
     the hub cache as ``ROTATED_REPO@ROTATED_COMMIT`` next to the demo; return the snapshot folder. Idempotent."""
+    # rotate loads numpy and safetensors: only the rotated demo needs them
     from pipeline.rotate import ROTATION_VERSION, rotate_llama
 
     if ROTATION_VERSION != 1:

@@ -30,6 +30,7 @@ import re
 import shutil
 import signal
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 KILL_ENV = "PIPELINE_TEST_KILL"
@@ -191,8 +192,6 @@ def hashing_ahead(paths, workers: int = 1) -> Iterator[None]:
     for that result instead of reading the file again. hashlib and file reads release the GIL, so the hashing
     runs beside the caller's Python work (fetch: importing huggingface_hub; publish: parsing headers) and on
     idle cores. A file changed while it was hashed is hashed again by the caller."""
-    from concurrent.futures import ThreadPoolExecutor
-
     pool = ThreadPoolExecutor(workers, thread_name_prefix="sha256-ahead")
     mine = []
     try:

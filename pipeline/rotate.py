@@ -29,6 +29,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+from safetensors.numpy import load_file, save_file
 
 from pipeline.errors import PipelineError
 from pipeline.fsutil import atomic_output
@@ -88,8 +89,6 @@ def check_config(src_dir: str | Path) -> dict:
 
 
 def _load(src_dir: Path) -> dict[str, np.ndarray]:
-    from safetensors.numpy import load_file
-
     files = sorted(src_dir.glob("*.safetensors"))
     if not files:
         raise PipelineError(f"{src_dir}: no *.safetensors file (the rotation reads safetensors checkpoints only)")
@@ -187,7 +186,6 @@ def rotate_llama(src_dir: str | Path, out_dir: str | Path, seed: int = 0, source
     peak = max(float(np.abs(t).max()) for t in rotated.values() if t.dtype.kind == "f")
     if peak > FLOAT16_MAX:
         raise PipelineError(f"{src_dir}: a rotated weight reaches {peak:.4g}, beyond float16")
-    from safetensors.numpy import save_file
 
     with atomic_output(out_dir) as tmp:
         tmp.mkdir()

@@ -34,6 +34,8 @@ import hashlib
 import json
 import os
 import re
+import resource
+import socket
 import subprocess
 import sys
 import tempfile
@@ -303,8 +305,6 @@ class ToolResult:
 def _limit_writes(limit: int):
     """preexec_fn of the test-only ``mid-write`` kill point: the tool may write ``limit`` bytes per file."""
     def apply() -> None:
-        import resource
-
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     return apply
@@ -406,7 +406,7 @@ def serve_tool(tc: Toolchain, args: list, log: Path | None, timeout: float = 120
     """``llama-server ARGS`` (in ``cwd``) on a free port of 127.0.0.1 while the block runs; yields its URL once ``/health``
     answers 200 (tools/server/server.cpp). Its output goes to ``log``; it is stopped (SIGTERM, then SIGKILL) on
     the way out. Raises PipelineError, one line, when it exits or does not answer within ``timeout`` seconds."""
-    import socket
+    # urllib.request (slow): only the llama-server runs need it
     import urllib.request
 
     with socket.socket() as s:

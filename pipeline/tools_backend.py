@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -138,7 +139,6 @@ def device_description(backend: str) -> str:
     (``cuda: NVIDIA H200``; ``cuda: unknown`` when it cannot say)."""
     if backend == "cpu":
         return "cpu"
-    import subprocess
 
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,

@@ -5,9 +5,11 @@ pipeline/tools.py, so that it runs before anything else is installed."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -53,8 +55,6 @@ def _paths(final: Path) -> tuple[Path, Path, Path]:
 
 def print_cmake(backend: str = "cpu", archs: str | None = None, jobs: int | None = None, out=print) -> None:
     """``install --print-cmake``: the cmake command lines an install would run, one per line; builds nothing."""
-    import shlex
-
     archs = tools_backend.normalize_archs(backend, archs)
     _work, src, build = _paths(cache_root() / "llama.cpp" / tools.pinned_name(backend, archs))
     for cmd in cmake_commands(src, build, jobs or os.cpu_count() or 2, backend, archs):
@@ -170,8 +170,6 @@ def _check_call(cmd: list[str], log: Path, progress: bool = False) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
     ap = argparse.ArgumentParser(prog="python -m pipeline.tools", description=tools.__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     p_inst = sub.add_parser("install", help="build the pinned llama.cpp tools into the cache")

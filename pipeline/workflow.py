@@ -21,13 +21,16 @@ from __future__ import annotations
 import os
 import re
 import sys
+import threading
 from pathlib import Path
 
+from pipeline.distribution.ci_summary import snakemake_failed_jobs
 from pipeline.errors import PipelineError
 from pipeline.layout import Layout
 from pipeline.recipe import Recipe, load_recipe, load_recipes
 from pipeline.stagedef import WILDCARD_FLAGS, Settings, Stage, io_args, size_mb
 from pipeline.stages import registry
+from pipeline.stages.fetch import hub_snapshot_dir
 from pipeline.tools import find_toolchain
 
 
@@ -110,6 +113,7 @@ class Workflow:
         return lambda wc: st.input_paths(self.recipes[wc.name], dict(wc.items()), self.layout)
 
     def rule_outputs(self, st: Stage) -> dict:
+        # snakemake.io: only inside the Snakefile (the unit tier imports this module without Snakemake)
         from snakemake.io import directory
 
         return {k: directory(v) if k in st.directories else v for k, v in st.patterns(self.layout).items()}
@@ -142,10 +146,10 @@ class Workflow:
             return size_mb(Path(src.path).expanduser()) or None
         cache = Path(self.hub_cache) if self.hub_cache else None
         if cache is None:
+            # huggingface_hub (slow): only when no hub cache is configured
             from huggingface_hub.constants import HF_HUB_CACHE
 
             cache = Path(HF_HUB_CACHE)
-        from pipeline.stages.fetch import hub_snapshot_dir
 
         return size_mb(hub_snapshot_dir(cache, src.repo, src.revision)) or None
 
@@ -175,8 +179,6 @@ def show_stage_errors(snakemake_log, rules: tuple[str, ...] | None = None) -> No
     output goes to their log only, :func:`logged_rules`; the other stages print theirs to Snakemake's output
     themselves), so that every failed stage says what is wrong in one line, not only "check log file(s) for
     error details". ``snakemake_log``: the path(s) of Snakemake's own log (Snakemake 9 passes a list)."""
-    from pipeline.distribution.ci_summary import snakemake_failed_jobs
-
     rules = logged_rules() if rules is None else rules
     text = ""
     for path in [snakemake_log] if isinstance(snakemake_log, (str, os.PathLike)) else list(snakemake_log or []):
@@ -203,8 +205,6 @@ def release_scheduler_timers() -> None:
     the last one before it exits: up to a second added to every build that ran a job (measured on Snakemake
     9.27: 1.3 s from "Elapsed time" to exit on a one-job workflow, 0.3 s with the timers cancelled, the
     interpreter's own teardown)."""
-    import threading
-
     for t in threading.enumerate():
         if isinstance(t, threading.Timer):
             t.cancel()

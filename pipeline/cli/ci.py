@@ -5,14 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 
+from pipeline.distribution.ci import run_ci
 from pipeline.errors import PipelineError
 
 
 def cmd_ci(args) -> None:
     """Build and judge the recipes changed since ``--base`` (pipeline/distribution/ci.py); exit 0, 1 (a gate or
     check failed) or 2 (refused or could not select: nothing built)."""
-    from pipeline.distribution.ci import run_ci
-
     try:
         code = run_ci(args.base, args.recipes, cores=args.cores, summary=args.summary,
                       snakemake_args=args.snakemake_args, artifacts=args.artifacts, work=args.work)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pipeline.stages.evaluate import clean_logits
+
 
 def cmd_clean_logits(args) -> None:
-    from pipeline.stages.evaluate import clean_logits
-
     gone = clean_logits(Path(args.work), args.names, dry_run=args.dry_run)
     for path, size in gone:
         print(f"{'would empty' if args.dry_run else 'emptied'} {path} ({size / 1e6:.1f} MB)")

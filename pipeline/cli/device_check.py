@@ -3,12 +3,12 @@
 
 from __future__ import annotations
 
+from pipeline.devices.check import device_check, summary
+from pipeline.devices.collect import collect
 from pipeline.errors import PipelineError
 
 
 def cmd_device_check(args) -> None:
-    from pipeline.devices.check import device_check, summary
-
     result = device_check(args.file, manifest=args.manifest, threads=args.threads, bench=not args.no_bench,
                           label=args.device, out=args.out, llama_cpp_dir=args.llama_cpp_dir)
     line = summary(result)
@@ -18,8 +18,6 @@ def cmd_device_check(args) -> None:
 
 
 def cmd_collect(args) -> None:
-    from pipeline.devices.collect import collect
-
     out, notes = collect(args.results, artifacts=args.artifacts)
     for n in notes:
         print(n)

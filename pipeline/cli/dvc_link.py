@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pipeline.distribution.dvc import link
+from pipeline.layout import Layout
+
 
 def cmd_dvc_link(args) -> None:
-    from pipeline.distribution.dvc import link
-    from pipeline.layout import Layout
-
     print(link(args.name, args.file, args.stage, Layout(Path(args.artifacts), Path(args.work)), args.lock))
 
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from pipeline.distribution.dvc import write_matrix
+
 
 def cmd_dvc_matrix(args) -> None:
-    from pipeline.distribution.dvc import write_matrix
-
     m = write_matrix(args.recipes, args.out, check=args.check)
     print(f"{args.out}: {len(m['recipes'])} recipe stage(s), {len(m['ggufs'])} GGUF stage(s)"
           + (" (up to date)" if args.check else ""))

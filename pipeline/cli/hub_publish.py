@@ -6,13 +6,13 @@ import json
 import sys
 from pathlib import Path
 
+from pipeline.distribution.hub import hub_publish, plan_markdown
+from pipeline.layout import Layout
+from pipeline.recipe import load_recipe
+
 
 def cmd_hub_publish(args) -> None:
     """Upload a built artifact folder to the recipe's Hugging Face repo (pipeline/distribution/hub.py); --dry-run: plan only."""
-    from pipeline.distribution.hub import hub_publish, plan_markdown
-    from pipeline.layout import Layout
-    from pipeline.recipe import load_recipe
-
     recipe = load_recipe(args.recipe)  # quant types were checked by the build; the manifest pins the recipe
     _desc, rec = hub_publish(recipe, Layout(Path(args.artifacts), Path(args.work)), dry_run=args.dry_run,
                              show=lambda d: print(json.dumps(d, indent=2) if args.json else plan_markdown(d), flush=True))

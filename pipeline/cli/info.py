@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 
+from pipeline.fsutil import sha256_file
+from pipeline.gguf import read_header
+
 
 def cmd_info(args) -> None:
-    from pipeline.fsutil import sha256_file
-    from pipeline.gguf import read_header
-
     facts = read_header(args.gguf).facts(sha256_file(args.gguf))  # standard library only (also on devices)
     print(json.dumps(facts.as_dict(), indent=2))
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+from pipeline.distribution.rebuild import rebuild_check
+
 
 def cmd_rebuild_check(args) -> None:
     """Rebuild a recipe from its manifest in a scratch folder and compare SHA256s (pipeline/distribution/rebuild.py)."""
-    from pipeline.distribution.rebuild import rebuild_check
-
     raise SystemExit(rebuild_check(args.manifest, recipe=args.recipe, cores=args.cores, keep=args.keep,
                                    only=args.only, hub_cache=args.hub_cache, out=lambda s: print(s, flush=True)))
 

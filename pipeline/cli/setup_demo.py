@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pipeline import demo
+
 
 def _run(a) -> None:
-    from pipeline import demo
-
     hub = Path(a.hub_cache) if a.hub_cache else None
     print(demo.setup_demo(hub))
     if a.rotated:

@@ -5,12 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.errors import PipelineError
+from pipeline.recipe import load_recipe, load_recipes
+from pipeline.tools import find_toolchain
 
 
 def cmd_validate(args) -> None:
-    from pipeline.recipe import load_recipe, load_recipes
-    from pipeline.tools import find_toolchain
-
     exe = str(find_toolchain().tool("llama-quantize"))
     paths = [Path(p) for p in args.recipes] or [Path("recipes")]
     recipes = []

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from pipeline.distribution.verify import verify
+
 
 def cmd_verify(args) -> None:
-    from pipeline.distribution.verify import verify
-
     for path in args.files:
         print(verify(path, manifest=args.manifest))
 

@@ -23,9 +23,20 @@ import shutil
 import time
 from pathlib import Path
 
+from pipeline import tools_backend as tb
+from pipeline.distribution.verify import check_slice_file, find_entry, locate, verify_located
 from pipeline.errors import PipelineError
 from pipeline.fsutil import write_json_atomic
+from pipeline.stages.bench import measure as llama_bench
+from pipeline.stages.evaluate import (
+    _CHUNKS_RE,
+    _fail_on_tool_errors,
+    has_kld_statistics_end,
+    parse_kld_statistics,
+    run_perplexity,
+)
 from pipeline.stages.publish_devices import same_top_p_limit
+from pipeline.tools import Toolchain, bin_dir_of, find_toolchain, read_build_version
 
 RESULT_KIND = "ggufpipe-device-check"
 RESULT_VERSION = 1
@@ -34,8 +45,6 @@ BENCH = {"prompt": 64, "gen": 16, "repetitions": 1}  # a short llama-bench: a sp
 
 def check_slice(mpath: Path, data: dict, entry: dict) -> Path:
     """The slice beside the manifest, checked against ``device_check`` (size, SHA256); its path."""
-    from pipeline.distribution.verify import check_slice_file
-
     dc = data.get("device_check")
     if not dc:
         raise PipelineError(f"{mpath}: no device_check section: this build published no device slice (recipe "
@@ -51,9 +60,6 @@ def find_device_tools(llama_cpp_dir: str | None = None):
     """The llama.cpp tools of this device: ``LLAMA_CPP_DIR`` (or ``llama_cpp_dir``: a build folder or a folder of
     binaries), else ``llama-perplexity`` on ``PATH``, else the pinned build (a build box); None when there are none.
     Only llama-perplexity and llama-bench are needed: no converter, no gguf-py."""
-    from pipeline import tools_backend as tb
-    from pipeline.tools import Toolchain, bin_dir_of, find_toolchain, read_build_version
-
     root = llama_cpp_dir or os.environ.get("LLAMA_CPP_DIR")
     if root:
         r = Path(root).expanduser()
@@ -104,14 +110,6 @@ def device_facts(label: str | None) -> dict:
 
 def measure(tc, model: Path, slice_path: Path, dc: dict, threads: int) -> dict:
     """llama-perplexity --kl-divergence of ``model`` on the slice: its statistics."""
-    from pipeline.stages.evaluate import (
-        _CHUNKS_RE,
-        _fail_on_tool_errors,
-        has_kld_statistics_end,
-        parse_kld_statistics,
-        run_perplexity,
-    )
-
     what = f"device-check of {model.name}"
     args = ["-m", model, "-c", str(dc["ctx"]), "--chunks", str(dc["chunks"]), "-b", str(dc["ctx"]), "-t", str(threads),
             "--kl-divergence-base", slice_path, "--kl-divergence"]
@@ -126,9 +124,6 @@ def measure(tc, model: Path, slice_path: Path, dc: dict, threads: int) -> dict:
 def device_check(path: str | Path, manifest: str | Path | None = None, threads: int | None = None, bench: bool = True,
                  label: str | None = None, out: str | Path | None = None, llama_cpp_dir: str | None = None) -> dict:
     """Entry function: verify ``path`` and its slice, re-measure it where llama.cpp is, judge; write ``out``."""
-    from pipeline.distribution.verify import find_entry, locate, verify_located
-    from pipeline.stages.bench import measure as llama_bench
-
     path, mpath, data = locate(path, manifest)  # a shard stands for its split file, as in `ggufpipe verify`
     verified = verify_located(path, data)
     entry = find_entry(data, path.name)

@@ -225,6 +225,7 @@ def source_dir(W, name: str) -> Path | None:
         return None
     cache = W.hub_cache
     if not cache:
+        # huggingface_hub (slow): only when no hub cache is configured
         from huggingface_hub.constants import HF_HUB_CACHE
 
         cache = HF_HUB_CACHE

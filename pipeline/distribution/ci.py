@@ -44,6 +44,7 @@ from pipeline.distribution.ci_summary import ERRORS_ENV, RecipeResult, collect_r
 from pipeline.errors import PipelineError
 from pipeline.layout import Layout
 from pipeline.recipe import load_recipe
+from pipeline.tools import find_toolchain
 
 SNAKEFILE = Path(__file__).resolve().parents[2] / "Snakefile"
 
@@ -70,8 +71,6 @@ def run_ci(base: str, recipes_dir: str | Path = "recipes", cores: str = "all", s
            out=None) -> int:
     """Entry function of ``ggufpipe ci`` (run in the checkout's folder): select, check, build, judge,
     summarize. Returns the exit status (module docstring)."""
-    from pipeline.tools import find_toolchain
-
     out = out or sys.stdout
     t0 = time.monotonic()
 

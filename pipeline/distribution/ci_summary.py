@@ -11,6 +11,7 @@ from pathlib import Path
 from pipeline.distribution.ci_select import Selection
 from pipeline.layout import Layout
 from pipeline.recipe import Recipe
+from pipeline.stages.evaluate import gate_messages
 
 ERRORS_ENV = "GGUFPIPE_CI_ERRORS"  # each failing `ggufpipe stage` appends a line (pipeline/cli/__init__.py)
 
@@ -107,7 +108,6 @@ def collect_results(results: list[RecipeResult], layout: Layout, errors: list[di
                     snakemake_rc: int) -> None:
     """Fill in each result from this build: gate stamps, fresh manifests, stage errors."""
     failed_jobs = snakemake_failed_jobs(snakemake_output)
-    from pipeline.stages.evaluate import gate_messages
 
     for res in results:
         ok, unexplained = True, []

@@ -24,6 +24,7 @@ committed, and every ``build@`` stage first checks that it is up to date.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -68,6 +69,7 @@ def matrix(recipes: list[Recipe], root: Path) -> dict:
 
 
 def render(m: dict) -> str:
+    # yaml (slow): every CLI start loads this module, on devices too
     import yaml
 
     return HEADER + yaml.safe_dump(m, sort_keys=True, default_flow_style=False)
@@ -91,6 +93,7 @@ def write_matrix(recipes_dir: str | Path = "recipes", out: str | Path = MATRIX_F
 
 def _drop_lock_entry(lock: Path, stage: str) -> None:
     """Remove ``stage`` from dvc.lock: DVC re-reads the lock file before each stage's update."""
+    # yaml (slow): every CLI start loads this module, on devices too
     import yaml
 
     if not lock.is_file():
@@ -106,8 +109,6 @@ def link(name: str, file: str, stage: str, layout: Layout, lock: str | Path = "d
     """Entry function of a ``gguf@`` stage: publish ``file`` (a GGUF, or the folder of a split file's
     shards) of recipe ``name`` into ``artifacts/`` as the manifest says, or fail (and forget its stale
     lock entry) when the manifest rejected it."""
-    import json
-
     manifest_path = layout.manifest(name)
     try:
         manifest = json.loads(manifest_path.read_text())

@@ -22,6 +22,7 @@ import json
 import time
 from pathlib import Path
 
+from pipeline.distribution.verify import verify
 from pipeline.errors import PipelineError
 from pipeline.fsutil import sha256_file, write_json_atomic
 from pipeline.stages.evaluate import gate_messages
@@ -52,8 +53,6 @@ def upload_plan(recipe, manifest: dict, folder: str | Path) -> list[dict]:
     report.md, report.svg, metrics.json and manifest.json. Refuses (one line) unless ``manifest`` is the manifest
     in ``folder``, was built from ``recipe`` as it is now, records no failed check, and vouches for every GGUF,
     Modelfile and Hub file (size and SHA256 as in ``ggufpipe verify``)."""
-    from pipeline.distribution.verify import verify
-
     folder = Path(folder)
     name = recipe.name
     pub = recipe.publish
@@ -155,6 +154,7 @@ def plan_markdown(desc: dict) -> str:
 
 
 def _secrets(token: str | None) -> list[str]:
+    # huggingface_hub (slow): every CLI start loads this module; only an upload needs it
     from huggingface_hub import get_token
 
     return [t for t in {token, get_token()} if t]
@@ -176,6 +176,7 @@ def upload(plan: list[dict], repo: str, *, build_id: str, revision: str = "main"
     defaults to huggingface_hub's own (``HF_TOKEN`` or the stored login) and is never written anywhere.
     The record (repo, commit, files and SHA256s) is written to ``record`` only after the commit
     succeeded; on any failure one PipelineError line is raised and nothing is written."""
+    # huggingface_hub (slow): only an upload needs it
     from huggingface_hub import CommitOperationAdd, HfApi, get_token
 
     if not plan:

@@ -42,6 +42,7 @@ def rewrite_metadata(path: str | os.PathLike, changes: dict[str, tuple[Any, str]
     """Rewrite the GGUF at ``path`` in place (a sibling file, then a rename) with the keys of ``changes`` set
     to ``(value, GGUFValueType name)``, replacing or adding them; every other key and tensor is copied, except
     the tensors named in ``tensor_data``, whose data (same shape and type) is written instead."""
+    # gguf-py (numpy): only a rewrite needs it; convert imports this module at every start-up
     from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
     path = Path(path)

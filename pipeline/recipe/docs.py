@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import recipe as R
+from pipeline.fsutil import write_text_atomic
 from pipeline.gguf import FILE_TYPES
 from pipeline.recipe.schema import REQUIRED, SECTIONS, Note, Section
 from pipeline.tools import PINNED_BUILD
@@ -195,7 +196,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {rel} is out of date: run `make docs`", file=sys.stderr)
             return 1
         return 0
-    from pipeline.fsutil import write_text_atomic
 
     write_text_atomic(DOC, text)  # a temporary file beside it, then os.replace
     print(f"wrote {rel}")

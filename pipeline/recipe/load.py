@@ -26,6 +26,7 @@ from pipeline.recipe.quant_types import known_quant_types
 
 def load_recipe(path: str | Path, quantize_exe: str | None = None) -> Recipe:
     """Read and validate one recipe. ``quantize_exe`` enables the check against llama-quantize."""
+    # yaml (slow): the device commands load this module but read no recipe
     import yaml
 
     path = Path(path)

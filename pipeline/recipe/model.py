@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import PipelineError
+from pipeline.gguf.types import type_bpw
 from pipeline.recipe import naming
 from pipeline.recipe import schema as _schema
 from pipeline.recipe.devices import Device
@@ -368,8 +369,6 @@ class Recipe:
 
     def mix_candidates(self, flavour: str) -> tuple[str, ...]:
         """Every candidate the mixes of ``flavour`` may choose: the union, in the ladder's order (bits, then name)."""
-        from pipeline.gguf.types import type_bpw
-
         found = {c for q in self.quants if q.mix and q.flavour == flavour for c in q.mix.candidates}
         return tuple(sorted(found, key=lambda t: (type_bpw(t), t)))
 

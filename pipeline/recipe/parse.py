@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import PipelineError
+from pipeline.gguf import read_header
 from pipeline.recipe import naming
 from pipeline.recipe.model import (
     ACCEPTABLE_CAUSES,
@@ -331,7 +332,6 @@ def _parse_draft(ctx: _Ctx, value, main_quants: tuple[Quant, ...], eval_sets, kn
             gguf = (ctx.path.parent / gguf).resolve()
         if not gguf.is_file():
             ctx.fail("draft.gguf", f"{gguf} does not exist")
-        from pipeline.gguf import read_header
 
         try:  # magic, header and tensor data inside the file (standard library; reads the header only)
             read_header(gguf)

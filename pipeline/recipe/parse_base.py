@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 from pipeline.errors import PipelineError
+from pipeline.fsutil import sha256_file
 from pipeline.recipe.model import (
     NOT_QUANTS,
     QUANT_ALIASES,
@@ -132,8 +133,6 @@ def _text_path(ctx: _Ctx, value, where: str, what: str) -> Path:
 
 @functools.lru_cache(maxsize=64)
 def _file_sha256_cached(path: str, size: int, mtime_ns: int) -> str:
-    from pipeline.fsutil import sha256_file
-
     return sha256_file(path)  # cached per (path, size, mtime): recipes share calibration and eval texts
 
 

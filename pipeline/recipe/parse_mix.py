@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from pipeline.gguf.types import type_bpw
 from pipeline.recipe import naming
 from pipeline.recipe.mix import MIX_BUDGETS, MIX_CANDIDATES, MIX_CANDIDATES_IMATRIX, MIX_FLOOR, MIX_TARGETS
 from pipeline.recipe.model import (
@@ -113,8 +114,6 @@ def _parse_mix(ctx: _Ctx, d: dict, where: str, known, build, set_names: set[str]
 
 def _check_mix(ctx: _Ctx, q: Quant, where: str, floor: str) -> Quant:
     """A mix's candidates (the default ladder when it names none) against its importance matrix and budget."""
-    from pipeline.gguf.types import type_bpw
-
     cands = q.mix.candidates or (MIX_CANDIDATES_IMATRIX if q.imatrix else MIX_CANDIDATES)
     for j, c in enumerate(cands):
         w = f"{where}.candidates[{j}]" if q.mix.candidates else f"{where}.candidates"

@@ -3,30 +3,29 @@
 from __future__ import annotations
 
 import functools
+import importlib.util
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 from pipeline.errors import PipelineError
 from pipeline.recipe import naming
 from pipeline.recipe.model import QUANT_ALIASES
+from pipeline.tools import read_build_version
 
 
 @functools.lru_cache(maxsize=4)
 def known_quant_types(quantize_exe: str) -> tuple[frozenset[str], int]:
     """Quant type names accepted by this llama-quantize (parsed from its usage text)."""
-    import subprocess
-
     out = subprocess.run([quantize_exe, "--help"], capture_output=True, text=True, timeout=60)
     text = out.stdout + out.stderr
     types = set(re.findall(r"^\s+\d+\s+or\s+([A-Z0-9_]+)\s*:", text, flags=re.M))
     types |= set(re.findall(r"^\s+([A-Z][A-Z0-9_]+)\s+:", text, flags=re.M))
     if not types:
         raise PipelineError(f"could not read the quant types from `{quantize_exe} --help`")
-    from pathlib import Path as _P
 
-    from pipeline.tools import read_build_version
-
-    build = read_build_version(_P(quantize_exe).parent / "llama-perplexity")[0]
+    build = read_build_version(Path(quantize_exe).parent / "llama-perplexity")[0]
     return frozenset(types), build
 
 
@@ -38,9 +37,6 @@ def gguf_file_types() -> frozenset[str]:
     unless ``gguf`` is already imported: the package itself imports numpy and more (0.7 s), and even
     executing ``constants.py`` alone (its many enums) took 35 ms, paid by every Snakemake start and every
     stage for loading a recipe. tests/unit/test_tools.py checks the text reading against the enum."""
-    import importlib.util
-    import sys
-
     mod = sys.modules.get("gguf")
     if mod is not None:
         return frozenset(m.name[len("MOSTLY_"):] for m in mod.LlamaFileType if m.name.startswith("MOSTLY_"))

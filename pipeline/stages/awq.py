@@ -19,6 +19,8 @@ import json
 import os
 import shutil
 import time
+import traceback
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from pipeline.errors import PipelineError
@@ -49,6 +51,7 @@ def import_awq():
        that first point's scales in the weights but not in the norms: the model's function changes
        (on a test model, logits moved by 5%). The fix hands the search a state_dict of copies.
     """
+    # transformers, then awq after the fix-up: only the AWQ stage loads them (stage modules load at every start-up)
     import transformers.activations as act
 
     if not hasattr(act, "PytorchGELUTanh") and hasattr(act, "GELUTanh"):
@@ -79,6 +82,7 @@ def deterministic_torch(cuda: bool):
     kernel warns in the stage log instead of failing the stage); restored afterwards. On the CPU the ops
     AutoAWQ uses are deterministic at a fixed thread count already (measured: bench/calib_determinism.py);
     this pins CUDA's (cuBLAS needs a fixed workspace for it, set before its first use)."""
+    # torch: only the AWQ stage loads it
     import torch
 
     if cuda:
@@ -108,6 +112,7 @@ def calibration_samples(recipe: Recipe, tokenizer, text_path: Path, n_samples: i
 
 def check_shapes(recipe: Recipe, model, group_size: int, apply_clip: bool) -> None:
     """Refuse, before the hour-long search starts, the layer shapes AutoAWQ cannot handle."""
+    # torch: only the AWQ stage loads it
     import torch.nn as nn
 
     for name, mod in model.named_modules():
@@ -134,6 +139,7 @@ def _copy_non_weights(src: Path, dest: Path) -> list[str]:
 
 def run_awq(recipe: Recipe, hf_dir: str | Path, out_dir: str | Path, record: str | Path, threads: int = 2) -> dict:
     """Entry function: AWQ-calibrate the HF folder ``hf_dir`` into ``out_dir`` (a clean HF folder)."""
+    # torch: only the AWQ stage loads it
     import torch
 
     cfg = recipe.awq
@@ -150,6 +156,7 @@ def run_awq(recipe: Recipe, hf_dir: str | Path, out_dir: str | Path, record: str
         raise _fail(recipe, f"architecture {config.get('architectures', ['?'])[0]} (model_type {model_type!r}) is not "
                             f"supported by AutoAWQ 0.2.9 (it supports: {', '.join(sorted(supported))}); remove the awq "
                             "section")
+    # awq, transformers: only the AWQ stage; after import_awq()'s fix-ups
     from awq import AutoAWQForCausalLM
     from transformers import AutoTokenizer
 
@@ -180,8 +187,6 @@ def run_awq(recipe: Recipe, hf_dir: str | Path, out_dir: str | Path, record: str
                            # mask of the full batch for each part and fails in SDPA
                            n_parallel_calib_samples=None)
     except (RuntimeError, AssertionError, ValueError, KeyError, IndexError) as exc:
-        import traceback
-
         traceback.print_exc()
         raise _fail(recipe, f"AutoAWQ failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''} "
                             "(traceback in the stage log)") from exc
@@ -214,6 +219,7 @@ def _save_weights(model, hf_dir: Path, dest: Path) -> None:
     embedding is one tensor under two names; safetensors' save_model keeps whichever name it likes,
     and a checkpoint holding ``lm_head.weight`` but no ``model.embed_tokens.weight`` converts to a
     GGUF without token_embd that llama.cpp cannot load.)"""
+    # safetensors (torch): only the AWQ stage loads it
     from safetensors import safe_open
     from safetensors.torch import save_file, save_model
 
@@ -235,8 +241,6 @@ def _save_weights(model, hf_dir: Path, dest: Path) -> None:
 
 
 def _version(dist: str) -> str | None:
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version(dist)
     except PackageNotFoundError:

@@ -25,6 +25,8 @@ from pathlib import Path
 
 from pipeline.errors import PipelineError
 from pipeline.fsutil import atomic_output, write_json_atomic
+from pipeline.gguf import read_header
+from pipeline.gguf.edit import override_changes, rewrite_metadata
 from pipeline.provenance import python_versions
 from pipeline.recipe import Recipe
 from pipeline.stagedef import Stage, mem_mb
@@ -83,6 +85,7 @@ def _model_view(hf_dir: Path, view: Path, license: str | None) -> Path:
     converter takes ``general.license`` only from the model card, not from --metadata."""
     if not license:
         return hf_dir
+    # yaml (slow): every CLI start loads this module, on devices too; only a license card needs it
     import yaml
 
     view.mkdir()
@@ -143,9 +146,6 @@ def convert(recipe: Recipe, hf_dir: str | Path, out_gguf: str | Path, record: st
             raise PipelineError(f"{recipe.path}: convert: mtp: {recipe.mtp}: the converter left {left} nextn tensors "
                                 f"in {out_gguf.name} despite --no-mtp")
         if overrides:  # the fix path: written into the base, so that every quant made from it carries it
-            from pipeline.gguf import read_header
-            from pipeline.gguf.edit import override_changes, rewrite_metadata
-
             tokens = read_header(tmp).metadata.get("tokenizer.ggml.tokens")
             rewrite_metadata(tmp, override_changes(overrides, getattr(tokens, "count", 0), str(recipe.path)))
 

@@ -15,12 +15,14 @@ here, which also proves llama-perplexity reads the slice.
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 from pipeline.errors import PipelineError
 from pipeline.fsutil import atomic_output, sha256_file, write_json_atomic
 from pipeline.recipe import EvalSet, scored_tokens
 from pipeline.stagedef import Stage, mem_mb
+from pipeline.stages.evaluate import eval_fields, kl_divergence, restore_base_logits
 from pipeline.tools import Toolchain, find_toolchain
 
 
@@ -28,6 +30,7 @@ def write_slice(src: str | Path, dst: str | Path, chunks: int) -> dict:
     """The first ``chunks`` chunks of the base-logits file ``src`` (read and checked by
     :func:`pipeline.stages.logitsfile.read_logits_file`) as a base-logits file of their own, written atomically to
     ``dst``: the header with ``n_chunk = chunks``, their tokens, their records. Returns its facts."""
+    # logitsfile loads numpy: only cutting the slice needs it
     from pipeline.stages.logitsfile import expected_size, read_logits_file, write_header
 
     src, dst = Path(src), Path(dst)
@@ -49,10 +52,6 @@ def device_slice(recipe_name: str, es: EvalSet, chunks: int, base_gguf: str | Pa
                  log: str | Path | None = None, tc: Toolchain | None = None) -> dict:
     """Entry function: cut the slice from the eval set's base logits (recomputed first when ``ggufpipe clean-logits``
     emptied them) and measure the base file on it."""
-    import json
-
-    from pipeline.stages.evaluate import kl_divergence, restore_base_logits
-
     tc = tc or find_toolchain()
     what = f"{recipe_name}: device slice ({chunks} chunk(s) of eval set {es.name})"
     base = json.loads(Path(base_record).read_text())
@@ -92,8 +91,6 @@ def _inputs(r, wc, L) -> dict:
 
 
 def _trigger(r, wc, s) -> dict:
-    from pipeline.stages.evaluate import eval_fields
-
     return {"chunks": r.device_slice, "eval": eval_fields(r, r.first_eval_set.name, s), "commit": s.commit}
 
 

@@ -21,11 +21,12 @@ from pathlib import Path
 
 from pipeline.errors import PipelineError
 from pipeline.fsutil import sha256_file, write_json_atomic
+from pipeline.gguf.vocab_defaults import effective_vocab
 from pipeline.stagedef import Stage, mem_mb
 from pipeline.stages.evaluate import eval_quant
 from pipeline.stages.mtp import mtp_step_bytes
 from pipeline.stages.vocab import check_pair, describe_failure
-from pipeline.tools import Toolchain, find_toolchain, run_tool, tail
+from pipeline.tools import Toolchain, find_toolchain, run_tool, serve_tool, tail
 
 PROMPT_CHARS = 1500
 
@@ -108,9 +109,8 @@ def serve_completion(tc: Toolchain, args: list, prompt: str, n_predict: int, log
     """``llama-server ARGS`` and one greedy ``/completion`` of ``prompt``: its ``timings`` (tools/server/
     server-common.cpp:85-103 of b11312: ``draft_n`` and ``draft_n_accepted`` when it drafted). Raises
     PipelineError, one line, when the server or the request fails."""
+    # urllib.request (slow): only the llama-server runs need it
     import urllib.request
-
-    from pipeline.tools import serve_tool
 
     body = json.dumps({"prompt": prompt, "n_predict": n_predict, "temperature": 0, "seed": 1,
                        "cache_prompt": False}).encode()
@@ -206,8 +206,6 @@ def agreement(recipe_name: str, draft_gguf: str | Path, main_base: str | Path, e
               tc: Toolchain | None = None) -> dict:
     """Entry function: top-1 agreement of the draft with the main model's unquantized file over the
     first eval set ("same top p" of a KL-divergence run of the draft against the main base logits)."""
-    from pipeline.gguf.vocab_defaults import effective_vocab
-
     n_main, n_draft = effective_vocab(main_base)["n_tokens"], effective_vocab(draft_gguf)["n_tokens"]
     if n_main != n_draft:
         rec = {"eval_set": es.name, "skipped": f"vocab sizes differ ({n_main} vs {n_draft}): no common logits"}

@@ -20,10 +20,14 @@ runs it with passive OpenMP waiting, which makes the symptom rare.)
 
 from __future__ import annotations
 
+import fcntl
+import json
+import os
 import re
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from pipeline.errors import PipelineError
@@ -201,8 +205,6 @@ def eval_base(recipe_name: str, es: EvalSet, base_gguf: str | Path, out_logits: 
     # beside llama-perplexity, on the core that perplexity leaves idle while it loads and tokenizes: run
     # first, it added 0.2-0.4 s to every build. A text too short for the eval set is refused with the
     # count (perplexity's own failure, or the logits it wrote, are then discarded).
-    from concurrent.futures import ThreadPoolExecutor
-
     with ThreadPoolExecutor(1, thread_name_prefix="count-tokens") as pool:
         counting = pool.submit(count_tokens, tc, base_gguf, es.text)
         try:
@@ -260,10 +262,6 @@ def restore_base_logits(tc: Toolchain, es: EvalSet, base_gguf, base_logits, base
     """Recompute base logits that :func:`clean_logits` emptied (a 0-byte stub with the original mtime):
     once, under a lock, with the stub's mtime kept so that Snakemake sees no change; the recomputed
     base PPL must equal the recorded one. False when the logits were there."""
-    import fcntl
-    import json
-    import os
-
     base_logits = Path(base_logits)
     if base_logits.stat().st_size > 0:
         return False
@@ -309,8 +307,6 @@ def eval_quant(recipe_name: str, quant_key: str, es: EvalSet, quant_gguf: str | 
 
     Thresholds are applied by the publish stage (:func:`verdict`), so changing a threshold re-judges
     without re-running llama-perplexity, and one bad quant does not stop the others."""
-    import json
-
     tc = tc or find_toolchain()
     what = f"{recipe_name}: eval set {es.name}: {quant_key}"
     base = json.loads(Path(base_record).read_text())
@@ -376,8 +372,6 @@ def clean_logits(work: str | Path, names: list[str] | None = None, dry_run: bool
     (nothing re-runs); an eval that needs them later (a quant added) recomputes them first, once
     (:func:`restore_base_logits`). Deleting them instead would make Snakemake re-run eval-base and
     then every eval of the set. Refused while a Snakemake run holds the project's lock."""
-    import os
-
     work = Path(work)
     locks = work.resolve().parent / ".snakemake" / "locks"
     if locks.is_dir() and any(locks.iterdir()):

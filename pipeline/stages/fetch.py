@@ -39,6 +39,7 @@ def _wanted(rel: str, patterns: list[str]) -> bool:
 
 
 def _snapshot(recipe: Recipe, hub_cache: str | None) -> Path:
+    # huggingface_hub (slow): only a Hub download needs it
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import replace
@@ -11,6 +12,7 @@ from pipeline.errors import PipelineError
 from pipeline.fsutil import atomic_output, sha256_file, write_json_atomic
 from pipeline.gguf.reader import read_header
 from pipeline.recipe import Recipe
+from pipeline.recipe.tensor_map import read_map
 from pipeline.stagedef import Stage, mem_mb
 from pipeline.stages.quant_plan import check_patterns, check_written, parse_dry_run, plan, predict_header
 from pipeline.tools import Toolchain, find_toolchain, run_tool, tail
@@ -62,10 +64,6 @@ def dry_run(tc: Toolchain, q, args: list[str], base_gguf: Path, out_gguf: Path, 
 
 def _with_map(recipe: Recipe, key: str, q, map_path: Path, layout_path: Path):
     """A mix as the quant its solved map makes it (``tensor_types_file``), and its layout record."""
-    import json
-
-    from pipeline.recipe.tensor_map import read_map
-
     where = f"{recipe.path}: quantize {key}"
     try:
         entries = read_map(map_path)

@@ -78,6 +78,7 @@ def render_heatmap(name: str, flavour: str, section: dict) -> str:
     """SVG text: one cell per measured group, rows the tensor roles (block roles in name order, then each non-block
     group such as ``token_embd`` / ``output`` as a row of its own, one cell across every band), columns the bands of
     layers; colour and figure: the mean KLD the group's smallest candidate adds over the floor (log scale, legend)."""
+    # xml.sax.saxutils loads urllib.request (slow): only the heatmap needs it
     from xml.sax.saxutils import escape
 
     bands = [tuple(b) for b in section["bands"]]

@@ -24,6 +24,7 @@ from pipeline.errors import PipelineError
 from pipeline.fsutil import atomic_output
 from pipeline.gguf import GGUFHeader, read_header
 from pipeline.stagedef import Stage, mem_mb
+from pipeline.tools import find_toolchain, run_tool, tail
 
 SHARD_RE = re.compile(r"^(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 
@@ -94,8 +95,6 @@ def oversized_tensor(h: GGUFHeader, max_bytes: int) -> tuple[str, int] | None:
 def split(recipe, key: str, in_gguf: str | Path, out_dir: str | Path, log: str | Path | None = None, tc=None) -> list[dict]:
     """Entry function: cut ``in_gguf`` (file ``key`` of ``recipe``) into shards in the folder ``out_dir``
     with llama-gguf-split, as ``recipe.split_for(key)`` says. Returns ``[{file, size_bytes, tensor_count}]``."""
-    from pipeline.tools import find_toolchain, run_tool, tail
-
     cfg = recipe.split_for(key)
     if cfg is None:
         raise PipelineError(f"{recipe.path}: {recipe.file_for(key)} is not split by this recipe (no `split:` for {key})")

@@ -80,6 +80,7 @@ def cause_name(members: list[dict]) -> str:
 
 def _normalize_fn(members: list[dict]) -> Callable[[str], str]:
     """HF's own implementation of ``members`` (tokenizers' normalizers, through a one-token tokenizer)."""
+    # tokenizers: only the conformance run needs it
     from tokenizers import Tokenizer
 
     spec = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [],
@@ -166,6 +167,7 @@ def merging_variant(spec: dict | None):
     model = (spec or {}).get("model") or {}
     if model.get("type") != "BPE" or not model.get("ignore_merges"):
         return None
+    # tokenizers: only the conformance run needs it
     from tokenizers import Tokenizer
 
     return Tokenizer.from_str(json.dumps({**spec, "model": {**model, "ignore_merges": False}}))

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from pipeline.errors import PipelineError
 from pipeline.tools import Toolchain
+from pipeline.tools import run_helper as _run
 
 ROOT = Path(__file__).resolve().parents[3]  # pipeline/stages/conformance/common.py -> the project
 DATA = ROOT / "data" / "conformance"
@@ -112,8 +113,6 @@ def load_conversations(path: str | os.PathLike = CONVERSATIONS_FILE) -> dict:
 
 def run_helper(tc: Toolchain, gguf: str | os.PathLike, requests: list[dict], log: Path | None = None) -> list[dict]:
     """Every request in one ``ggufpipe-conformance GGUF < requests.json`` run (pipeline/tools.py); its answers."""
-    from pipeline.tools import run_helper as _run
-
     return _run(tc, HELPER, gguf, requests, log)
 
 

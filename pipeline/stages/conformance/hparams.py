@@ -68,6 +68,7 @@ def hf_config(hf_dir: str | Path, trust_remote_code: bool = False) -> tuple[dict
     """The text model's config as a dict and where it came from ("transformers" or "config.json")."""
     hf_dir = Path(hf_dir)
     try:
+        # transformers: only the conformance run; the except falls back to config.json
         from transformers import AutoConfig
 
         cfg = AutoConfig.from_pretrained(str(hf_dir), trust_remote_code=trust_remote_code)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import gc
+import inspect
 import json
 import math
 import os
+import struct
 import tempfile
 import time
 from pathlib import Path
@@ -32,8 +34,6 @@ def mem_available() -> int:
 def hf_parameter_count(hf_dir: str | os.PathLike) -> int:
     """Parameters of an HF folder, from its safetensors headers (no tensor is read); pickled weights are
     counted as 2 bytes a parameter."""
-    import struct
-
     hf_dir = Path(hf_dir)
     total = 0
     files = sorted(hf_dir.glob("*.safetensors"))
@@ -50,6 +50,7 @@ def hf_parameter_count(hf_dir: str | os.PathLike) -> int:
 
 
 def _load_hf_model(hf_dir: Path, trust_remote_code: bool, what: str):
+    # torch, transformers: only the conformance run loads them (stage modules load at every start-up)
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -65,8 +66,7 @@ def _load_hf_model(hf_dir: Path, trust_remote_code: bool, what: str):
 
 def _scored_logits(model, ids, first: int, n_ctx: int, what: str):
     """float32 logits (n_ctx - 1 - first, vocab) of positions first .. n_ctx-2 for one chunk."""
-    import inspect
-
+    # torch: only the conformance run loads it
     import torch
 
     x = torch.as_tensor(ids, dtype=torch.long)[None]
@@ -84,6 +84,7 @@ def _scored_logits(model, ids, first: int, n_ctx: int, what: str):
 
 def percentile(values, fraction: float) -> float:
     """llama-perplexity's percentile (linear interpolation between order statistics, perplexity.cpp:1931-1937)."""
+    # numpy: every Snakefile and CLI start loads this module; only measuring needs it
     import numpy as np
 
     v = np.sort(np.asarray(values, dtype=np.float64))
@@ -98,6 +99,7 @@ def compare_distributions(base_lp, other_logits, targets, floor: float | None = 
     """Per position: KLD(base || other) over the base tokens with log-prob > ``floor`` (llama.cpp's rule; None:
     all), same top (first argmax of each), and both sides' nll of the target. ``base_lp`` float32/64 log-probs
     (rows, n_vocab); ``other_logits`` a torch tensor of raw logits (rows, >= n_vocab)."""
+    # numpy, torch: only the conformance run loads them
     import numpy as np
     import torch
 
@@ -123,6 +125,7 @@ def compare_distributions(base_lp, other_logits, targets, floor: float | None = 
 
 
 def _summarise(parts: list[dict], clamped) -> dict:
+    # numpy: only the conformance run loads it
     import numpy as np
 
     kld = np.concatenate([p["kld"] for p in parts])
@@ -151,6 +154,7 @@ def check_logits(recipe_name: str, hf_dir: str | os.PathLike, logits_file: str |
                  available: int | None = None, n_tokens: int | None = None) -> dict:
     """HF float32 against the GGUF's base logits (and, with ``awq_dir``, the AWQ-folded folder against the HF
     model: recorded, not gated). See the module doc."""
+    # numpy (and logitsfile's): only the conformance run loads it
     import numpy as np
 
     from pipeline.stages.logitsfile import read_logits_file
@@ -239,6 +243,7 @@ def _logit_failures(recipe_name: str, check: str, m: dict, n: int) -> list[str]:
 def _awq_against_hf(awq_dir: Path, saved: Path, lf, n: int, bos, trust_remote_code: bool, what: str) -> dict:
     """The AWQ-folded folder against the original HF model's logits (saved per chunk): KLD(HF || AWQ) over
     every token, top-1, ln PPL ratio. Recorded, not gated."""
+    # numpy, torch: only the conformance run loads them
     import numpy as np
     import torch
 

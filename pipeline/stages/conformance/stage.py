@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from pipeline.errors import PipelineError
-from pipeline.fsutil import write_json_atomic
+from pipeline.fsutil import sha256_file, write_json_atomic
+from pipeline.gguf import read_header
+from pipeline.provenance import python_versions
 from pipeline.recipe import EvalSet, load_recipe
 from pipeline.stagedef import Stage, logits_bytes, mem_mb
 from pipeline.stages.conformance.causes import backend_spec, control_typed, merging_variant, read_normalizer
 from pipeline.stages.conformance.common import (
     DEFAULT_CHUNKS,
     HELPER,
+    PROBES_FILE,
     THRESHOLDS,
     added_token_probes,
     eval_slice_probe,
@@ -71,6 +76,7 @@ def _log(log: Path | None, line: str) -> None:
 
 
 def load_hf_tokenizer(hf_dir: Path, trust_remote_code: bool, what: str):
+    # transformers: only the conformance run loads it
     from transformers import AutoTokenizer
 
     try:
@@ -179,8 +185,6 @@ def run(recipe, base_gguf, hf_dir, logits_file, base_record, out_record, log=Non
     number, the full tokenizer diffs, both renders and id sequences of every conversation, MemAvailable: bulky, and
     not for the manifest), ``seconds`` (per check and in all: volatile), ``thresholds``, ``vocab`` (llama.cpp's
     view of the GGUF), ``toolchain``, ``python``."""
-    from pipeline.provenance import python_versions
-
     t0 = time.monotonic()
     name = recipe.name
     what = f"{recipe.path}: conformance"
@@ -216,7 +220,6 @@ def run(recipe, base_gguf, hf_dir, logits_file, base_record, out_record, log=Non
     eval_text = first.text if first else settings.get("text")
     probes = load_probes() + added_token_probes(tok) + eval_slice_probe(eval_text)
     conversations = load_conversations()
-    from pipeline.gguf import read_header
 
     header = read_header(base_gguf)
     metadata = header.metadata
@@ -306,8 +309,6 @@ def run_stage(recipe, layout, threads: int = 2, tc: Toolchain | None = None, log
     base logits are eval-base's of the first eval set (recomputed first when ``ggufpipe clean-logits`` emptied them); a
     recipe without eval sets (a built draft) gets its own, from ``conformance.text`` at ctx 512, in its scratch folder,
     removed afterwards. ``log``: the job log (default ``layout.log(name, "conformance")``)."""
-    import shutil
-
     name = recipe.name
     p = paths or {**layout.conformance_inputs(recipe), "record": layout.conformance_record(name)}
     log = Path(log or layout.log(name, "conformance"))
@@ -317,6 +318,7 @@ def run_stage(recipe, layout, threads: int = 2, tc: Toolchain | None = None, log
     if settings is None:
         return run(recipe, base, hf, None, None, record, log, tc)
     tc = tc or find_toolchain()
+    # torch: only the conformance run loads it
     import torch
 
     torch.set_num_threads(threads)  # fixed (eval_threads), not --cores: the numbers stay bit-identical
@@ -341,8 +343,6 @@ def run_stage(recipe, layout, threads: int = 2, tc: Toolchain | None = None, log
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m pipeline.stages.conformance RECIPE BASE_GGUF HF_DIR OUT [--logits F --base-record R]``: one run by hand."""
-    import argparse
-
     ap = argparse.ArgumentParser(prog="python -m pipeline.stages.conformance", description=__doc__.splitlines()[0])
     ap.add_argument("recipe")
     ap.add_argument("base_gguf")
@@ -378,9 +378,6 @@ def _disk_mb(s) -> int:
 
 
 def _trigger(r, wc, s) -> dict:
-    from pipeline.fsutil import sha256_file
-    from pipeline.stages.conformance.common import PROBES_FILE
-
     c = r.conformance
     return {"conformance": c.describe(), "text": str(c.text) if c.text else None, "build": s.build_number,
             "commit": s.commit, "offload": s.offload, "probes": sha256_file(PROBES_FILE)}

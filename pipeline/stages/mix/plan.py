@@ -11,6 +11,8 @@ from pipeline.errors import PipelineError
 from pipeline.gguf.reader import GGUFHeader, read_header
 from pipeline.gguf.types import padded_nbytes
 from pipeline.recipe import Recipe
+from pipeline.stages.quant_plan import parse_dry_run, predict_header
+from pipeline.stages.quantize import explain_failure
 from pipeline.tools import Toolchain, run_tool
 
 _NAME = re.compile(r"^[a-z0-9_.]+$")
@@ -36,9 +38,6 @@ def imatrix_args(imatrix: Path | None) -> tuple[list[str], Path | None]:
 def dry_run_types(tc: Toolchain, base: Path, ftype: str, args: list[str], cwd: Path | None, scratch: Path,
                   log: Path | None, where: str) -> dict[str, dict]:
     """name -> {shape, source, type, quantized} from ``llama-quantize --dry-run`` (it writes no file)."""
-    from pipeline.stages.quant_plan import parse_dry_run
-    from pipeline.stages.quantize import explain_failure
-
     res = run_tool(tc, "llama-quantize", ["--dry-run", *args, base, scratch / "dry-run.gguf", ftype, "1"], log,
                    check=False, cwd=cwd)
     if res.returncode != 0:
@@ -50,8 +49,6 @@ def dry_run_types(tc: Toolchain, base: Path, ftype: str, args: list[str], cwd: P
 
 
 def header_bytes(base: GGUFHeader, imatrix: Path | None) -> int:
-    from pipeline.stages.quant_plan import predict_header
-
     return predict_header(base, imatrix.name if imatrix else None,
                           read_header(imatrix) if imatrix else None)
 

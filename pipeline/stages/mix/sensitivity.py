@@ -29,8 +29,10 @@ from pipeline.gguf.reader import read_header
 from pipeline.gguf.types import padded_nbytes
 from pipeline.recipe import EvalSet, Recipe
 from pipeline.stagedef import Stage, mem_mb
+from pipeline.stages.evaluate import check_text, kl_divergence, write_base_logits
 from pipeline.stages.mix.groups import bands, group_tensors
 from pipeline.stages.mix.plan import check_budgets, dry_run_types, header_bytes, imatrix_args, map_text
+from pipeline.stages.quantize import explain_failure
 from pipeline.tools import Toolchain, find_toolchain, run_tool
 
 VERSION = 1
@@ -62,7 +64,6 @@ def sensitivity(recipe: Recipe, flavour: str, base_gguf: str | Path, ref_gguf: s
                 log: str | Path | None = None, tc: Toolchain | None = None) -> dict:
     """Entry function: the sensitivity of ``base_gguf`` (flavour ``plain``, ``awq``, ``…-imatrix``) per tensor group
     and candidate, against the logits of ``ref_gguf`` (the plain base file) on ``recipe.sensitivity.text``."""
-    from pipeline.stages.evaluate import check_text, kl_divergence, write_base_logits
     tc = tc or find_toolchain()
     s = recipe.sensitivity
     where = f"{recipe.path}: sensitivity {flavour}"
@@ -145,8 +146,6 @@ def sensitivity(recipe: Recipe, flavour: str, base_gguf: str | Path, ref_gguf: s
         res = run_tool(tc, "llama-quantize", [*args, "--tensor-type-file", str(mp.resolve()), base, out.resolve(),
                                               MEASURE_FTYPE, str(max(1, threads))], logp, check=False, cwd=cwd)
         if res.returncode != 0 or not out.is_file():
-            from pipeline.stages.quantize import explain_failure
-
             raise PipelineError(f"{where}: {label}: llama-quantize failed: {explain_failure(res.output, out)}")
         cost["quantize_seconds"] += time.monotonic() - t
         t = time.monotonic()

@@ -67,6 +67,7 @@ def choose(groups: list[dict], allowed: tuple[str, ...], floor: str, floor_kld: 
            budget: int | None = None, target: float | None = None) -> tuple[dict[str, str], int, float]:
     """(group -> type, predicted bytes, predicted mean KLD) of the optimal mix; exactly one of ``budget`` (bytes)
     or ``target`` (mean KLD). PipelineError when none exists."""
+    # numpy: every Snakefile and CLI start loads the stage modules; only solving needs it
     import numpy as np
 
     groups = sorted(groups, key=lambda g: g["group"])
