@@ -3,6 +3,8 @@ docs/devices.md. Exit status 0 when it fits, 1 (one line ``error: ...``) when it
 
 from __future__ import annotations
 
+from pipeline.devices.memory import ModelShape, components, parse_size
+from pipeline.devices.profiles import ARCH_FEATURES, KV_TYPES
 from pipeline.errors import PipelineError
 
 
@@ -12,8 +14,6 @@ def _mib(n: float) -> str:
 
 def cmd_fit(args) -> None:
     # not at import: every command imports this module
-    from pipeline.devices.memory import ModelShape, components, parse_size
-
     try:
         mem = parse_size(args.mem)
     except PipelineError as exc:
@@ -36,8 +36,6 @@ def cmd_fit(args) -> None:
 
 
 def register(sub) -> None:
-    from pipeline.devices.profiles import ARCH_FEATURES, KV_TYPES
-
     p = sub.add_parser("fit", help="predict the memory a GGUF takes on a CPU device and whether it fits")
     p.add_argument("gguf")
     p.add_argument("--mem", required=True, help="the device's memory for the model, e.g. 8G, 512M (binary units)")

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pipeline.devices.memory import ARCH_FEATURES, parse_size
 from pipeline.errors import PipelineError
+from pipeline.recipe.devices import Device
+from pipeline.recipe.init import DEFAULT_QUANTS, inspect_source, render, slug, write_recipe
+from pipeline.tools import find_toolchain
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 DEFAULT_GATES = ROOT / "data" / "botchan.txt"
@@ -13,9 +17,6 @@ DEFAULT_GATES = ROOT / "data" / "botchan.txt"
 
 def parse_device(text: str):
     """``name:memory[:ctx[:arch]]``, e.g. ``pi5:8G:4096:arm64-dotprod`` -> Device."""
-    from pipeline.devices.memory import ARCH_FEATURES, parse_size
-    from pipeline.recipe.devices import Device
-
     parts = text.split(":")
     if not 2 <= len(parts) <= 4 or not parts[0]:
         raise PipelineError(f"--device {text!r}: name:memory[:ctx[:arch]], e.g. pi5:8G:4096:arm64-dotprod")
@@ -32,9 +33,6 @@ def parse_device(text: str):
 
 
 def cmd_init(args) -> None:
-    from pipeline.recipe.init import DEFAULT_QUANTS, inspect_source, render, slug, write_recipe
-    from pipeline.tools import find_toolchain
-
     devices = [parse_device(d) for d in args.device or []]
     if args.out and (Path(args.out).exists() or Path(args.out).is_symlink()):
         raise PipelineError(f"{args.out} exists: not overwritten (remove it or pass another --out)")

@@ -7,7 +7,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from pipeline.devices import plan as P
+from pipeline.devices import plan_jobs as J
 from pipeline.errors import PipelineError
+from pipeline.workflow import Workflow
 
 
 def _row(*cells, widths=(12, 20, 11, 9, 9, 8, 7, 6)) -> str:
@@ -16,9 +19,6 @@ def _row(*cells, widths=(12, 20, 11, 9, 9, 8, 7, 6)) -> str:
 
 
 def plan_recipe(W, name: str, source: str | None, box: dict) -> dict:
-    from pipeline.devices import plan as P
-    from pipeline.devices import plan_jobs as J
-
     folder = Path(source) if source else J.source_dir(W, name)
     if folder is None:
         raise PipelineError(f"{name}: the checkpoint is not on this machine (not fetched, not in the hub cache "
@@ -39,10 +39,8 @@ def plan_recipe(W, name: str, source: str | None, box: dict) -> dict:
 
 
 def print_plan(p: dict, box: dict) -> None:
-    from pipeline.devices.plan import fmt
-
     f = p["facts"]
-    print(f"{p['name']}: {f['model_type']}, {f['params'] / 1e9:.2f} B parameters ({fmt(f['weight_bytes'])} of weights), "
+    print(f"{p['name']}: {f['model_type']}, {f['params'] / 1e9:.2f} B parameters ({P.fmt(f['weight_bytes'])} of weights), "
           f"{f['n_layer']} layers, n_embd {f['n_embd']}, n_ff {f['n_ff']}, heads {f['n_head']}/{f['n_head_kv']} KV, "
           f"vocabulary {f['n_vocab']}{', tied embeddings' if f['tied'] else ''}")
     print(f"  from {f['origin']} in {p['source']}")
@@ -50,27 +48,23 @@ def print_plan(p: dict, box: dict) -> None:
         print(f"  note: {n}")
     print("disk (what the build writes; the snapshot once, the fetched folder is hard links of it):")
     for d in p["disk"]:
-        print(f"  {d['stage']:12} {d['key']:14} {d['what']:32} {fmt(d['bytes']):>11}")
-    print(f"  {'total':60} {fmt(p['disk_total']):>11}")
+        print(f"  {d['stage']:12} {d['key']:14} {d['what']:32} {P.fmt(d['bytes']):>11}")
+    print(f"  {'total':60} {P.fmt(p['disk_total']):>11}")
     print("RAM per stage (predicted peak RSS of its largest process):")
     for r in p["ram"]:
-        print(f"  {r['stage']:12} {r['key']:22} {fmt(r['bytes']):>11}   {r['how']}")
+        print(f"  {r['stage']:12} {r['key']:22} {P.fmt(r['bytes']):>11}   {r['how']}")
     print(f"Slurm resources per job (each stage's declared resources) and hours on the box "
-          f"({box['cores']} cores, {fmt(box['ram'])} RAM):")
+          f"({box['cores']} cores, {P.fmt(box['ram'])} RAM):")
     print("  " + _row("rule", "key", "inputs", "mem_mb", "disk_mb", "runtime", "hours", "RAM ok"))
     for j in p["jobs"]:
         s = j["slurm"]
         ok = "" if j["ram"] is None else ("yes" if j["ram"] <= s["mem_mb"] * 2**20 else "NO")
-        print("  " + _row(j["rule"], j["key"], fmt(sum(j["inputs"].values()) * 2**20), s["mem_mb"], s["disk_mb"],
+        print("  " + _row(j["rule"], j["key"], P.fmt(sum(j["inputs"].values()) * 2**20), s["mem_mb"], s["disk_mb"],
                           s["runtime"], f"{j['hours']:.2f}", ok))
     print(f"  total hours on the box: {p['hours']:.1f} (one job at a time)")
 
 
 def cmd_plan(args) -> None:
-    from pipeline.devices import plan as P
-    from pipeline.devices.plan_jobs import BOX
-    from pipeline.workflow import Workflow
-
     config = {"recipes": args.recipe, "artifacts": args.artifacts, "work": args.work}
     if args.hub_cache:
         config["hf_hub_cache"] = args.hub_cache
@@ -78,7 +72,7 @@ def cmd_plan(args) -> None:
     if args.name and args.name not in W.recipes:
         raise PipelineError(f"{args.recipe}: no recipe named {args.name!r} (there: {', '.join(sorted(W.recipes))})")
     names = [args.name] if args.name else [n for n in W.recipes if not n.endswith("-draft")]
-    box = dict(BOX)
+    box = dict(J.BOX)
     if args.cores:
         box["cores"] = args.cores
     plans = [plan_recipe(W, n, args.source, box) for n in names]

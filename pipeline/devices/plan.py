@@ -29,7 +29,10 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline.devices.memory import FIT, TENSOR_ALIGNMENT, ModelShape, TensorShape, components, config_swa, pad
 from pipeline.errors import PipelineError
+from pipeline.gguf.types import GGML_TYPE_CODES, GGML_TYPES, tensor_nbytes
+from pipeline.stagedef import logits_bytes
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -188,8 +191,6 @@ def source_facts(source: str | os.PathLike) -> Facts:
         other = max(other, 20 * MIB)  # tokenizer and configs of a snapshot described only by its index
     weight_bytes = sum(_numel(s) * b for _, s, b in tensors)
     vocab_bytes, n_merges = _vocab_bytes(folder, n_vocab)
-    from pipeline.devices.memory import config_swa
-
     swa, n_swa = config_swa(cfg, n_layer)
     return Facts(
         origin=origin, model_type=str(cfg.get("model_type", "")), n_layer=n_layer, n_embd=h,
@@ -233,8 +234,6 @@ def tensor_role(name: str) -> tuple[str, int]:
 
 
 def _type_bytes(type_name: str, n: int) -> int:
-    from pipeline.gguf.types import GGML_TYPE_CODES, tensor_nbytes
-
     if type_name not in GGML_TYPE_CODES:
         raise PipelineError(f"unknown ggml type {type_name}")
     return tensor_nbytes(GGML_TYPE_CODES[type_name], (n,))
@@ -256,8 +255,6 @@ _FALLBACK = {**dict.fromkeys(("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "I
 
 
 def _block(type_name: str) -> int:
-    from pipeline.gguf.types import GGML_TYPE_CODES, GGML_TYPES
-
     return GGML_TYPES[GGML_TYPE_CODES[type_name]][1]
 
 
@@ -302,8 +299,6 @@ def quant_tensor_type(ftype: str, role: str, layer: int, n_layer: int, ncols: in
 def _header_bytes(facts: Facts, n_tensors: int) -> int:
     """GGUF metadata + tensor infos, padded: the vocabulary arrays, ~8 KiB of other keys (chat template, ids,
     hyperparameters) and per tensor its info (name ~24 B, dims, type, offset)."""
-    from pipeline.devices.memory import TENSOR_ALIGNMENT, pad
-
     return pad(24 + facts.vocab_bytes + 8192 + n_tensors * (8 + 28 + 4 + 4 * 8 + 4 + 8), TENSOR_ALIGNMENT)
 
 
@@ -311,8 +306,6 @@ def model_shape(facts: Facts, ftype: str):
     """The :class:`pipeline.devices.memory.ModelShape` of the GGUF the build will write from ``facts`` (config.json
     + safetensors headers) at ``ftype`` (the base's F16/BF16 or a llama-quantize ftype): per tensor the type
     :func:`quant_tensor_type` picks (1-D tensors, biases and norms in F32), each padded in the data section."""
-    from pipeline.devices.memory import ModelShape, TensorShape, pad
-
     n_gqa = facts.n_head // max(facts.n_head_kv, 1)
     tensors, offset, n_vocab = [], 0, facts.n_vocab
     for name, shape, _ in facts.tensors:
@@ -350,8 +343,6 @@ def imatrix_bytes(facts: Facts) -> int:
 def disk_plan(recipe, facts: Facts, hub_on_work_fs: bool = True) -> list[dict]:
     """One row per output the build writes: ``{"stage", "key", "what", "bytes"}``, in build order. The snapshot
     counts once (the fetched folder is hard links of the hub cache's files; ``hub_on_work_fs=False``: a copy)."""
-    from pipeline.stagedef import logits_bytes
-
     out = [{"stage": "fetch", "key": "", "what": "snapshot (hub cache)", "bytes": facts.snapshot_bytes}]
     if not hub_on_work_fs:
         out.append({"stage": "fetch", "key": "", "what": "work/<name>/hf (copy)", "bytes": facts.snapshot_bytes})
@@ -400,8 +391,6 @@ def llama_run_bytes(facts: Facts, ftype: str, ctx: int, n_outputs: int, kl: str 
     llama-perplexity (``"base"``: a whole chunk as uint16, ``"quant"``: the scored half read back; ``"imatrix"``:
     llama-imatrix's copy of the chunk's logits for its perplexity, one more ``n_outputs x n_vocab`` floats: the
     demo's imatrix VmHWM is 91.6 MiB above the other components, its logits 96 MiB)."""
-    from pipeline.devices.memory import components
-
     p = components(model_shape(facts, ftype), ctx, kv_type, n_outputs=n_outputs)
     nv = 2 * ((facts.n_vocab + 1) // 2) + 4
     klbuf = {"base": ctx * nv * 2, "quant": (ctx - 1 - ctx // 2) * nv * 2,
@@ -413,8 +402,6 @@ def llama_run_bytes(facts: Facts, ftype: str, ctx: int, n_outputs: int, kl: str 
 
 def ram_plan(recipe, facts: Facts) -> list[dict]:
     """One row per stage kind: ``{"stage", "key", "bytes", "how"}`` (peak RSS of its largest process)."""
-    from pipeline.devices.memory import FIT
-
     rows = []
     rows.append({"stage": "convert", "key": recipe.base_key, "bytes": int(
         RAM_FIT["python_convert"] + 6 * facts.largest_tensor),
