@@ -19,7 +19,7 @@ import re
 import tempfile
 from pathlib import Path
 
-from pipeline.errors import PipelineError
+from pipeline.errors import PipelineError, ToolError
 from pipeline.fsutil import sha256_file, write_json_atomic
 from pipeline.stages.mtp import mtp_step_bytes
 from pipeline.stages.vocab import check_pair, describe_failure
@@ -162,8 +162,8 @@ def acceptance(main_gguf: str | Path, draft_gguf: str | Path | None, vocab_recor
                 res = run_tool(tc, "llama-speculative-simple", [*spec_args(main_gguf, draft_gguf, spec_type, n),
                                                                 "-f", f, *measure], Path(log) if log else None, check=False)
                 if res.returncode != 0:
-                    raise PipelineError(f"llama-speculative-simple --spec-type {spec_type} failed on {pair} "
-                                        f"(exit {res.returncode}): {_errors(res.output)}")
+                    raise ToolError("llama-speculative-simple", res.returncode, log, f"llama-speculative-simple --spec-type "
+                                    f"{spec_type} failed on {pair} (exit {res.returncode}): {_errors(res.output)}")
                 st = parse_speculative(res.output)
                 drafted += st["n_drafted"]
                 accepted += st["n_accept"]
