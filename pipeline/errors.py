@@ -10,8 +10,10 @@ field or tool) and, where possible, what to do. The CLI prints it as ``error: <l
 - :class:`GateFailure` (``checks``, ``published``): the build's gate failed, naming each failed check;
 - :class:`ArtifactError` (``path``): a file of a build is missing or differs from its manifest or stage record.
 
-The rest (toolchain, hub, arguments...) stay plain ``PipelineError``. The line of a subclass is the line a plain
-``PipelineError`` gave before the subclasses existed: fields are added, the text is unchanged.
+A failed conformance check raises nothing of its own: the stage records it and the gate fails with it, a
+``GateFailure`` check named ``conformance``. The rest (toolchain, hub, arguments...) stay plain ``PipelineError``.
+The line of a subclass is the line a plain ``PipelineError`` gave before the subclasses existed: fields are added,
+the text is unchanged.
 """
 
 from __future__ import annotations
