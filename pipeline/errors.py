@@ -39,7 +39,8 @@ class RecipeError(PipelineError):
     ``<path>: <message>`` without a field."""
 
     def __init__(self, path: str | Path, field: str | None, message: str):
-        self.path, self.field, self.message = path, field, _one_line(message)
+        # only the end is stripped: the line is the one PipelineError(f"{path}: {field}: {message}") gave
+        self.path, self.field, self.message = path, field, " ".join(str(message).split("\n")).rstrip()
         super().__init__(f"{path}: {field}: {self.message}" if field is not None else f"{path}: {self.message}")
 
     def __reduce__(self):
