@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline import tools_backend as tb
-from pipeline.errors import PipelineError
+from pipeline.errors import PipelineError, ToolError
 from pipeline.fsutil import kill_hook, kill_now, mid_write_limit, sha256_file
 
 # The pinned llama.cpp: vendored by this llama-cpp-python sdist.
@@ -341,7 +341,7 @@ def _run_logged(cmd: list[str], log: Path | None, env: dict | None, label: str, 
             sink.write(f"[{label} exited {rc} after {time.monotonic() - start:.1f}s, "
                        f"CPU {usage.ru_utime + usage.ru_stime:.1f}s]\n")
     except OSError as exc:
-        raise PipelineError(f"cannot run {cmd[0]}: {exc}; {INSTALL_HINT}") from exc
+        raise ToolError(label, None, log, f"cannot run {cmd[0]}: {exc}; {INSTALL_HINT}") from exc
     finally:
         if sink:
             sink.close()
@@ -357,7 +357,8 @@ def run_tool(tc: Toolchain, name: str, args: list[str], log: Path | None, check:
     argv = tb.tool_argv(name, [str(a) for a in args], tc.backend, tc.ngl)  # -ngl on a GPU backend; as given on the CPU
     res = _run_logged([str(tc.tool(name)), *argv], log, tb.tool_env(name), name, str(cwd) if cwd else None)
     if check and res.returncode != 0:
-        raise PipelineError(f"{name} failed (exit {res.returncode}): {tail(res.output)}" + (f" [log: {log}]" if log else ""))
+        raise ToolError(name, res.returncode, log,
+                        f"{name} failed (exit {res.returncode}): {tail(res.output)}" + (f" [log: {log}]" if log else ""))
     return res
 
 
@@ -380,17 +381,17 @@ def run_helper(tc: Toolchain, name: str, model: str | Path, requests: list, log:
         proc = subprocess.run(cmd, input=json.dumps(requests).encode(), capture_output=True, timeout=timeout,
                               env=tb.tool_env(name))
     except subprocess.TimeoutExpired as exc:
-        raise PipelineError(f"{name} on {model} ran over {timeout:.0f}s") from exc
+        raise ToolError(name, None, log, f"{name} on {model} ran over {timeout:.0f}s") from exc
     except OSError as exc:
-        raise PipelineError(f"cannot run {exe}: {exc}; run `make tools`") from exc
+        raise ToolError(name, None, log, f"cannot run {exe}: {exc}; run `make tools`") from exc
     stderr = proc.stderr.decode("utf-8", "replace")
     if log:
         with open(log, "a", encoding="utf-8") as fh:
             fh.write(f"$ {' '.join(cmd)} < ({len(requests)} requests)\n{stderr}")
             fh.write(f"[{name} exited {proc.returncode} after {time.monotonic() - start:.1f}s]\n")
     if proc.returncode != 0:
-        raise PipelineError(f"{name} failed on {model} (exit {proc.returncode}): {tail(stderr)}"
-                            + (f" [log: {log}]" if log else ""))
+        raise ToolError(name, proc.returncode, log, f"{name} failed on {model} (exit {proc.returncode}): {tail(stderr)}"
+                        + (f" [log: {log}]" if log else ""))
     try:
         answers = json.loads(proc.stdout.decode("utf-8"))
     except ValueError as exc:
@@ -425,13 +426,15 @@ def serve_tool(tc: Toolchain, args: list, log: Path | None, timeout: float = 120
     try:
         while True:
             if proc.poll() is not None:
-                raise PipelineError(f"llama-server exited {proc.returncode} before it answered: {tail(output())}")
+                raise ToolError("llama-server", proc.returncode, log,
+                                f"llama-server exited {proc.returncode} before it answered: {tail(output())}")
             # OSError: not listening yet, or 503 while the model loads
             with contextlib.suppress(OSError), urllib.request.urlopen(url + "/health", timeout=5) as r:
                 if r.status == 200:
                     break
             if time.monotonic() > deadline:
-                raise PipelineError(f"llama-server did not answer /health within {timeout:.0f}s: {tail(output())}")
+                raise ToolError("llama-server", None, log,
+                                f"llama-server did not answer /health within {timeout:.0f}s: {tail(output())}")
             time.sleep(0.2)
         yield url
     finally:

@@ -25,7 +25,7 @@ import threading
 from pathlib import Path
 
 from pipeline.distribution.ci_summary import snakemake_failed_jobs
-from pipeline.errors import PipelineError
+from pipeline.errors import RecipeError
 from pipeline.layout import Layout
 from pipeline.recipe import Recipe, load_recipe, load_recipes
 from pipeline.stagedef import WILDCARD_FLAGS, Settings, Stage, io_args, size_mb
@@ -53,8 +53,7 @@ class Workflow:
                     if rr is None:
                         continue
                     if rr.name in self.recipes:
-                        raise PipelineError(f"{rr.path}: name: {rr.name!r} is already used by "
-                                            f"{self.recipes[rr.name].path}")
+                        raise RecipeError(rr.path, "name", f"{rr.name!r} is already used by {self.recipes[rr.name].path}")
                     self.recipes[rr.name] = rr
         self.layout = Layout(Path(config.get("artifacts", "artifacts")), Path(config.get("work", "work")))
         for name in self.recipes:  # before Snakemake removes any output: never through a link out of artifacts/

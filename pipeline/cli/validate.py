@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.errors import PipelineError
+from pipeline.errors import RecipeError
 from pipeline.recipe import load_recipe, load_recipes
 from pipeline.tools import find_toolchain
 
@@ -18,7 +18,7 @@ def cmd_validate(args) -> None:
     names: dict[str, Path] = {}
     for r in recipes:
         if r.name in names and names[r.name] != r.path:
-            raise PipelineError(f"{r.path}: name: {r.name!r} is already used by {names[r.name]}")
+            raise RecipeError(r.path, "name", f"{r.name!r} is already used by {names[r.name]}")
         names[r.name] = r.path
         print(f"ok  {r.path}: {r.name} ({r.outtype}; {', '.join(q.key for q in r.quants)})")
 

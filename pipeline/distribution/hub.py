@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from pipeline.distribution.verify import verify
-from pipeline.errors import PipelineError
+from pipeline.errors import ArtifactError, PipelineError, RecipeError
 from pipeline.fsutil import sha256_file, write_json_atomic
 from pipeline.stages.evaluate import gate_messages
 from pipeline.stages.hubfiles import FOLDER_FILES, HUB_URL, mix_files
@@ -40,9 +40,9 @@ def load_manifest(folder: str | Path) -> dict:
     try:
         return json.loads(path.read_text())
     except OSError:
-        raise PipelineError(f"{path}: missing: build the recipe first (`snakemake` or `ggufpipe build`)") from None
+        raise ArtifactError(path, f"{path}: missing: build the recipe first (`snakemake` or `ggufpipe build`)") from None
     except ValueError as exc:
-        raise PipelineError(f"{path}: not valid JSON: {exc}") from None
+        raise ArtifactError(path, f"{path}: not valid JSON: {exc}") from None
 
 
 def upload_plan(recipe, manifest: dict, folder: str | Path) -> list[dict]:
@@ -57,7 +57,7 @@ def upload_plan(recipe, manifest: dict, folder: str | Path) -> list[dict]:
     name = recipe.name
     pub = recipe.publish
     if pub is None:
-        raise PipelineError(f"{recipe.path}: publish: missing (hub-publish needs `publish: {{hf_repo: org/name}}`)")
+        raise RecipeError(recipe.path, "publish", "missing (hub-publish needs `publish: {hf_repo: org/name}`)")
     mpath = folder / "manifest.json"
     if load_manifest(folder) != manifest:
         _refuse(name, f"{mpath} is not the manifest given (rebuilt meanwhile?): plan again")

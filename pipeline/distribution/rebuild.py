@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.demo import hub_cache_dir
-from pipeline.errors import PipelineError
+from pipeline.errors import ArtifactError, PipelineError
 from pipeline.fsutil import sha256_file
 from pipeline.layout import Layout
 from pipeline.provenance import python_versions, source_files_digest
@@ -88,10 +88,10 @@ def _load_manifest(path: Path) -> dict:
     try:
         m = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
-        raise PipelineError(f"{path}: cannot read the manifest: {exc}") from None
+        raise ArtifactError(path, f"{path}: cannot read the manifest: {exc}") from None
     for key in ("name", "recipe", "source", "tools", "artifacts"):
         if key not in m:
-            raise PipelineError(f"{path}: {key}: missing (not a ggufpipe manifest)")
+            raise ArtifactError(path, f"{path}: {key}: missing (not a ggufpipe manifest)")
     return m
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pipeline.errors import PipelineError
+from pipeline.errors import ArtifactError
 from pipeline.fsutil import sha256_file
 from pipeline.gguf import file_type_name, read_header
 from pipeline.stages.split import SHARD_RE, check_header, shard_header
@@ -34,7 +34,7 @@ def find_entry(manifest: dict, filename: str) -> dict:
     for entry in manifest.get("artifacts", []):
         if entry.get("file") == filename:
             return entry
-    raise PipelineError(f"{filename} is not listed in the manifest of {manifest.get('name', '?')}")
+    raise ArtifactError(filename, f"{filename} is not listed in the manifest of {manifest.get('name', '?')}")
 
 
 MAP_SUFFIX = ".tensor-types.txt"  # pipeline/stages/publish.py MAP_SUFFIX
@@ -50,11 +50,11 @@ def _check_map(path: Path, entry: dict) -> str:
     """Raise unless ``path`` (a mix's map) has the SHA256 the manifest names for it; returns its digest."""
     want = entry["mix"]["map"]["sha256"]
     if not path.is_file():
-        raise PipelineError(f"{path}: missing (not pulled?)")
+        raise ArtifactError(path, f"{path}: missing (not pulled?)")
     digest = sha256_file(path)
     if digest != want:
-        raise PipelineError(f"{path}: SHA256 {digest} does not match the manifest's {want} (the map of "
-                            f"{entry['file']}): file altered")
+        raise ArtifactError(path, f"{path}: SHA256 {digest} does not match the manifest's {want} (the map of "
+                                  f"{entry['file']}): file altered")
     return digest
 
 
@@ -71,15 +71,15 @@ def check_slice_file(path: Path, dc: dict) -> str:
     """Raise unless ``path`` (the device slice) has the size and SHA256 the manifest's ``device_check`` names; returns
     its digest."""
     if not path.is_file():
-        raise PipelineError(f"{path}: missing: pull it with `dvc pull {path}` (the slice is DVC-tracked, not on the Hub)")
+        raise ArtifactError(path, f"{path}: missing: pull it with `dvc pull {path}` (the slice is DVC-tracked, not on the Hub)")
     size = path.stat().st_size
     if size != dc["size_bytes"]:
-        raise PipelineError(f"{path}: {size} bytes, the manifest's device_check.size_bytes says {dc['size_bytes']}: "
-                            "truncated or wrong file")
+        raise ArtifactError(path, f"{path}: {size} bytes, the manifest's device_check.size_bytes says {dc['size_bytes']}: "
+                                  "truncated or wrong file")
     digest = sha256_file(path)
     if digest != dc["sha256"]:
-        raise PipelineError(f"{path}: SHA256 {digest} does not match the manifest's device_check.sha256 "
-                            f"{dc['sha256']}: file altered")
+        raise ArtifactError(path, f"{path}: SHA256 {digest} does not match the manifest's device_check.sha256 "
+                                  f"{dc['sha256']}: file altered")
     return digest
 
 
@@ -103,9 +103,9 @@ def locate(path: str | Path, manifest: str | Path | None = None) -> tuple[Path, 
     try:
         data = json.loads(mpath.read_text())
     except OSError:
-        raise PipelineError(f"{path}: no manifest at {mpath}") from None
+        raise ArtifactError(mpath, f"{path}: no manifest at {mpath}") from None
     except ValueError as exc:
-        raise PipelineError(f"{mpath}: not valid JSON: {exc}") from None
+        raise ArtifactError(mpath, f"{mpath}: not valid JSON: {exc}") from None
     names = {e.get("file") for e in data.get("artifacts", [])}
     if shard and path.name not in names and path.parent.name in names:
         path = path.parent  # a shard stands for its split file: every shard is checked
@@ -132,19 +132,19 @@ def verify_located(path: Path, data: dict) -> str:
     if entry.get("split"):
         return _verify_split(path, entry, data)
     if not path.is_file():
-        raise PipelineError(f"{path}: missing (not pulled?)")
+        raise ArtifactError(path, f"{path}: missing (not pulled?)")
     size = path.stat().st_size
     if size != entry["size_bytes"]:
-        raise PipelineError(f"{path}: size {size} bytes, manifest says {entry['size_bytes']}: truncated or wrong file")
+        raise ArtifactError(path, f"{path}: size {size} bytes, manifest says {entry['size_bytes']}: truncated or wrong file")
     digest = sha256_file(path)
     if digest != entry["sha256"]:
-        raise PipelineError(f"{path}: SHA256 {digest} does not match the manifest's {entry['sha256']}: file altered")
+        raise ArtifactError(path, f"{path}: SHA256 {digest} does not match the manifest's {entry['sha256']}: file altered")
     facts = read_header(path).facts()
     if facts.quant_type != entry["quant_type"]:
-        raise PipelineError(f"{path}: GGUF says {facts.quant_type}, manifest says {entry['quant_type']}")
+        raise ArtifactError(path, f"{path}: GGUF says {facts.quant_type}, manifest says {entry['quant_type']}")
     for key in _HEADER_FACTS:  # the manifest's other header facts, where it has them
         if key in entry and getattr(facts, key) != entry[key]:
-            raise PipelineError(f"{path}: GGUF header says {key} {getattr(facts, key)!r}, manifest says {entry[key]!r}")
+            raise ArtifactError(path, f"{path}: GGUF header says {key} {getattr(facts, key)!r}, manifest says {entry[key]!r}")
     return (f"OK  {path} ({entry['quant_type']}, {size} bytes, sha256 {digest[:16]}…, build {data.get('build_id')}"
             f"{_map_beside(path.parent, entry)})")
 
@@ -155,38 +155,38 @@ def _verify_split(folder: Path, entry: dict, data: dict) -> str:
     shards = entry["split"]["shards"]
     n = len(shards)
     if not folder.is_dir():
-        raise PipelineError(f"{folder}: missing (not pulled?): the manifest lists a folder of {n} shard(s)")
+        raise ArtifactError(folder, f"{folder}: missing (not pulled?): the manifest lists a folder of {n} shard(s)")
     for i, s in enumerate(shards, 1):  # cheap checks first: presence and size of every shard
         p = folder / s["file"]
         if not p.is_file():
-            raise PipelineError(f"{p}: shard {i} of {n} missing (not pulled?)")
+            raise ArtifactError(p, f"{p}: shard {i} of {n} missing (not pulled?)")
     listed = {s["file"] for s in shards}
     extra = sorted(p.name for p in folder.iterdir() if p.name not in listed)
     if extra:
-        raise PipelineError(f"{folder / extra[0]}: not a shard the manifest lists ({n} shard(s): "
-                            f"{shards[0]['file']} ...): remove it or re-pull the folder")
+        raise ArtifactError(folder / extra[0], f"{folder / extra[0]}: not a shard the manifest lists ({n} shard(s): "
+                                               f"{shards[0]['file']} ...): remove it or re-pull the folder")
     for i, s in enumerate(shards, 1):
         p = folder / s["file"]
         size = p.stat().st_size
         if size != s["size_bytes"]:
-            raise PipelineError(f"{p}: shard {i} of {n}: size {size} bytes, manifest says {s['size_bytes']}: "
-                                "truncated or wrong file")
+            raise ArtifactError(p, f"{p}: shard {i} of {n}: size {size} bytes, manifest says {s['size_bytes']}: "
+                                   "truncated or wrong file")
     headers = []
     for i, s in enumerate(shards, 1):
         p = folder / s["file"]
         digest = sha256_file(p)
         if digest != s["sha256"]:
-            raise PipelineError(f"{p}: shard {i} of {n}: SHA256 {digest} does not match the manifest's {s['sha256']}: "
-                                "file altered")
+            raise ArtifactError(p, f"{p}: shard {i} of {n}: SHA256 {digest} does not match the manifest's {s['sha256']}: "
+                                   "file altered")
         h = shard_header(p)
         check_header(p, h, i, n, entry["tensor_count"])
         if h["tensor_count"] != s["tensor_count"]:
-            raise PipelineError(f"{p}: shard {i} of {n}: {h['tensor_count']} tensors, manifest says {s['tensor_count']}")
+            raise ArtifactError(p, f"{p}: shard {i} of {n}: {h['tensor_count']} tensors, manifest says {s['tensor_count']}")
         headers.append(h["header"])
     first = folder / shards[0]["file"]
     qt = file_type_name(headers[0].metadata.get("general.file_type"))
     if qt != entry["quant_type"]:
-        raise PipelineError(f"{first}: GGUF says {qt}, manifest says {entry['quant_type']}")
+        raise ArtifactError(first, f"{first}: GGUF says {qt}, manifest says {entry['quant_type']}")
     tensors = [t for h in headers for t in h.tensors]
     n_params, n_bytes = sum(t.n_elements for t in tensors), sum(t.n_bytes for t in tensors)
     arch = headers[0].metadata.get("general.architecture", "")
@@ -195,7 +195,7 @@ def _verify_split(folder: Path, entry: dict, data: dict) -> str:
              "bits_per_weight": round(n_bytes * 8 / n_params, 4) if n_params else 0.0}
     for key in _HEADER_FACTS:
         if key in entry and facts[key] != entry[key]:
-            raise PipelineError(f"{folder}: the shards' GGUF headers say {key} {facts[key]!r} in all, manifest says "
-                                f"{entry[key]!r}")
+            raise ArtifactError(folder, f"{folder}: the shards' GGUF headers say {key} {facts[key]!r} in all, manifest says "
+                                        f"{entry[key]!r}")
     return (f"OK  {folder} ({entry['quant_type']}, {n} shard(s), {entry['size_bytes']} bytes, every SHA256 matches, "
             f"build {data.get('build_id')}{_map_beside(folder.parent, entry)})")

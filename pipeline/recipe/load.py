@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from pipeline.errors import PipelineError
+from pipeline.errors import RecipeError
 from pipeline.recipe import naming
 from pipeline.recipe.devices import parse_devices
 from pipeline.recipe.model import MTP_MODES, NAME_RE, OUTTYPES, TOP_KEYS, Conformance, Recipe
@@ -34,15 +34,15 @@ def load_recipe(path: str | Path, quantize_exe: str | None = None) -> Recipe:
     try:
         raw_bytes = path.read_bytes()
     except OSError as exc:
-        raise PipelineError(f"{path}: cannot read recipe: {exc.strerror}") from exc
+        raise RecipeError(path, None, f"cannot read recipe: {exc.strerror}") from exc
     try:
         data = yaml.safe_load(raw_bytes.decode("utf-8"))
     except UnicodeDecodeError:
-        raise PipelineError(f"{path}: not UTF-8 text") from None
+        raise RecipeError(path, None, "not UTF-8 text") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else "YAML"
-        raise PipelineError(f"{path}: {where}: malformed YAML: {getattr(exc, 'problem', None) or exc}") from None
+        raise RecipeError(path, where, f"malformed YAML: {getattr(exc, 'problem', None) or exc}") from None
     if data is None:
         ctx.fail("recipe", "file is empty")
     d = ctx.mapping(data, "", TOP_KEYS)
@@ -148,6 +148,6 @@ def load_recipes(folder: str | Path, quantize_exe: str | None = None) -> list[Re
     by_name: dict[str, Path] = {}
     for r in recipes:
         if r.name in by_name:
-            raise PipelineError(f"{r.path}: name: {r.name!r} is already used by {by_name[r.name]}")
+            raise RecipeError(r.path, "name", f"{r.name!r} is already used by {by_name[r.name]}")
         by_name[r.name] = r.path
     return recipes

@@ -7,7 +7,7 @@ import functools
 import re
 from pathlib import Path
 
-from pipeline.errors import PipelineError
+from pipeline.errors import RecipeError
 from pipeline.fsutil import sha256_file
 from pipeline.recipe.model import (
     NOT_QUANTS,
@@ -25,7 +25,7 @@ class _Ctx:
         self.path = path
 
     def fail(self, where: str, msg: str):
-        raise PipelineError(f"{self.path}: {where}: {msg}")
+        raise RecipeError(self.path, where, msg)
 
     def mapping(self, value, where: str, allowed: set[str]) -> dict:
         if not isinstance(value, dict):

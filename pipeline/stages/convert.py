@@ -23,7 +23,7 @@ import re
 import tempfile
 from pathlib import Path
 
-from pipeline.errors import PipelineError
+from pipeline.errors import PipelineError, ToolError
 from pipeline.fsutil import atomic_output, write_json_atomic
 from pipeline.gguf import read_header
 from pipeline.gguf.edit import override_changes, rewrite_metadata
@@ -122,8 +122,8 @@ def _run(recipe: Recipe, hf_dir: Path, out_gguf: Path, extra: list[str], log: Pa
         args = [str(model_dir), "--outfile", str(tmp), "--outtype", recipe.outtype, "--metadata", str(meta_file), *extra]
         res = run_converter(tc, args, log)
         if res.returncode != 0 or not tmp.is_file():
-            raise PipelineError(f"{recipe.path}: convert: {explain_failure(res.output, tc.build_number, recipe.mtp)}"
-                                + (f" [log: {log}]" if log else ""))
+            raise ToolError("convert_hf_to_gguf.py", res.returncode, log, f"{recipe.path}: convert: "
+                            f"{explain_failure(res.output, tc.build_number, recipe.mtp)}" + (f" [log: {log}]" if log else ""))
         if check:
             check(tmp)
     return meta, res.seconds

@@ -19,7 +19,7 @@ import re
 import tempfile
 from pathlib import Path
 
-from pipeline.errors import PipelineError
+from pipeline.errors import PipelineError, RecipeError, ToolError
 from pipeline.fsutil import sha256_file, write_json_atomic
 from pipeline.gguf.vocab_defaults import effective_vocab
 from pipeline.stagedef import Stage, mem_mb
@@ -164,8 +164,8 @@ def acceptance(main_gguf: str | Path, draft_gguf: str | Path | None, vocab_recor
                 res = run_tool(tc, "llama-speculative-simple", [*spec_args(main_gguf, draft_gguf, spec_type, n),
                                                                 "-f", f, *measure], Path(log) if log else None, check=False)
                 if res.returncode != 0:
-                    raise PipelineError(f"llama-speculative-simple --spec-type {spec_type} failed on {pair} "
-                                        f"(exit {res.returncode}): {_errors(res.output)}")
+                    raise ToolError("llama-speculative-simple", res.returncode, log, f"llama-speculative-simple --spec-type "
+                                    f"{spec_type} failed on {pair} (exit {res.returncode}): {_errors(res.output)}")
                 st = parse_speculative(res.output)
                 drafted += st["n_drafted"]
                 accepted += st["n_accept"]
@@ -247,8 +247,8 @@ def _acceptance_trigger(r, wc, s) -> dict:
 def _run_agreement(j) -> None:
     r, i = j.recipe, j.input
     if r.draft.mtp:
-        raise PipelineError(f"{r.path}: draft.mtp: the MTP heads have no top-1 agreement stage (no logits of their own "
-                            "over a text)")
+        raise RecipeError(r.path, "draft.mtp", "the MTP heads have no top-1 agreement stage (no logits of their own "
+                          "over a text)")
     agreement(r.name, i["draft"], i["base"], r.first_eval_set, i["logits"], i["base_record"], j.output["record"],
               threads=j.threads, log=j.log)
 

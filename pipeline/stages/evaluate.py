@@ -30,7 +30,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from pipeline.errors import PipelineError
+from pipeline.errors import PipelineError, ToolError
 from pipeline.fsutil import atomic_output, sha256_file, write_json_atomic
 from pipeline.recipe import EvalSet, scored_tokens
 from pipeline.stagedef import Stage, logits_bytes, mem_mb
@@ -168,9 +168,11 @@ def _common_args(es: EvalSet, threads: int) -> list[str]:
 def _fail_on_tool_errors(res, what: str) -> None:
     errors = tool_errors(res.output)
     if errors:
-        raise PipelineError(f"{what}: llama-perplexity failed: {errors[0]}" + (f" ({errors[1]})" if len(errors) > 1 else ""))
+        raise ToolError("llama-perplexity", res.returncode, None, f"{what}: llama-perplexity failed: {errors[0]}"
+                        + (f" ({errors[1]})" if len(errors) > 1 else ""))
     if res.returncode != 0:
-        raise PipelineError(f"{what}: llama-perplexity exited {res.returncode}: {tail(res.output)}")
+        raise ToolError("llama-perplexity", res.returncode, None, f"{what}: llama-perplexity exited {res.returncode}: "
+                        f"{tail(res.output)}")
 
 
 def check_text(es: EvalSet, what: str) -> str:
@@ -358,11 +360,11 @@ def perplexity(tc: Toolchain, model: str | Path, text: str | Path, ctx: int, chu
     res = run_perplexity(tc, args, Path(log) if log else None, has_final_estimate, f"perplexity of {model}")
     errors = tool_errors(res.output)
     if errors:
-        raise PipelineError(f"llama-perplexity on {model}: {errors[0]}")
+        raise ToolError("llama-perplexity", res.returncode, log, f"llama-perplexity on {model}: {errors[0]}")
     m = _PPL_RE.search(res.output)
     if res.returncode != 0 or not m:
-        raise PipelineError(f"llama-perplexity on {model} printed no final estimate (exit {res.returncode}): "
-                            f"{tail(res.output)}")
+        raise ToolError("llama-perplexity", res.returncode, log, f"llama-perplexity on {model} printed no final estimate "
+                        f"(exit {res.returncode}): {tail(res.output)}")
     return float(m.group(1)), float(m.group(2))
 
 
@@ -392,10 +394,16 @@ def clean_logits(work: str | Path, names: list[str] | None = None, dry_run: bool
     return out
 
 
+def gate_checks(manifest: dict) -> list[dict]:
+    """Every failed check of a manifest (``check``, ``message``; ``file`` for a rejected quant's): quant gates, lost
+    MTP heads, conformance, draft vocab / acceptance, devices."""
+    return ([{"file": e["file"], **f} for e in manifest.get("rejected", []) for f in e.get("failures", [])]
+            + [dict(f) for f in manifest.get("failures", [])])
+
+
 def gate_messages(manifest: dict) -> list[str]:
     """One line per failed check of a manifest: quant gates, lost MTP heads, draft vocab / acceptance."""
-    msgs = ([f["message"] for e in manifest.get("rejected", []) for f in e.get("failures", [])]
-            + [f["message"] for f in manifest.get("failures", [])])
+    msgs = [c["message"] for c in gate_checks(manifest)]
     return list(dict.fromkeys(msgs))  # once each: a failed conformance rejects every file with one reason
 
 

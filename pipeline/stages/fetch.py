@@ -14,7 +14,7 @@ import os
 import shutil
 from pathlib import Path
 
-from pipeline.errors import PipelineError
+from pipeline.errors import PipelineError, RecipeError
 from pipeline.fsutil import atomic_output, hashing_ahead, sha256_file, write_json_atomic
 from pipeline.recipe import Recipe
 from pipeline.stagedef import FETCH_UNKNOWN_MB, Stage, mem_mb
@@ -75,7 +75,7 @@ def _snapshot(recipe: Recipe, hub_cache: str | None) -> Path:
 def _local_source(recipe: Recipe) -> Path:
     path = Path(recipe.source.path).expanduser()
     if not path.is_dir():
-        raise PipelineError(f"{recipe.path}: source.path: {path} is not a folder")
+        raise RecipeError(recipe.path, "source.path", f"{path} is not a folder")
     return path
 
 

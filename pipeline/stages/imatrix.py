@@ -12,7 +12,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from pipeline.errors import PipelineError
+from pipeline.errors import PipelineError, RecipeError, ToolError
 from pipeline.fsutil import atomic_output, sha256_file, write_json_atomic
 from pipeline.gguf import read_header
 from pipeline.recipe import Recipe
@@ -46,20 +46,20 @@ def imatrix(recipe: Recipe, base: str, base_gguf: str | Path, out: str | Path, r
         raise PipelineError(f"{recipe.path}: imatrix: {base_gguf} is missing (run convert first)")
     text = cfg.calibration
     if not text.is_file():
-        raise PipelineError(f"{recipe.path}: imatrix.calibration: {text} does not exist")
+        raise RecipeError(recipe.path, "imatrix.calibration", f"{text} does not exist")
     n_tokens = count_tokens(tc, base_gguf, text, log)
     need = cfg.ctx * cfg.chunks
     if n_tokens < need:
-        raise PipelineError(f"{recipe.path}: imatrix.calibration: {text.name} has {n_tokens} tokens, fewer than ctx x "
-                            f"chunks = {cfg.ctx} x {cfg.chunks} = {need}; use a longer text or lower imatrix.chunks")
+        raise RecipeError(recipe.path, "imatrix.calibration", f"{text.name} has {n_tokens} tokens, fewer than ctx x "
+                          f"chunks = {cfg.ctx} x {cfg.chunks} = {need}; use a longer text or lower imatrix.chunks")
     with tempfile.TemporaryDirectory(prefix="ggufpipe-imatrix-") as scratch, atomic_output(out) as tmp:
         (Path(scratch) / text.name).symlink_to(text)
         args = ["-m", base_gguf, "-f", text.name, "-o", tmp.resolve(), "--output-format", "gguf", "-c", cfg.ctx,
                 "--chunks", cfg.chunks, "-b", cfg.ctx, "-t", max(1, threads), "-ofreq", 1 << 30]
         res = run_tool(tc, "llama-imatrix", args, log, check=False, cwd=scratch)
         if res.returncode != 0 or not tmp.is_file():
-            raise PipelineError(f"{recipe.path}: imatrix ({base}): llama-imatrix failed: {tail(res.output)}"
-                                + (f" [log: {log}]" if log else ""))
+            raise ToolError("llama-imatrix", res.returncode, log, f"{recipe.path}: imatrix ({base}): llama-imatrix failed: "
+                            f"{tail(res.output)}" + (f" [log: {log}]" if log else ""))
         facts = imatrix_facts(tmp)
     if facts["chunk_count"] != cfg.chunks:
         raise PipelineError(f"{recipe.path}: imatrix ({base}): llama-imatrix processed {facts['chunk_count']} chunks, "

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from pipeline import tools_backend as tb
-from pipeline.errors import PipelineError
+from pipeline.errors import ArtifactError, GateFailure, PipelineError
 from pipeline.fsutil import atomic_output, hashing_ahead, sha256_file, write_json_atomic
 from pipeline.gguf import general_metadata, read_facts
 from pipeline.layout import Layout, plain_name
@@ -37,7 +37,7 @@ from pipeline.provenance import source_files_digest
 from pipeline.recipe import Recipe
 from pipeline.recipe.naming import label_of_key
 from pipeline.stagedef import Stage, mem_mb
-from pipeline.stages.evaluate import failure_message, gate_messages, verdict
+from pipeline.stages.evaluate import failure_message, gate_checks, gate_messages, verdict
 from pipeline.stages.mtp import MTP_KEYS, lost_heads, mtp_facts
 from pipeline.stages.publish_devices import device_check_section, device_results, publish_slice
 from pipeline.stages.publish_sections import (
@@ -455,8 +455,8 @@ def publish_maps(layout: Layout, name: str, manifest: dict) -> set[str]:
         fname = plain_name(m["file"], "map file")
         src = layout.mix_map(name, artifact_key(name, e["file"]))
         if src.name != fname or sha256_file(src) != m["sha256"]:
-            raise PipelineError(f"{src}: not the map {fname} (SHA256 {m['sha256'][:16]}…) the quant was made with: "
-                                "re-run the solve and quantize stages")
+            raise ArtifactError(src, f"{src}: not the map {fname} (SHA256 {m['sha256'][:16]}…) the quant was made with: "
+                                     "re-run the solve and quantize stages")
         _link(src, layout.art_dir(name) / fname)
         out.add(fname)
     return out
@@ -473,16 +473,16 @@ def check_gates(manifest_path: str | Path, ok_path: str | Path) -> None:
             else [(folder / e["file"], e["size_bytes"])]
         m = (e.get("mix") or {}).get("map")
         if m and (not (folder / m["file"]).is_file() or sha256_file(folder / m["file"]) != m["sha256"]):
-            raise PipelineError(f"{folder / m['file']} is missing or differs from {manifest_path}: re-publish with "
-                                "`snakemake --forcerun publish`")
+            raise ArtifactError(folder / m["file"], f"{folder / m['file']} is missing or differs from {manifest_path}: "
+                                                    "re-publish with `snakemake --forcerun publish`")
     for path, size in sized:
         if not path.is_file() or path.stat().st_size != size:
-            raise PipelineError(f"{path} is missing or differs from {manifest_path}: re-publish with "
-                                "`snakemake --forcerun publish`")
+            raise ArtifactError(path, f"{path} is missing or differs from {manifest_path}: re-publish with "
+                                      "`snakemake --forcerun publish`")
     msgs = gate_messages(manifest)
     if msgs:
         quants = sum(e.get("role") == "quant" for e in manifest["artifacts"])
-        raise PipelineError("; ".join(msgs) + f" ({quants} quant(s) published)")
+        raise GateFailure(gate_checks(manifest), quants)
     from pipeline.fsutil import write_text_atomic
 
     write_text_atomic(ok_path, manifest["build_id"] + "\n")

@@ -14,7 +14,7 @@ import json
 import math
 from pathlib import Path
 
-from pipeline.errors import PipelineError
+from pipeline.errors import ArtifactError, PipelineError
 from pipeline.fsutil import sha256_file
 from pipeline.layout import Layout
 
@@ -61,7 +61,8 @@ def device_check_section(recipe, layout: Layout, entries: dict[str, dict], chunk
                             f"{rec['ctx']}, the recipe asks for {n} of {es.name} at ctx {es.ctx}: re-run device_slice")
     slice_path = layout.device_slice(name)
     if not slice_path.is_file() or slice_path.stat().st_size != rec["size_bytes"]:
-        raise PipelineError(f"{slice_path}: missing or not the {rec['size_bytes']} bytes {path} records: re-run device_slice")
+        raise ArtifactError(slice_path, f"{slice_path}: missing or not the {rec['size_bytes']} bytes {path} records: "
+                                        "re-run device_slice")
     base_key = recipe.base_key
     for key, entry in entries.items():
         if key == base_key:
@@ -88,8 +89,8 @@ def publish_slice(layout: Layout, name: str, manifest: dict, link) -> set[str]:
         return set()
     src = layout.device_slice(name)
     if sha256_file(src) != dc["sha256"]:
-        raise PipelineError(f"{src}: not the slice the manifest records (SHA256 {dc['sha256'][:16]}…): re-run "
-                            "device_slice")
+        raise ArtifactError(src, f"{src}: not the slice the manifest records (SHA256 {dc['sha256'][:16]}…): re-run "
+                                 "device_slice")
     link(src, dest)
     return {SLICE_FILE}
 

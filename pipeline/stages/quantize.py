@@ -8,7 +8,7 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
-from pipeline.errors import PipelineError
+from pipeline.errors import PipelineError, ToolError
 from pipeline.fsutil import atomic_output, sha256_file, write_json_atomic
 from pipeline.gguf.reader import read_header
 from pipeline.recipe import Recipe
@@ -55,8 +55,8 @@ def dry_run(tc: Toolchain, q, args: list[str], base_gguf: Path, out_gguf: Path, 
     res = run_tool(tc, "llama-quantize", ["--dry-run", *args, base_gguf, out_gguf, q.type, str(max(1, threads))],
                    Path(log) if log else None, check=False, cwd=cwd)
     if res.returncode != 0:
-        raise PipelineError(f"{where}: llama-quantize --dry-run failed: {explain_failure(res.output)}"
-                            + (f" [log: {log}]" if log else ""))
+        raise ToolError("llama-quantize", res.returncode, log, f"{where}: llama-quantize --dry-run failed: "
+                        f"{explain_failure(res.output)}" + (f" [log: {log}]" if log else ""))
     tensors, _ = parse_dry_run(res.output)
     check_patterns(q.tensor_patterns(), list(tensors), where)
     return plan(q, res.output, where)
@@ -112,8 +112,8 @@ def quantize(recipe: Recipe, key: str, base_gguf: str | Path, out_gguf: str | Pa
         res = run_tool(tc, "llama-quantize", [*args, base_gguf, tmp.resolve(), q.type, str(max(1, threads))],
                        Path(log) if log else None, check=False, cwd=cwd)
         if res.returncode != 0 or not tmp.is_file():
-            raise PipelineError(f"{where}: llama-quantize failed: "
-                                f"{explain_failure(res.output, out_gguf)}" + (f" [log: {log}]" if log else ""))
+            raise ToolError("llama-quantize", res.returncode, log, f"{where}: llama-quantize failed: "
+                            f"{explain_failure(res.output, out_gguf)}" + (f" [log: {log}]" if log else ""))
         size = check_written(planned, header, read_header(tmp), where)  # a file unlike its plan is never renamed
         if layout and size["written"] != layout["predicted"]["bytes"]:
             raise PipelineError(f"{where}: {size['written']} bytes written, the solve predicted "

@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from pipeline.errors import PipelineError
+from pipeline.errors import PipelineError, RecipeError, ToolError
 from pipeline.fsutil import atomic_output
 from pipeline.gguf import GGUFHeader, read_header
 from pipeline.stagedef import Stage, mem_mb
@@ -104,8 +104,8 @@ def split(recipe, key: str, in_gguf: str | Path, out_dir: str | Path, log: str |
     whole = read_header(in_gguf)
     big = oversized_tensor(whole, cfg.max_bytes)
     if big:
-        raise PipelineError(f"{recipe.path}: {cfg.where}.max_size: {cfg.max_size} ({cfg.max_bytes} bytes) is smaller than "
-                            f"tensor {big[0]} of {in_gguf.name} ({big[1]} bytes); a shard holds whole tensors: raise max_size")
+        raise RecipeError(recipe.path, f"{cfg.where}.max_size", f"{cfg.max_size} ({cfg.max_bytes} bytes) is smaller than "
+                          f"tensor {big[0]} of {in_gguf.name} ({big[1]} bytes); a shard holds whole tensors: raise max_size")
     tensor_count = len(whole.tensors)
     stem = in_gguf.name[: -len(".gguf")]
     tc = tc or find_toolchain()
@@ -114,8 +114,8 @@ def split(recipe, key: str, in_gguf: str | Path, out_dir: str | Path, log: str |
         res = run_tool(tc, "llama-gguf-split", [*cfg.args(), in_gguf, tmp.resolve() / stem],
                        Path(log) if log else None, check=False)
         if res.returncode != 0:
-            raise PipelineError(f"{recipe.path}: split {key}: llama-gguf-split failed (exit {res.returncode}): "
-                                f"{tail(res.output)}" + (f" [log: {log}]" if log else ""))
+            raise ToolError("llama-gguf-split", res.returncode, log, f"{recipe.path}: split {key}: llama-gguf-split failed "
+                            f"(exit {res.returncode}): {tail(res.output)}" + (f" [log: {log}]" if log else ""))
         shards = read_shards(tmp, stem, tensor_count)
         out = [{"file": p.name, "size_bytes": p.stat().st_size, "tensor_count": h["tensor_count"]} for p, h in shards]
     return out

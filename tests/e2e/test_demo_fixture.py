@@ -9,7 +9,7 @@ import json
 import pytest
 from helpers import DEMO_RECIPE
 
-from pipeline.errors import PipelineError
+from pipeline.errors import ToolError
 from pipeline.gguf import read_header
 from pipeline.stages.evaluate import perplexity
 from pipeline.tools import run_tool
@@ -90,7 +90,8 @@ def test_f16_perplexity_matches_source(f16, source_gguf, eval_text, toolchain, t
 def test_perplexity_refuses_too_short_text(f16, toolchain, tmp_path):
     short = tmp_path / "short.txt"
     short.write_text("A few words only.")
-    with pytest.raises(PipelineError, match="you need at least"):
+    with pytest.raises(ToolError, match="you need at least") as exc:
         perplexity(toolchain, f16, short, ctx=512, chunks=4)
+    assert exc.value.tool == "llama-perplexity"
 
 

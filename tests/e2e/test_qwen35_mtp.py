@@ -21,7 +21,7 @@ import pytest
 from helpers import BOTCHAN, snakemake
 from helpers.hf_qwen35 import tiny_qwen35
 
-from pipeline.errors import PipelineError
+from pipeline.errors import ToolError
 from pipeline.gguf import read_header
 from pipeline.stages.mtp import lost_heads, mtp_facts
 from pipeline.tools import run_tool
@@ -155,9 +155,11 @@ def test_quant_without_heads_is_refused_by_pipeline_and_llama_cpp(qwen_build, to
         f"blk.4.nextn.{k}.weight" for k in ("eh_proj", "enorm", "hnorm", "shared_head_norm")]
     vocab = tmp_path / "vocab.json"
     vocab.write_text(json.dumps({"compatible": True}))
-    with pytest.raises(PipelineError) as exc:
+    with pytest.raises(ToolError) as exc:
         acceptance(lost, None, vocab, BOTCHAN, (N_MAX,), 1, 16, tmp_path / "acc.json", spec_type="draft-mtp",
                    log=tmp_path / "acc.log", tc=toolchain)
+    assert (exc.value.tool, exc.value.log) == ("llama-speculative-simple", tmp_path / "acc.log")
+    assert exc.value.returncode not in (0, None)
     msg = str(exc.value)
     assert "\n" not in msg and msg.startswith("llama-speculative-simple --spec-type draft-mtp failed on q35-keep-Q4_0.gguf")
     assert "failed to create MTP context" in msg and not (tmp_path / "acc.json").exists()

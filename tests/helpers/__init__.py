@@ -263,18 +263,18 @@ def write_recipe_text(tmp_path: Path, text: str, name: str = "r.yaml") -> Path:
     return p
 
 
-def recipe_error(path: Path) -> str:
-    """The one-line error loading the recipe ``path`` must give, which names the file first (fails the test
-    otherwise)."""
-    from pipeline.errors import PipelineError
+def recipe_error(path: Path):
+    """The ``RecipeError`` loading the recipe ``path`` must raise: its fields name the file, the field and what is
+    wrong, and its one line is ``<path>: <field>: <what>`` (fails the test otherwise)."""
+    from pipeline.errors import RecipeError
     from pipeline.recipe import load_recipe
 
     try:
         load_recipe(path)
-    except PipelineError as exc:
+    except RecipeError as exc:
         msg = str(exc)
-        assert "\n" not in msg and msg.startswith(f"{path}: "), msg
-        return msg
+        assert "\n" not in msg and exc.path == path and msg == f"{path}: {exc.field}: {exc.message}", msg
+        return exc
     raise AssertionError(f"{path}: the recipe loaded; an error was expected")
 
 

@@ -3,9 +3,11 @@ counted with the model's own vocabulary. (Recipe sections `awq:` / `imatrix:`: t
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
-from pipeline.errors import PipelineError
+from pipeline.errors import RecipeError
 from pipeline.recipe import load_recipe
 
 
@@ -18,6 +20,8 @@ def test_imatrix_text_too_short(tmp_path, quantize_exe, source_gguf):
     f16 = source_gguf  # the demo model (its vocabulary counts the tokens)
     out = tmp_path / "imx" / "imatrix-plain.gguf"
     (tmp_path / "imx").mkdir()
-    with pytest.raises(PipelineError, match=r"imatrix.calibration: short.txt has \d+ tokens, fewer than ctx x chunks"):
+    with pytest.raises(RecipeError) as exc:
         imatrix(r, "plain", f16, out, tmp_path / "imx" / "rec.json", log=tmp_path / "imx" / "log")
+    assert (exc.value.path, exc.value.field) == (tmp_path / "r.yaml", "imatrix.calibration"), exc.value
+    assert re.match(r"short.txt has \d+ tokens, fewer than ctx x chunks", exc.value.message), exc.value
     assert not out.exists() and not list((tmp_path / "imx").glob(".*tmp*"))

@@ -20,7 +20,7 @@ import pytest
 from helpers import ROOT, norm, read_pins
 
 from pipeline.distribution.verify import verify
-from pipeline.errors import PipelineError
+from pipeline.errors import ArtifactError, PipelineError
 from pipeline.gguf import GGUFFacts, read_facts, read_header
 from pipeline.gguf import types as gguf_types
 
@@ -157,9 +157,9 @@ def test_verify_names_each_mismatch(tiny_quants, tmp_path):
         m = json.loads(json.dumps(manifest))
         m["artifacts"][0].update(edit)
         mpath.write_text(json.dumps(m))
-        with pytest.raises(PipelineError, match=pattern) as exc:
+        with pytest.raises(ArtifactError, match=pattern) as exc:
             verify(good)
-        assert "\n" not in str(exc.value)
+        assert exc.value.path == good and "\n" not in str(exc.value)
 
     expect({"quant_type": "Q4_K_M"}, "GGUF says Q2_0, manifest says Q4_K_M")
     expect({"tensor_count": 99}, r"GGUF header says tensor_count \d+, manifest says 99")

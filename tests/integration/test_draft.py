@@ -9,7 +9,7 @@ import shutil
 import pytest
 from helpers.gguf_factory import tiny_llama
 
-from pipeline.errors import PipelineError
+from pipeline.errors import GateFailure
 from pipeline.stages.mtp import lost_heads, mtp_facts
 from pipeline.tools import run_tool
 
@@ -75,8 +75,10 @@ def test_publish_rejects_quant_that_lost_mtp_heads(mtp_model, toolchain, tmp_pat
     from pipeline.fsutil import write_json_atomic
 
     write_json_atomic(L.manifest(r.name), manifest)
-    with pytest.raises(PipelineError, match="MTP heads lost"):
+    with pytest.raises(GateFailure) as exc:
         check_gates(L.manifest(r.name), tmp_path / "ok")
+    assert [(c["check"], c["file"]) for c in exc.value.checks] == [("mtp", "nextn-Q8_0_PRUNED.gguf")]
+    assert exc.value.messages == [msg] and exc.value.published == 1
 
 
 def test_min_acceptance_gate(tmp_path):

@@ -23,7 +23,7 @@ import pytest
 import yaml
 from helpers import BOTCHAN, DEMO_RECIPE
 
-from pipeline.errors import PipelineError
+from pipeline.errors import GateFailure
 from pipeline.layout import Layout
 from pipeline.recipe import load_recipe
 from pipeline.stages import conformance
@@ -176,8 +176,10 @@ def test_broken_draft_fails_conformance_and_publishes_nothing(drafts, toolchain)
     assert [f["message"] for f in m["failures"]] == failures
     assert _art_files(L) == PUBLISHED_PAGES  # no GGUF, no half-written (hidden temporary) file
     assert json.loads(L.manifest(DRAFT).read_text()) == m
-    with pytest.raises(PipelineError) as exc:
+    with pytest.raises(GateFailure) as exc:
         check_gates(L.manifest(DRAFT), L.gate_ok(DRAFT))
+    assert {c["check"] for c in exc.value.checks} == {"conformance"} and exc.value.published == 0
+    assert exc.value.messages == list(dict.fromkeys([CONFORMANCE_REJECTED, *failures]))
     line = str(exc.value)
     print(f"\n[draft conformance gate] {line}")
     assert "\n" not in line and line.startswith(CONFORMANCE_REJECTED + "; " + FIRST_FAILURE), line

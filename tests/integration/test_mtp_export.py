@@ -19,7 +19,7 @@ import pytest
 from helpers import mtp_recipe
 from helpers.hf_factory import tiny_glm4_moe
 
-from pipeline.errors import PipelineError
+from pipeline.errors import PipelineError, RecipeError, ToolError
 from pipeline.gguf import read_header
 from pipeline.recipe import load_recipe
 from pipeline.stages.convert import convert, convert_mtp
@@ -66,9 +66,9 @@ def test_recipe_mtp_field(tmp_path, glm_hf):
     assert r.mtp == "separate" and r.mtp_file == "glm-mtp-F16_MTP.gguf"
     for bad, shown in (("both", "'both'"), (True, "True")):
         path = mtp_recipe(tmp_path, glm_hf, bad)
-        with pytest.raises(PipelineError) as exc:
+        with pytest.raises(RecipeError) as exc:
             load_recipe(path)
-        assert str(exc.value) == f"{path}: mtp: {shown} is not one of keep, strip, separate"
+        assert (exc.value.field, exc.value.message) == ("mtp", f"{shown} is not one of keep, strip, separate")
 
 
 # ------------------------------------------------------------------ the convert stage per mode
@@ -125,8 +125,9 @@ def test_unsupported_architecture_one_clear_line(tmp_path, demo_snapshot, toolch
     """The demo model (LlamaForCausalLM): its converter class cannot split MTP heads off."""
     path = mtp_recipe(tmp_path, demo_snapshot, mode)
     out = tmp_path / "art" / "out.gguf"
-    with pytest.raises(PipelineError) as exc:
+    with pytest.raises(ToolError) as exc:
         stage(load_recipe(path), demo_snapshot, out, tmp_path / "rec.json", log=tmp_path / "c.log", tc=toolchain)
+    assert (exc.value.tool, exc.value.log) == ("convert_hf_to_gguf.py", tmp_path / "c.log")
     assert str(exc.value) == (
         f"{path}: convert: mtp: {mode}: llama.cpp b11312's converter cannot split multi-token-prediction heads off "
         "LlamaForCausalLM models (--mtp / --no-mtp are refused for that architecture); set `mtp: keep` "

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 from helpers.gguf_factory import Tokenizer, read_tokenizer, tiny_llama
 
-from pipeline.errors import PipelineError
+from pipeline.errors import PipelineError, ToolError
 from pipeline.gguf.vocab_defaults import effective_vocab, eog_set
 from pipeline.tools import HELPERS, Toolchain, cache_root, pinned_dir, run_helper
 
@@ -302,8 +302,9 @@ def test_helper_failures_are_one_line(toolchain, tmp_path):
     res = subprocess.run([exe, str(bad)], input=b"[]", capture_output=True, timeout=60, check=False)
     errors = [ln for ln in res.stderr.decode().splitlines() if ln.startswith("error:")]
     assert res.returncode == 1 and len(errors) == 1 and str(bad) in errors[0], res.stderr
-    with pytest.raises(PipelineError, match=r"ggufpipe-conformance failed on .*broken\.gguf \(exit 1\)"):
+    with pytest.raises(ToolError, match=r"ggufpipe-conformance failed on .*broken\.gguf \(exit 1\)") as exc:
         run_helper(toolchain, HELPER, bad, [])
+    assert (exc.value.tool, exc.value.returncode) == (HELPER, 1)
     res = subprocess.run([exe, str(VOCAB_DIR / SPM)], input=b"{not json", capture_output=True, timeout=60,
                          check=False)
     assert res.returncode == 2 and res.stderr.decode().strip().splitlines()[-1].startswith("error: stdin is not JSON")

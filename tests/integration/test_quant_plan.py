@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 from helpers import write_split_recipe
 
-from pipeline.errors import PipelineError
+from pipeline.errors import PipelineError, RecipeError
 from pipeline.gguf.reader import read_header
 from pipeline.recipe import load_recipe
 from pipeline.stages.quant_plan import differs_by_tensor
@@ -117,7 +117,8 @@ def test_map_pattern_refused(tmp_path, toolchain, quantize_exe, tiny256, map_tex
 
 def test_map_with_token_embedding_type_refused(tmp_path, quantize_exe):
     (tmp_path / "map.txt").write_text("^blk\\.0\\.attn_v\\.weight$=q8_0\n")
-    with pytest.raises(PipelineError, match=r"tiny-split\.yaml: quants\[0\]\.tensor_types_file: not with "
-                                            r"`token_embedding_type`"):
+    with pytest.raises(RecipeError) as exc:
         load_recipe(write_split_recipe(tmp_path, tmp_path, "quants: [{type: Q8_0, tensor_types_file: map.txt, "
                                                            "token_embedding_type: q8_0}]\n"), quantize_exe)
+    assert exc.value.field == "quants[0].tensor_types_file" and exc.value.message.startswith(
+        "not with `token_embedding_type`"), exc.value

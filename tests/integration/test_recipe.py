@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from helpers import GOOD_RECIPE, write_recipe_text
 
-from pipeline.errors import PipelineError
+from pipeline.errors import RecipeError
 from pipeline.recipe import load_recipe
 
 
@@ -27,10 +27,10 @@ def test_demo_recipe_is_valid(quantize_exe):
 
 def test_unknown_quant_type_names_what_llama_quantize_accepts(tmp_path, quantize_exe):
     path = write_recipe_text(tmp_path, GOOD_RECIPE.replace("- Q8_0", "- Q4_Z"))
-    with pytest.raises(PipelineError) as exc:
+    with pytest.raises(RecipeError) as exc:
         load_recipe(path, quantize_exe)
-    msg = str(exc.value)
-    assert "\n" not in msg and msg.startswith(f"{path}: quants[0]: unknown quant type 'Q4_Z' (llama-quantize b"), msg
+    msg = exc.value.message
+    assert exc.value.field == "quants[0]" and msg.startswith("unknown quant type 'Q4_Z' (llama-quantize b"), exc.value
     assert "Q4_K_M" in msg and "Q8_0" in msg, msg
 
 

@@ -8,7 +8,7 @@ import re
 import pytest
 from helpers import SPLIT_NAME, write_split_recipe
 
-from pipeline.errors import PipelineError
+from pipeline.errors import RecipeError
 from pipeline.recipe import load_recipe
 
 
@@ -22,11 +22,11 @@ def test_tensor_larger_than_max_size_is_refused(tmp_path, quantize_exe, toolchai
     gguf = tiny_llama(tmp_path / f"{SPLIT_NAME}-Q8_0.gguf", tokenizer_from=toolchain.root / "vocab" / "ggml-vocab-llama-spm.gguf")
     r = load_recipe(write_split_recipe(tmp_path, tmp_path, "quants: [{type: Q8_0, split: {max_size: 1M}}]\n"), quantize_exe)
     out = tmp_path / "split" / f"{SPLIT_NAME}-Q8_0"
-    with pytest.raises(PipelineError) as exc:
+    with pytest.raises(RecipeError) as exc:
         split(r, "Q8_0", gguf, out)
-    msg = str(exc.value)
-    assert re.search(r"quants\[0\]\.split\.max_size: 1M \(1000000 bytes\) is smaller than tensor token_embd\.weight "
-                     rf"of {SPLIT_NAME}-Q8_0\.gguf \(8192000 bytes\).*raise max_size", msg), msg
+    assert (exc.value.path, exc.value.field) == (r.path, "quants[0].split.max_size"), exc.value
+    assert re.search(r"^1M \(1000000 bytes\) is smaller than tensor token_embd\.weight "
+                     rf"of {SPLIT_NAME}-Q8_0\.gguf \(8192000 bytes\).*raise max_size", exc.value.message), exc.value
     assert not out.exists() and not (out.parent.exists() and any(out.parent.iterdir()))
 
 

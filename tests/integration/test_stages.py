@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from pipeline.errors import PipelineError
+from pipeline.errors import PipelineError, ToolError
 from pipeline.fsutil import sha256_file
 from pipeline.gguf import read_facts
 from pipeline.recipe import load_recipe
@@ -94,8 +94,9 @@ def test_convert_corrupt_safetensors(tmp_path, demo_snapshot, toolchain):
         fh.write(b"\xff" * 16)  # clobber the header length
     r = recipe_for(tmp_path, f"path: {src}")
     out = tmp_path / "art" / "t-F16.gguf"
-    with pytest.raises(PipelineError, match="safetensors file is corrupt or truncated"):
+    with pytest.raises(ToolError, match="safetensors file is corrupt or truncated") as exc:
         convert(r, src, out, tmp_path / "convert.json", log=tmp_path / "convert.log", tc=toolchain)
+    assert (exc.value.tool, exc.value.log) == ("convert_hf_to_gguf.py", tmp_path / "convert.log")
     assert not out.exists()
 
 

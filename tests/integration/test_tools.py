@@ -11,7 +11,7 @@ import time
 import pytest
 
 from pipeline import tools
-from pipeline.errors import PipelineError
+from pipeline.errors import PipelineError, ToolError
 
 
 def test_pinned_toolchain_found(toolchain):
@@ -93,7 +93,10 @@ def test_not_installed_message(tmp_path, monkeypatch):
 
 def test_run_tool_failure_is_one_line(toolchain, tmp_path):
     log = tmp_path / "q.log"
-    with pytest.raises(PipelineError) as exc:
+    with pytest.raises(ToolError) as exc:
         tools.run_tool(toolchain, "llama-quantize", [tmp_path / "missing.gguf", tmp_path / "out.gguf", "Q4_K_M"], log)
-    assert "\n" not in str(exc.value) and "llama-quantize failed" in str(exc.value)
+    assert (exc.value.tool, exc.value.log) == ("llama-quantize", log) and exc.value.returncode not in (0, None)
+    # the one line, as before ToolError had fields
+    assert str(exc.value).startswith(f"llama-quantize failed (exit {exc.value.returncode}): ")
+    assert str(exc.value).endswith(f" [log: {log}]") and "\n" not in str(exc.value)
     assert "missing.gguf" in log.read_text()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.errors import PipelineError
+from pipeline.errors import GateFailure
 from pipeline.stages.evaluate import gate_messages
 from pipeline.stages.publish import CONFORMANCE_REJECTED, check_gates
 from pipeline.stages.report import conformance_text
@@ -34,10 +34,13 @@ def test_failed_conformance_is_one_line_naming_the_check(tmp_path):
     assert gate_messages(m) == [CONFORMANCE_REJECTED, FAILED]  # once each, though two files were rejected
     path = tmp_path / "manifest.json"
     path.write_text(json.dumps(m))
-    with pytest.raises(PipelineError) as exc:
+    with pytest.raises(GateFailure) as exc:
         check_gates(path, tmp_path / "gate.ok")
-    msg = str(exc.value)
-    assert "\n" not in msg and msg.endswith("(0 quant(s) published)") and "tokenizer parity (a:" in msg
+    assert [(c["check"], c.get("file")) for c in exc.value.checks] == [
+        ("conformance", "m-F16.gguf"), ("conformance", "m-Q8_0.gguf"), ("conformance", None)]
+    assert exc.value.messages == [CONFORMANCE_REJECTED, FAILED] and exc.value.published == 0
+    # the one line `ggufpipe stage gate` prints, as before GateFailure had fields
+    assert str(exc.value) == f"{CONFORMANCE_REJECTED}; {FAILED} (0 quant(s) published)"
     assert not (tmp_path / "gate.ok").exists()
 
 

@@ -13,11 +13,12 @@ import struct
 
 import pytest
 import yaml
+from helpers import recipe_error
 
 from pipeline.devices.check import RESULT_KIND, RESULT_VERSION, check_slice, judge, summary
 from pipeline.devices.collect import RESULTS_KIND, collect
 from pipeline.distribution.verify import verify
-from pipeline.errors import PipelineError
+from pipeline.errors import ArtifactError, PipelineError
 from pipeline.layout import Layout
 from pipeline.recipe import load_recipe
 from pipeline.stages.device_slice import write_slice
@@ -56,18 +57,16 @@ def test_device_slice_defaults_to_two_chunks_of_the_first_eval_set(tmp_path):
 @pytest.mark.parametrize("value,what", [(3, "must be 0, 1 or 2"), (-1, "must be an integer >= 0"),
                                         ("2", "must be an integer >= 0"), (True, "must be an integer >= 0")])
 def test_device_slice_refusals_name_file_and_field(tmp_path, value, what):
-    path = _recipe(tmp_path, device_slice=value)
-    with pytest.raises(PipelineError) as exc:
-        load_recipe(path)
-    assert str(exc.value).startswith(f"{path}: device_slice: ") and what in str(exc.value), exc.value
+    exc = recipe_error(_recipe(tmp_path, device_slice=value))
+    assert exc.field == "device_slice" and what in exc.message, exc
 
 
 def test_device_slice_longer_than_the_eval_set_is_refused(tmp_path):
     d = yaml.safe_load(_recipe(tmp_path, device_slice=2).read_text())
     d["gates"][0].update(ctx=8192, chunks=1)
     (tmp_path / "r.yaml").write_text(yaml.safe_dump(d))
-    with pytest.raises(PipelineError, match=r"device_slice: 2 chunks, the first eval set 'g' has 1"):
-        load_recipe(tmp_path / "r.yaml")
+    exc = recipe_error(tmp_path / "r.yaml")
+    assert exc.field == "device_slice" and exc.message.startswith("2 chunks, the first eval set 'g' has 1"), exc
     del d["device_slice"]
     (tmp_path / "r.yaml").write_text(yaml.safe_dump(d))
     assert load_recipe(tmp_path / "r.yaml").device_slice == 1  # the default follows a 1-chunk eval set
@@ -190,15 +189,17 @@ def test_a_tampered_slice_fails_naming_the_file_and_field(tmp_path):
     assert verify(folder / SLICE_FILE).startswith(f"OK  {folder / SLICE_FILE} (device slice: 2 chunk(s) of g, sha256 ")
     (folder / SLICE_FILE).write_bytes(b"slice bytez")  # same size, one byte changed
     for check in (lambda: check_slice(mpath, manifest, entry), lambda: verify(folder / SLICE_FILE)):
-        with pytest.raises(PipelineError) as exc:
+        with pytest.raises(ArtifactError) as exc:
             check()
-        assert str(exc.value).startswith(f"{folder / SLICE_FILE}: SHA256 ") and "device_check.sha256" in str(exc.value)
+        assert exc.value.path == folder / SLICE_FILE and "device_check.sha256" in str(exc.value)
     (folder / SLICE_FILE).write_bytes(b"slice")
-    with pytest.raises(PipelineError, match="device_check.size_bytes says 11: truncated"):
+    with pytest.raises(ArtifactError, match="device_check.size_bytes says 11: truncated") as exc:
         check_slice(mpath, manifest, entry)
+    assert exc.value.path == folder / SLICE_FILE
     (folder / SLICE_FILE).unlink()
-    with pytest.raises(PipelineError, match="missing: pull it with `dvc pull"):
+    with pytest.raises(ArtifactError, match="missing: pull it with `dvc pull") as exc:
         check_slice(mpath, manifest, entry)
+    assert exc.value.path == folder / SLICE_FILE
     with pytest.raises(PipelineError, match="no device_check section"):
         check_slice(mpath, {**manifest, "device_check": None}, entry)
     with pytest.raises(PipelineError, match="has no slice values"):

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from pipeline.devices.memory import ARCH_FEATURES, KV_TYPES, predict_memory, repack_types
-from pipeline.errors import PipelineError
+from pipeline.errors import GateFailure, RecipeError
 from pipeline.gguf.types import GGML_TYPES
 from pipeline.layout import Layout
 from pipeline.recipe import load_recipe
@@ -72,10 +72,10 @@ def test_devices_are_parsed_with_their_defaults(tmp_path):
     ({"name": "a", "memory": "8G"}, "devices", "must be a list"),
 ])
 def test_refusals_are_one_line_naming_file_and_field(tmp_path, devices, where, what):
-    with pytest.raises(PipelineError) as exc:
+    with pytest.raises(RecipeError) as exc:
         _load(tmp_path, devices)
-    msg = str(exc.value)
-    assert msg.startswith(f"{tmp_path / 'r.yaml'}: {where}: ") and what in msg and "\n" not in msg, msg
+    assert exc.value.path == tmp_path / "r.yaml" and exc.value.field == where and what in exc.value.message, exc.value
+    assert str(exc.value) == f"{tmp_path / 'r.yaml'}: {where}: {exc.value.message}"
 
 
 def test_memory_units_are_fits():
@@ -138,8 +138,9 @@ def test_required_device_fails_check_gates(tmp_path):
     assert gate_messages(manifest) == [failures[0]["message"]]
     path = tmp_path / "manifest.json"
     path.write_text(json.dumps(manifest))
-    with pytest.raises(PipelineError, match=r"^device does not fit: recipe m, device small .* \(0 quant\(s\) published\)$"):
+    with pytest.raises(GateFailure) as exc:
         check_gates(path, tmp_path / "ok")
+    assert [(c["check"], c["device"]) for c in exc.value.checks] == [("device", "small")] and exc.value.published == 0
     assert not (tmp_path / "ok").exists()
 
 

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from helpers import HUB_REPO, HUB_SOURCE_COMMIT, hub_recipe_data, write_hub_recipe
+from helpers import HUB_REPO, HUB_SOURCE_COMMIT, hub_recipe_data, recipe_error, write_hub_recipe
 
 from pipeline.distribution.hub import upload_plan
-from pipeline.errors import PipelineError
+from pipeline.errors import RecipeError
 from pipeline.recipe import load_recipe
 
 
@@ -26,9 +26,8 @@ def test_publish_section_errors_are_one_line(tmp_path, publish, field, message):
     data = hub_recipe_data()
     data["publish"] = publish
     path = write_hub_recipe(tmp_path, data)
-    with pytest.raises(PipelineError) as exc:
-        load_recipe(path)
-    assert str(exc.value).startswith(f"{path}: {field}: ") and message in str(exc.value)
+    exc = recipe_error(path)
+    assert exc.field == field and message in exc.message, exc
 
 
 def test_publish_section_defaults(tmp_path):
@@ -40,5 +39,6 @@ def test_publish_section_defaults(tmp_path):
     del data["publish"]
     plain = load_recipe(write_hub_recipe(tmp_path, data))
     assert plain.publish is None
-    with pytest.raises(PipelineError, match=r"tiny-chat.yaml: publish: missing \(hub-publish needs"):
+    with pytest.raises(RecipeError) as exc:
         upload_plan(plain, {}, tmp_path)
+    assert (exc.value.path, exc.value.field) == (plain.path, "publish") and exc.value.message.startswith("missing")

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from pipeline.errors import PipelineError
+from pipeline.errors import ArtifactError, PipelineError
 from pipeline.layout import Layout
 from pipeline.stages.card import card_text
 from pipeline.stages.publish import SCHEMA_VERSION, publish_maps, strip_volatile
@@ -196,8 +196,9 @@ def test_publish_maps(tmp_path):
     assert publish_maps(L, NAME, m) == {MAP_FILE}  # again: unchanged
     L.mix_map(NAME, KEY).unlink()
     L.mix_map(NAME, KEY).write_text(MAP_TEXT + "^output\\.weight$=q8_0\n")  # re-solved since the quantize
-    with pytest.raises(PipelineError, match="re-run the solve and quantize stages"):
+    with pytest.raises(ArtifactError, match="re-run the solve and quantize stages") as exc:
         publish_maps(L, NAME, m)
+    assert exc.value.path == L.mix_map(NAME, KEY)
 
 
 # ----------------------------------------------------------------------------------------------- report
@@ -289,8 +290,9 @@ def test_verify_map_and_hub_files(tmp_path):
     (tmp_path / MAP_FILE).write_text(MAP_TEXT)
     assert verify(tmp_path / MAP_FILE).startswith(f"OK  {tmp_path / MAP_FILE} (tensor-type map of {NAME}-{KEY}.gguf")
     (tmp_path / MAP_FILE).write_text(MAP_TEXT + "\n")
-    with pytest.raises(PipelineError, match="file altered"):
+    with pytest.raises(ArtifactError, match="file altered") as exc:
         verify(tmp_path / MAP_FILE)
+    assert exc.value.path == tmp_path / MAP_FILE
     assert mix_files(m) == [(MAP_FILE, "tensor-types", MAP_SHA), ("sensitivity-plain.svg", "heatmap", None)]
     assert mix_files({"artifacts": [], "name": NAME}) == []
 

@@ -7,6 +7,7 @@ import itertools
 import random
 
 import pytest
+from helpers import recipe_error
 
 from pipeline.errors import PipelineError
 from pipeline.recipe import load_recipe
@@ -32,12 +33,8 @@ gates: [{{name: g, text: {GATE}, ctx: 512, chunks: 16}}]
     return p
 
 
-def _refused(tmp_path, quants: str, extra: str = "sensitivity: {text: sens.txt}\n") -> str:
-    with pytest.raises(PipelineError) as exc:
-        load_recipe(_recipe(tmp_path, quants, extra))
-    msg = str(exc.value)
-    assert msg.startswith(str(tmp_path / "r.yaml") + ": ") and "\n" not in msg, msg
-    return msg
+def _refused(tmp_path, quants: str, extra: str = "sensitivity: {text: sens.txt}\n"):
+    return recipe_error(_recipe(tmp_path, quants, extra))
 
 
 def test_flavour_names_round_trip():
@@ -80,16 +77,18 @@ def test_mix_recipe_loads_with_defaults(tmp_path):
     ("{type: Q4_K_M, budget: {bpw: 4}}", "quants[0].budget", "only for a mix"),
 ])
 def test_mix_refusals(tmp_path, quant, field, words):
-    msg = _refused(tmp_path, f"[{quant}]")
-    assert f": {field}: " in msg and words in msg, msg
+    exc = _refused(tmp_path, f"[{quant}]")
+    assert exc.field == field and words in exc.message, exc
 
 
 def test_sensitivity_refusals(tmp_path):
     mix = "[{type: mix, label: Q4_K_M_MIX, budget: {bpw: 4}}]"
-    assert "quants[0].type: a mix needs a top-level `sensitivity:`" in _refused(tmp_path, mix, extra="")
-    assert "sensitivity: no quant is a mix" in _refused(tmp_path, "[Q4_K_M]")
-    msg = _refused(tmp_path, mix, extra=f"sensitivity: {{text: {GATE}}}\n")
-    assert "sensitivity.text: gate.txt is the eval text of gates 'g'" in msg
+    exc = _refused(tmp_path, mix, extra="")
+    assert exc.field == "quants[0].type" and exc.message.startswith("a mix needs a top-level `sensitivity:`"), exc
+    exc = _refused(tmp_path, "[Q4_K_M]")
+    assert exc.field == "sensitivity" and exc.message.startswith("no quant is a mix"), exc
+    exc = _refused(tmp_path, mix, extra=f"sensitivity: {{text: {GATE}}}\n")
+    assert exc.field == "sensitivity.text" and exc.message.startswith("gate.txt is the eval text of gates 'g'"), exc
 
 
 def test_bands_and_groups():

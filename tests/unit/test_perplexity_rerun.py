@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from helpers import ROOT, TEST_DATA
 
-from pipeline.errors import PipelineError
+from pipeline.errors import PipelineError, ToolError
 
 
 def _runner(outputs_: list[tuple[int, str]], calls: list):
@@ -36,15 +36,15 @@ def _base_record(tmp_path: Path) -> tuple[Path, Path]:
     return rec, logits
 
 
-@pytest.mark.parametrize("runs,calls_expected,error", [
-    ([(0, KLD_CUT), (0, KLD)], 2, None),  # lost once: re-run, logged
-    ([(0, KLD_CUT), (0, KLD_CUT), (0, KLD)], 3, None),
-    ([(0, KLD_CUT)], 7, "printed no KL divergence statistics|lacks"),  # bounded: 1 + 6 re-runs, then the error
-    ([(1, KLD_CUT)], 1, "exited 1"),  # not the symptom: no re-run
-    ([(0, KLD_CUT + "0.99.000.000 E kl_divergence: failed reading log-probs\n")], 1, "failed reading log-probs"),
-    ([(0, KLD.replace("Maximum KLD", "Max KLD"))], 1, "lacks kld_max"),  # complete but changed: no re-run
+@pytest.mark.parametrize("runs,calls_expected,error,tool_rc", [
+    ([(0, KLD_CUT), (0, KLD)], 2, None, None),  # lost once: re-run, logged
+    ([(0, KLD_CUT), (0, KLD_CUT), (0, KLD)], 3, None, None),
+    ([(0, KLD_CUT)], 7, "printed no KL divergence statistics|lacks", None),  # bounded: 1 + 6 re-runs, then the error
+    ([(1, KLD_CUT)], 1, "exited 1", 1),  # not the symptom: no re-run
+    ([(0, KLD_CUT + "0.99.000.000 E kl_divergence: failed reading log-probs\n")], 1, "failed reading log-probs", 0),
+    ([(0, KLD.replace("Maximum KLD", "Max KLD"))], 1, "lacks kld_max", None),  # complete but changed: no re-run
 ])
-def test_eval_reruns_only_when_the_final_lines_are_lost(tmp_path, monkeypatch, runs, calls_expected, error):
+def test_eval_reruns_only_when_the_final_lines_are_lost(tmp_path, monkeypatch, runs, calls_expected, error, tool_rc):
     from pipeline.recipe import EvalSet
     from pipeline.stages.evaluate import eval_quant
 
@@ -55,8 +55,12 @@ def test_eval_reruns_only_when_the_final_lines_are_lost(tmp_path, monkeypatch, r
     es = EvalSet(name="botchan", text=ROOT / "data" / "botchan.txt", ctx=512, chunks=16)
     log = tmp_path / "eval.log"
     if error:
-        with pytest.raises(PipelineError, match=error):
+        with pytest.raises(PipelineError, match=error) as exc:
             eval_quant("r", "Q4_K_M", es, tmp_path / "q.gguf", logits, rec, tmp_path / "out.json", log=log, tc=object())
+        # a failed run is a ToolError (its exit status), an output the parser cannot read a plain PipelineError
+        assert isinstance(exc.value, ToolError) == (tool_rc is not None), repr(exc.value)
+        if tool_rc is not None:
+            assert (exc.value.tool, exc.value.returncode) == ("llama-perplexity", tool_rc)
     else:
         out = eval_quant("r", "Q4_K_M", es, tmp_path / "q.gguf", logits, rec, tmp_path / "out.json", log=log, tc=object())
         assert out["metrics"]["kld_mean"] == 0.045521

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from pipeline.errors import PipelineError
+from pipeline.errors import PipelineError, ToolError
 from pipeline.gguf.reader import GGUFHeader, read_header
 from pipeline.gguf.types import padded_nbytes
 from pipeline.recipe import Recipe
@@ -41,7 +41,8 @@ def dry_run_types(tc: Toolchain, base: Path, ftype: str, args: list[str], cwd: P
     res = run_tool(tc, "llama-quantize", ["--dry-run", *args, base, scratch / "dry-run.gguf", ftype, "1"], log,
                    check=False, cwd=cwd)
     if res.returncode != 0:
-        raise PipelineError(f"{where}: llama-quantize --dry-run failed: {explain_failure(res.output)}")
+        raise ToolError("llama-quantize", res.returncode, log,
+                        f"{where}: llama-quantize --dry-run failed: {explain_failure(res.output)}")
     tensors, _ = parse_dry_run(res.output)
     if not tensors:
         raise PipelineError(f"{where}: llama-quantize --dry-run listed no tensor (its output format changed?)")

@@ -23,7 +23,7 @@ import json
 import time
 from pathlib import Path
 
-from pipeline.errors import PipelineError
+from pipeline.errors import PipelineError, ToolError
 from pipeline.fsutil import atomic_output, sha256_file, write_json_atomic
 from pipeline.gguf.reader import read_header
 from pipeline.gguf.types import padded_nbytes
@@ -146,7 +146,8 @@ def sensitivity(recipe: Recipe, flavour: str, base_gguf: str | Path, ref_gguf: s
         res = run_tool(tc, "llama-quantize", [*args, "--tensor-type-file", str(mp.resolve()), base, out.resolve(),
                                               MEASURE_FTYPE, str(max(1, threads))], logp, check=False, cwd=cwd)
         if res.returncode != 0 or not out.is_file():
-            raise PipelineError(f"{where}: {label}: llama-quantize failed: {explain_failure(res.output, out)}")
+            raise ToolError("llama-quantize", res.returncode, logp,
+                            f"{where}: {label}: llama-quantize failed: {explain_failure(res.output, out)}")
         cost["quantize_seconds"] += time.monotonic() - t
         t = time.monotonic()
         metrics, _ = kl_divergence(tc, es, out, logits, threads, logp, f"{where}: {label}", RETRIES)
