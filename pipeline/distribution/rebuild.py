@@ -33,6 +33,7 @@ from pathlib import Path
 
 from pipeline.errors import PipelineError
 from pipeline.fsutil import sha256_file
+from pipeline.records import FetchRecord
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_THREADS = 2  # Workflow's eval_threads / calib_threads defaults
@@ -375,8 +376,8 @@ def rebuild_check(manifest_path: str | Path, recipe: str | None = None, cores: s
             out(f"error: cannot rebuild {manifest_path}: the fetch stage failed: {_tail(log)}"
                 + ("" if keep else " (--keep DIR keeps the folder and its logs)"))
             return 1
-        fetched = json.loads(L.fetch_record(name).read_text())
-        src = {**fetched["source"], "files_sha256": source_files_digest(fetched["files"])}
+        fetched = FetchRecord.read(L.fetch_record(name), "rebuild")
+        src = {**fetched.source, "files_sha256": source_files_digest(fetched.files)}
         bad = [k for k in sorted(set(src) | set(m["source"])) if src.get(k) != m["source"].get(k)]
         if bad:
             for k in bad:
