@@ -61,29 +61,7 @@ from pipeline.stages.publish_sections import (
 )
 from pipeline.stages.split import model_path
 
-# 2: the conformance section (the base against the HF model), a failed conformance rejects every file, each
-#    artifact's tokenizer_sha256, vocab_overrides; build_id covers the schema version.
-# 3: file names by the Hub-native rule (`<name>-<TYPE>_<VARIANT>.gguf`, `<name>-mtp-F16_MTP.gguf`) and each
-#    artifact's `label` (pipeline/recipe/naming.py).
-# 4: the conformance section's fifth check, `hparams` (the GGUF's architecture keys against the HF config, #15).
-# 5: each quant's `tensor_types` (histogram, tensors unlike the recipe's request with the reason, predicted and
-#    written bytes; `tensor_types_file` with a map: #19), MTP drafts (`draft.mtp`, `draft.spec_type`) and every
-#    pair's `acceptance.spec_type` / `acceptance.command` / `acceptance.served` (the deploy line run by llama-server, #18).
-# 6: measured mixes (#19 part 2): each mix quant's `mix` (solver, flavour, goal {budget, bytes} or {target},
-#    candidates, floor, choice, predicted {bytes, bpw, kld_mean}, sensitivity {sha256, text, text_sha256, ctx, chunks},
-#    map {file, sha256}: the map published beside the GGUF) and the top-level `sensitivity` section per flavour
-#    (text, settings, floor_kld_mean, groups with bytes and kld_mean per candidate, cost; the cost's seconds and cache
-#    counts are volatile); build_id covers the sensitivity text of a recipe with mixes.
-# 7: target devices (recipe `devices:`, #20): the top-level `devices` section, per device memory_bytes, ctx, kv_type,
-#    arch, require, files {KEY: {total, fits, margin_bytes}} (predicted peak RSS of each published base and quant,
-#    pipeline/devices/memory.py: deterministic, not volatile), best (the largest quant that fits, or null) and, for
-#    an arm64 profile where no published quant has a repacked tensor, warning; a `require: true` device that no
-#    published quant fits is a recipe-level failure (check "device"). Recipes without `devices:` are unchanged.
-#    Also 7 (the same issue): the top-level `device_check` (the slice `device-slice.logits` a device re-measures:
-#    file, sha256, size_bytes, eval_set, text_sha256, ctx, chunks, scored_tokens, n_vocab, tolerance) and each base and
-#    quant entry's `slice` {kld_mean, same_top_p, ppl_q}; `tools.backend` (#20 item 5).
-# 8: conformance causes (#27): the tokenizer check's `normalizer` and `causes` {cause: {status, probes, text_share}},
-#    the probe set's split accent probes; the chat-template check's `identical_but_for_cause`.
+# The manifest schema; what each version added: docs/reproducibility.md, "Schema history".
 SCHEMA_VERSION = 8
 
 
