@@ -37,6 +37,7 @@ from pipeline.fsutil import sha256_file
 from pipeline.layout import Layout
 from pipeline.provenance import python_versions, source_files_digest
 from pipeline.recipe import load_recipe, naming
+from pipeline.records import FetchRecord
 from pipeline.stages.fetch import hub_snapshot_dir
 from pipeline.stages.publish import artifact_key, strip_volatile
 from pipeline.tools import find_toolchain
@@ -366,8 +367,8 @@ def rebuild_check(manifest_path: str | Path, recipe: str | None = None, cores: s
             out(f"error: cannot rebuild {manifest_path}: the fetch stage failed: {_tail(log)}"
                 + ("" if keep else " (--keep DIR keeps the folder and its logs)"))
             return 1
-        fetched = json.loads(L.fetch_record(name).read_text())
-        src = {**fetched["source"], "files_sha256": source_files_digest(fetched["files"])}
+        fetched = FetchRecord.read(L.fetch_record(name), "rebuild")
+        src = {**fetched.source, "files_sha256": source_files_digest(fetched.files)}
         bad = [k for k in sorted(set(src) | set(m["source"])) if src.get(k) != m["source"].get(k)]
         if bad:
             for k in bad:

@@ -24,8 +24,9 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from pipeline.errors import PipelineError
-from pipeline.fsutil import atomic_output, sha256_file, write_json_atomic
+from pipeline.fsutil import atomic_output, sha256_file
 from pipeline.recipe import Recipe
+from pipeline.records import AwqRecord
 from pipeline.stagedef import Stage, mem_mb
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt")
@@ -198,20 +199,13 @@ def run_awq(recipe: Recipe, hf_dir: str | Path, out_dir: str | Path, record: str
         tmp.mkdir()
         _save_weights(model.model, hf_dir, tmp / "model.safetensors")
         copied = _copy_non_weights(hf_dir, tmp)
-    rec = {
-        "params": cfg.describe(),
-        "calibration_sha256": sha256_file(cfg.calibration),
-        "device": "cuda" if cuda else "cpu",
-        "threads": None if cuda else threads,
-        "torch": torch.__version__,
-        "autoawq": _version("autoawq"),
-        "transformers": _version("transformers"),
-        "copied_from_source": copied,
-        "seconds": round(seconds, 1),
-    }
-    write_json_atomic(record, rec)
+    rec = AwqRecord(params=cfg.describe(), calibration_sha256=sha256_file(cfg.calibration),
+                    device="cuda" if cuda else "cpu", threads=None if cuda else threads, torch=torch.__version__,
+                    autoawq=_version("autoawq"), transformers=_version("transformers"), copied_from_source=copied,
+                    seconds=round(seconds, 1))
+    rec.write(record)
     print(f"awq: done in {seconds:.0f} s", flush=True)
-    return rec
+    return rec.to_dict()
 
 
 def _save_weights(model, hf_dir: Path, dest: Path) -> None:

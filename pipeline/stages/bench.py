@@ -8,7 +8,7 @@ import platform
 from pathlib import Path
 
 from pipeline.errors import PipelineError
-from pipeline.fsutil import write_json_atomic
+from pipeline.records import BenchRecord
 from pipeline.stagedef import Stage, mem_mb
 from pipeline.tools import Toolchain, find_toolchain, run_tool, tail
 
@@ -52,13 +52,11 @@ def measure(tc: Toolchain, gguf: str | Path, threads: int, prompt: int = PROMPT_
 def bench(gguf: str | Path, record: str | Path, threads: int = 2, log: str | Path | None = None,
           tc: Toolchain | None = None) -> dict:
     """Entry function: tokens/s of one GGUF on this machine, written to ``record``."""
-    rec = {
-        **measure(tc or find_toolchain(), gguf, threads, log=log),
-        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
-        "label": "build-box figures (CPU, this machine), not device speed",
-    }
-    write_json_atomic(record, rec)
-    return rec
+    rec = BenchRecord(**measure(tc or find_toolchain(), gguf, threads, log=log),
+                      machine=f"{platform.machine()} {platform.processor() or ''}".strip(),
+                      label="build-box figures (CPU, this machine), not device speed")
+    rec.write(record)
+    return rec.to_dict()
 
 
 STAGE = Stage(

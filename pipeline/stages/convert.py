@@ -24,11 +24,12 @@ import tempfile
 from pathlib import Path
 
 from pipeline.errors import PipelineError, ToolError
-from pipeline.fsutil import atomic_output, write_json_atomic
+from pipeline.fsutil import atomic_output
 from pipeline.gguf import read_header
 from pipeline.gguf.edit import override_changes, rewrite_metadata
 from pipeline.provenance import python_versions
 from pipeline.recipe import Recipe
+from pipeline.records import ConvertRecord, MtpConvertRecord
 from pipeline.stagedef import Stage, mem_mb
 from pipeline.stages.mtp import MTP_KEYS, mtp_facts
 from pipeline.tools import Toolchain, find_toolchain, run_converter, tail
@@ -150,20 +151,14 @@ def convert(recipe: Recipe, hf_dir: str | Path, out_gguf: str | Path, record: st
             rewrite_metadata(tmp, override_changes(overrides, getattr(tokens, "count", 0), str(recipe.path)))
 
     meta, seconds = _run(recipe, hf_dir, out_gguf, extra, log, quantized_by, tc, finish)
-    rec = {
-        "outtype": recipe.outtype,
-        "tool": "convert_hf_to_gguf.py",
-        "toolchain": tc.describe(),
-        "python": python_versions(),
-        "gguf_metadata": meta,
-        "seconds": round(seconds, 1),
-    }
+    rec = ConvertRecord(outtype=recipe.outtype, tool="convert_hf_to_gguf.py", toolchain=tc.describe(),
+                        python=python_versions(), gguf_metadata=meta, seconds=round(seconds, 1))
     if recipe.mtp != "keep":
-        rec["mtp"] = {"mode": recipe.mtp, "converter_args": extra}
+        rec.mtp = {"mode": recipe.mtp, "converter_args": extra}
     if overrides:
-        rec["vocab_overrides"] = overrides
-    write_json_atomic(record, rec)
-    return rec
+        rec.vocab_overrides = overrides
+    rec.write(record)
+    return rec.to_dict()
 
 
 def convert_mtp(recipe: Recipe, hf_dir: str | Path, out_gguf: str | Path, record: str | Path,
@@ -185,18 +180,11 @@ def convert_mtp(recipe: Recipe, hf_dir: str | Path, out_gguf: str | Path, record
                                 "(the converter's --mtp export holds no nextn tensors); set `mtp: keep`")
 
     meta, seconds = _run(recipe, hf_dir, out_gguf, DRAFT_MTP_ARGS, log, quantized_by, tc, has_heads)
-    rec = {
-        "outtype": recipe.outtype,
-        "tool": "convert_hf_to_gguf.py",
-        "converter_args": DRAFT_MTP_ARGS,
-        "toolchain": tc.describe(),
-        "python": python_versions(),
-        "gguf_metadata": meta,
-        "mtp": {k: facts[k] for k in MTP_KEYS},
-        "seconds": round(seconds, 1),
-    }
-    write_json_atomic(record, rec)
-    return rec
+    rec = MtpConvertRecord(outtype=recipe.outtype, tool="convert_hf_to_gguf.py", converter_args=DRAFT_MTP_ARGS,
+                           toolchain=tc.describe(), python=python_versions(), gguf_metadata=meta,
+                           mtp={k: facts[k] for k in MTP_KEYS}, seconds=round(seconds, 1))
+    rec.write(record)
+    return rec.to_dict()
 
 
 def _trigger(r, wc, s) -> dict:

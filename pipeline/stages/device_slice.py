@@ -15,12 +15,12 @@ here, which also proves llama-perplexity reads the slice.
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 from pipeline.errors import PipelineError
-from pipeline.fsutil import atomic_output, sha256_file, write_json_atomic
+from pipeline.fsutil import atomic_output, sha256_file
 from pipeline.recipe import EvalSet, scored_tokens
+from pipeline.records import DeviceSliceRecord, EvalBaseRecord
 from pipeline.stagedef import Stage, mem_mb
 from pipeline.stages.evaluate import eval_fields, kl_divergence, restore_base_logits
 from pipeline.tools import Toolchain, find_toolchain
@@ -54,29 +54,19 @@ def device_slice(recipe_name: str, es: EvalSet, chunks: int, base_gguf: str | Pa
     emptied them) and measure the base file on it."""
     tc = tc or find_toolchain()
     what = f"{recipe_name}: device slice ({chunks} chunk(s) of eval set {es.name})"
-    base = json.loads(Path(base_record).read_text())
+    base = EvalBaseRecord.read(base_record, "device_slice")
     restore_base_logits(tc, es, base_gguf, base_logits, base_record, threads, log, what)
     facts = write_slice(base_logits, out_logits, chunks)
     if facts["n_ctx"] != es.ctx:
         raise PipelineError(f"{what}: {base_logits} was written at n_ctx {facts['n_ctx']}, the eval set has ctx {es.ctx}")
     metrics, res = kl_divergence(tc, dataclasses.replace(es, chunks=chunks), base_gguf, out_logits, threads, log, what)
-    rec = {
-        "eval_set": es.name,
-        "text": base["text"],
-        "text_sha256": base["text_sha256"],
-        "ctx": es.ctx,
-        "chunks": chunks,
-        "scored_tokens": scored_tokens(es.ctx, chunks),
-        "n_vocab": facts["n_vocab"],
-        "file": Path(out_logits).name,
-        "sha256": sha256_file(out_logits),
-        "size_bytes": Path(out_logits).stat().st_size,
-        "threads": threads,
-        "base_metrics": metrics,
-        "seconds": round(res.seconds, 1),
-    }
-    write_json_atomic(record, rec)
-    return rec
+    rec = DeviceSliceRecord(eval_set=es.name, text=base.text, text_sha256=base.text_sha256, ctx=es.ctx, chunks=chunks,
+                            scored_tokens=scored_tokens(es.ctx, chunks), n_vocab=facts["n_vocab"],
+                            file=Path(out_logits).name, sha256=sha256_file(out_logits),
+                            size_bytes=Path(out_logits).stat().st_size, threads=threads, base_metrics=metrics,
+                            seconds=round(res.seconds, 1))
+    rec.write(record)
+    return rec.to_dict()
 
 
 def _run(j) -> None:

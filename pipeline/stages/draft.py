@@ -20,8 +20,9 @@ import tempfile
 from pathlib import Path
 
 from pipeline.errors import PipelineError, RecipeError, ToolError
-from pipeline.fsutil import sha256_file, write_json_atomic
+from pipeline.fsutil import sha256_file
 from pipeline.gguf.vocab_defaults import effective_vocab
+from pipeline.records import AcceptanceRecord, AgreementRecord, VocabRecord
 from pipeline.stagedef import Stage, mem_mb
 from pipeline.stages.evaluate import eval_quant
 from pipeline.stages.mtp import mtp_step_bytes
@@ -34,13 +35,13 @@ PROMPT_CHARS = 1500
 def vocab_check(main_gguf: str | Path, draft_gguf: str | Path, record: str | Path) -> dict:
     """Entry function: llama.cpp's vocab rule on one pair; the verdict is recorded, not raised
     (the gate stage fails the build, so every pair's diff is reported at once)."""
-    result = check_pair(main_gguf, draft_gguf)
-    result["main_file"], result["draft_file"] = Path(main_gguf).name, Path(draft_gguf).name
-    if not result["compatible"]:
-        result["message"] = describe_failure(result, Path(main_gguf).name, Path(draft_gguf).name)
-        print(result["message"], flush=True)
-    write_json_atomic(record, result)
-    return result
+    rec = VocabRecord(**check_pair(main_gguf, draft_gguf), main_file=Path(main_gguf).name,
+                      draft_file=Path(draft_gguf).name)
+    if not rec.compatible:
+        rec.message = describe_failure(rec.to_dict(), Path(main_gguf).name, Path(draft_gguf).name)
+        print(rec.message, flush=True)
+    rec.write(record)
+    return rec.to_dict()
 
 
 def prompts_from_text(text: str, n: int, chars: int = PROMPT_CHARS) -> list[str]:
@@ -137,14 +138,14 @@ def acceptance(main_gguf: str | Path, draft_gguf: str | Path | None, vocab_recor
     if draft_gguf is None and spec_type != "draft-mtp":
         raise PipelineError(f"acceptance: --spec-type {spec_type} needs a draft file")
     tc = tc or find_toolchain()
-    vocab = json.loads(Path(vocab_record).read_text())
+    vocab = VocabRecord.read(vocab_record, "acceptance")
     text = Path(text)
     base = {"eval_text": text.name, "text_sha256": sha256_file(text), "prompts": prompts, "n_predict": n_predict,
             "threads": threads, "spec_type": spec_type}
-    if not vocab["compatible"]:
-        rec = {**base, "skipped": "vocabularies are incompatible"}
-        write_json_atomic(record, rec)
-        return rec
+    if not vocab.compatible:
+        rec = AcceptanceRecord(**base, skipped="vocabularies are incompatible")
+        rec.write(record)
+        return rec.to_dict()
     main_name = Path(main_gguf).name
     pair = main_name + (f" + {Path(draft_gguf).name}" if draft_gguf is not None else "")
     passages = prompts_from_text(text.read_text(encoding="utf-8"), prompts)
@@ -191,14 +192,14 @@ def acceptance(main_gguf: str | Path, draft_gguf: str | Path | None, vocab_recor
     names = [main_name, Path(draft_gguf).name if draft_gguf is not None else None]
     command = ["llama-speculative-simple", *spec_args(*names, spec_type, int(best)), "-f", "prompt<i>.txt", *measure]
     served = serve_deploy(tc, main_gguf, draft_gguf, spec_type, int(best), passages[0], n_predict, threads, log, pair)
-    rec = {**base, "by_n_max": by_n, "best_n_max": int(best), "acceptance_rate": by_n[best]["acceptance_rate"],
-           "drafted": by_n[best]["drafted"], "accepted": by_n[best]["accepted"], "draft_cost_ratio": round(c, 4),
-           "command": " ".join(command), "served": served,
-           "label": "greedy llama-speculative-simple; best n_max by estimated speedup "
-                    "(tokens per target step / (1 + n_max * draft/main size))",
-           "build_box_decode_tokens_per_s": timings}
-    write_json_atomic(record, rec)
-    return rec
+    rec = AcceptanceRecord(**base, by_n_max=by_n, best_n_max=int(best), acceptance_rate=by_n[best]["acceptance_rate"],
+                           drafted=by_n[best]["drafted"], accepted=by_n[best]["accepted"], draft_cost_ratio=round(c, 4),
+                           command=" ".join(command), served=served,
+                           label="greedy llama-speculative-simple; best n_max by estimated speedup "
+                                 "(tokens per target step / (1 + n_max * draft/main size))",
+                           build_box_decode_tokens_per_s=timings)
+    rec.write(record)
+    return rec.to_dict()
 
 
 def agreement(recipe_name: str, draft_gguf: str | Path, main_base: str | Path, es, base_logits: str | Path,
@@ -208,17 +209,17 @@ def agreement(recipe_name: str, draft_gguf: str | Path, main_base: str | Path, e
     first eval set ("same top p" of a KL-divergence run of the draft against the main base logits)."""
     n_main, n_draft = effective_vocab(main_base)["n_tokens"], effective_vocab(draft_gguf)["n_tokens"]
     if n_main != n_draft:
-        rec = {"eval_set": es.name, "skipped": f"vocab sizes differ ({n_main} vs {n_draft}): no common logits"}
-        write_json_atomic(record, rec)
-        return rec
+        rec = AgreementRecord(eval_set=es.name, skipped=f"vocab sizes differ ({n_main} vs {n_draft}): no common logits")
+        rec.write(record)
+        return rec.to_dict()
     with tempfile.TemporaryDirectory(prefix="ggufpipe-agree-") as tmpd:
         ev = eval_quant(recipe_name, f"draft {Path(draft_gguf).name}", es, draft_gguf, base_logits, base_record,
                         Path(tmpd) / "eval.json", threads=threads, log=log, tc=tc, base_gguf=main_base)
     m = ev["metrics"]
-    rec = {"eval_set": es.name, "text_sha256": ev["text_sha256"], "scored_tokens": ev["scored_tokens"],
-           "top1_agreement": m["same_top_p"], "kld_mean": m["kld_mean"], "ppl_ratio": m["ppl_ratio"]}
-    write_json_atomic(record, rec)
-    return rec
+    rec = AgreementRecord(eval_set=es.name, text_sha256=ev["text_sha256"], scored_tokens=ev["scored_tokens"],
+                          top1_agreement=m["same_top_p"], kld_mean=m["kld_mean"], ppl_ratio=m["ppl_ratio"])
+    rec.write(record)
+    return rec.to_dict()
 
 
 def deployment_line(main_file: str, draft_file: str | None, n_max: int, spec_type: str = "draft-simple") -> str:

@@ -21,7 +21,6 @@ runs it with passive OpenMP waiting, which makes the symptom rare.)
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import re
 import sys
@@ -31,8 +30,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from pipeline.errors import PipelineError, ToolError
-from pipeline.fsutil import atomic_output, sha256_file, write_json_atomic
+from pipeline.fsutil import atomic_output, sha256_file
 from pipeline.recipe import EvalSet, scored_tokens
+from pipeline.records import EvalBaseRecord, EvalRecord
 from pipeline.stagedef import Stage, logits_bytes, mem_mb
 from pipeline.tools import Toolchain, ToolResult, find_toolchain, run_tool, tail
 
@@ -219,21 +219,11 @@ def eval_base(recipe_name: str, es: EvalSet, base_gguf: str | Path, out_logits: 
     if log:
         with open(log, "a", encoding="utf-8") as fh:
             fh.write(f"[{es.text}: {n_tokens} tokens]\n")
-    rec = {
-        "eval_set": es.name,
-        "text": es.text.name,
-        "text_sha256": digest,
-        "text_tokens": n_tokens,
-        "ctx": es.ctx,
-        "chunks": es.chunks,
-        "scored_tokens": scored_tokens(es.ctx, es.chunks),
-        "threads": threads,
-        "ppl": float(m.group(1)),
-        "ppl_stderr": float(m.group(2)),
-        "seconds": round(res.seconds, 1),
-    }
-    write_json_atomic(record, rec)
-    return rec
+    rec = EvalBaseRecord(eval_set=es.name, text=es.text.name, text_sha256=digest, text_tokens=n_tokens, ctx=es.ctx,
+                         chunks=es.chunks, scored_tokens=scored_tokens(es.ctx, es.chunks), threads=threads,
+                         ppl=float(m.group(1)), ppl_stderr=float(m.group(2)), seconds=round(res.seconds, 1))
+    rec.write(record)
+    return rec.to_dict()
 
 
 def _check_length(n_tokens: int, es: EvalSet, what: str) -> None:
@@ -277,7 +267,7 @@ def restore_base_logits(tc: Toolchain, es: EvalSet, base_gguf, base_logits, base
             return False
         _, m = _write_base_logits(tc, es, base_gguf, base_logits, threads, log, f"{what}: restoring base logits")
         os.utime(base_logits, ns=(st.st_atime_ns, st.st_mtime_ns))
-    want = json.loads(Path(base_record).read_text())["ppl"]
+    want = EvalBaseRecord.read(base_record, "eval").ppl
     if float(m.group(1)) != want:
         raise PipelineError(f"{what}: recomputed base logits give PPL {m.group(1)}, {base_record} says {want}: "
                             "the base GGUF or tools changed; run eval-base again (snakemake -R eval_base)")
@@ -311,26 +301,17 @@ def eval_quant(recipe_name: str, quant_key: str, es: EvalSet, quant_gguf: str | 
     without re-running llama-perplexity, and one bad quant does not stop the others."""
     tc = tc or find_toolchain()
     what = f"{recipe_name}: eval set {es.name}: {quant_key}"
-    base = json.loads(Path(base_record).read_text())
+    base = EvalBaseRecord.read(base_record, "eval")
     if not Path(base_logits).is_file():
         raise PipelineError(f"{what}: base logits {base_logits} are missing (run eval-base first)")
     restore_base_logits(tc, es, base_gguf, base_logits, base_record, threads, log, what)
     metrics, res = kl_divergence(tc, es, quant_gguf, base_logits, threads, log, what)
-    rec = {
-        "eval_set": es.name,
-        "text": base["text"],
-        "text_sha256": base["text_sha256"],
-        "ctx": es.ctx,
-        "chunks": es.chunks,
-        "scored_tokens": base["scored_tokens"],
-        "threads": threads,
-        "metrics": metrics,
-        # the running statistics after each chunk: the slice a device re-measures (pipeline/devices/check.py)
-        "chunk_rows": parse_chunk_rows(res.output),
-        "seconds": round(res.seconds, 1),
-    }
-    write_json_atomic(record, rec)
-    return rec
+    # chunk_rows: the running statistics after each chunk, the slice a device re-measures (pipeline/devices/check.py)
+    rec = EvalRecord(eval_set=es.name, text=base.text, text_sha256=base.text_sha256, ctx=es.ctx, chunks=es.chunks,
+                     scored_tokens=base.scored_tokens, threads=threads, metrics=metrics,
+                     chunk_rows=parse_chunk_rows(res.output), seconds=round(res.seconds, 1))
+    rec.write(record)
+    return rec.to_dict()
 
 
 def kl_divergence(tc: Toolchain, es: EvalSet, gguf: str | Path, base_logits: str | Path, threads: int,

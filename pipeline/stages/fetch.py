@@ -15,8 +15,9 @@ import shutil
 from pathlib import Path
 
 from pipeline.errors import PipelineError, RecipeError
-from pipeline.fsutil import atomic_output, hashing_ahead, sha256_file, write_json_atomic
+from pipeline.fsutil import atomic_output, hashing_ahead, sha256_file
 from pipeline.recipe import Recipe
+from pipeline.records import FetchRecord
 from pipeline.stagedef import FETCH_UNKNOWN_MB, Stage, mem_mb
 
 SAFE_PATTERNS = ["*.safetensors", "*.safetensors.index.json", "*.json", "*.model", "*.jinja", "*.txt",
@@ -208,11 +209,10 @@ def _fetch(recipe: Recipe, out_dir: Path, record: Path, hub_cache: str | None) -
         for rel in files:
             _place(snap / rel, tmp / rel)
             listing[rel] = {"sha256": sha256_file(tmp / rel), "size": (tmp / rel).stat().st_size}
-    rec = {"source": origin, "files": listing}
-    write_json_atomic(record, rec)
+    FetchRecord(source=origin, files=listing).write(record)
     print(f"[fetch] {recipe.name}: {len(listing)} files from {origin.get('repo', origin.get('path'))}"
           + (f"@{origin['commit']}" if "commit" in origin else ""), flush=True)
-    return rec
+    return {"source": origin, "files": listing}
 
 
 def _disk_mb(s) -> int:

@@ -22,8 +22,10 @@ import json
 import re
 from pathlib import Path
 
+from pipeline.errors import PipelineError
 from pipeline.fsutil import sha256_file, write_text_atomic
 from pipeline.layout import Layout
+from pipeline.records import ConformanceRecord, FetchRecord
 from pipeline.stages.split import model_path
 
 MODEL_ROLES = ("base", "quant")  # artifacts that get a Modelfile (not e.g. a separate MTP-heads file)
@@ -239,10 +241,12 @@ def _work_layout(folder: Path, layout):
     return layout if layout is not None else Layout(folder.parent, folder.parent.parent / "work")
 
 
-def _load_json(path: Path):
+def _load_json(path: Path, kind=None):
+    """``path``'s JSON (as the stage record ``kind``, a :mod:`pipeline.records` class, when given), None when it is
+    missing or unreadable: the card then leaves out what it would have shown."""
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return json.loads(path.read_text(encoding="utf-8")) if kind is None else kind.parse(path).to_dict()
+    except (OSError, ValueError, PipelineError):
         return None
 
 
@@ -252,7 +256,7 @@ def source_files(manifest: dict, layout) -> dict[str, Path]:
     from pipeline.provenance import source_files_digest
 
     name = manifest["name"]
-    fetched = _load_json(Path(layout.fetch_record(name)))
+    fetched = _load_json(Path(layout.fetch_record(name)), FetchRecord)
     if not isinstance(fetched, dict) or not isinstance(fetched.get("files"), dict):
         return {}
     try:
@@ -331,7 +335,7 @@ def _verified_renders(manifest: dict, layout) -> list[dict] | None:
     c = manifest.get("conformance") or {}
     if not c.get("checks", {}).get("chat_template", {}).get("passed") or c.get("skipped"):
         return None
-    rec = _load_json(Path(layout.conformance_record(manifest["name"])))
+    rec = _load_json(Path(layout.conformance_record(manifest["name"])), ConformanceRecord)
     if not isinstance(rec, dict) or any(rec.get(k) != c.get(k) for k in ("passed", "checks")):
         return None
     convs = rec.get("details", {}).get("chat_template", {}).get("conversations", [])

@@ -13,9 +13,10 @@ import tempfile
 from pathlib import Path
 
 from pipeline.errors import PipelineError, RecipeError, ToolError
-from pipeline.fsutil import atomic_output, sha256_file, write_json_atomic
+from pipeline.fsutil import atomic_output, sha256_file
 from pipeline.gguf import read_header
 from pipeline.recipe import Recipe
+from pipeline.records import ImatrixRecord
 from pipeline.stagedef import Stage, mem_mb
 from pipeline.stages.evaluate import count_tokens
 from pipeline.tools import Toolchain, find_toolchain, run_tool, tail
@@ -64,20 +65,11 @@ def imatrix(recipe: Recipe, base: str, base_gguf: str | Path, out: str | Path, r
     if facts["chunk_count"] != cfg.chunks:
         raise PipelineError(f"{recipe.path}: imatrix ({base}): llama-imatrix processed {facts['chunk_count']} chunks, "
                             f"not the {cfg.chunks} asked for")
-    rec = {
-        "base": base,
-        "params": cfg.describe(),
-        "calibration_sha256": sha256_file(text),
-        "calibration_tokens": n_tokens,
-        "sha256": sha256_file(out),
-        "facts": facts,
-        "tool": "llama-imatrix",
-        "toolchain": tc.describe(),
-        "threads": threads,
-        "seconds": round(res.seconds, 1),
-    }
-    write_json_atomic(record, rec)
-    return rec
+    rec = ImatrixRecord(base=base, params=cfg.describe(), calibration_sha256=sha256_file(text),
+                        calibration_tokens=n_tokens, sha256=sha256_file(out), facts=facts, tool="llama-imatrix",
+                        toolchain=tc.describe(), threads=threads, seconds=round(res.seconds, 1))
+    rec.write(record)
+    return rec.to_dict()
 
 
 STAGE = Stage(

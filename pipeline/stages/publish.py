@@ -21,6 +21,7 @@ version.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -35,52 +36,33 @@ from pipeline.gguf import general_metadata, read_facts
 from pipeline.layout import Layout, plain_name
 from pipeline.provenance import source_files_digest
 from pipeline.recipe import Recipe
-from pipeline.recipe.naming import label_of_key
+from pipeline.records import (
+    BenchRecord,
+    ConvertRecord,
+    EvalBaseRecord,
+    FetchRecord,
+    load_json,
+)
 from pipeline.stagedef import Stage, mem_mb
-from pipeline.stages.evaluate import failure_message, gate_checks, gate_messages, verdict
-from pipeline.stages.mtp import MTP_KEYS, lost_heads, mtp_facts
+from pipeline.stages.evaluate import gate_checks, gate_messages
 from pipeline.stages.publish_devices import device_check_section, device_results, publish_slice
+from pipeline.stages.publish_files import IMATRIX_KEYS, _Files, _model_files  # noqa: F401 (IMATRIX_KEYS: tests)
 from pipeline.stages.publish_sections import (
     CONFORMANCE_REJECTED,
     _calibration_inputs,
     _conformance_section,
     _draft_section,
-    _load,
-    _mtp_draft_entry,
     _mtp_section,
     _overrides_entry,
     _tokenizer_keys,
     check_mix_sources,
     devices_section,
-    mix_entry,
     sensitivity_section,
     strip_sensitivity_cost,
 )
 from pipeline.stages.split import model_path
 
-# 2: the conformance section (the base against the HF model), a failed conformance rejects every file, each
-#    artifact's tokenizer_sha256, vocab_overrides; build_id covers the schema version.
-# 3: file names by the Hub-native rule (`<name>-<TYPE>_<VARIANT>.gguf`, `<name>-mtp-F16_MTP.gguf`) and each
-#    artifact's `label` (pipeline/recipe/naming.py).
-# 4: the conformance section's fifth check, `hparams` (the GGUF's architecture keys against the HF config, #15).
-# 5: each quant's `tensor_types` (histogram, tensors unlike the recipe's request with the reason, predicted and
-#    written bytes; `tensor_types_file` with a map: #19), MTP drafts (`draft.mtp`, `draft.spec_type`) and every
-#    pair's `acceptance.spec_type` / `acceptance.command` / `acceptance.served` (the deploy line run by llama-server, #18).
-# 6: measured mixes (#19 part 2): each mix quant's `mix` (solver, flavour, goal {budget, bytes} or {target},
-#    candidates, floor, choice, predicted {bytes, bpw, kld_mean}, sensitivity {sha256, text, text_sha256, ctx, chunks},
-#    map {file, sha256}: the map published beside the GGUF) and the top-level `sensitivity` section per flavour
-#    (text, settings, floor_kld_mean, groups with bytes and kld_mean per candidate, cost; the cost's seconds and cache
-#    counts are volatile); build_id covers the sensitivity text of a recipe with mixes.
-# 7: target devices (recipe `devices:`, #20): the top-level `devices` section, per device memory_bytes, ctx, kv_type,
-#    arch, require, files {KEY: {total, fits, margin_bytes}} (predicted peak RSS of each published base and quant,
-#    pipeline/devices/memory.py: deterministic, not volatile), best (the largest quant that fits, or null) and, for
-#    an arm64 profile where no published quant has a repacked tensor, warning; a `require: true` device that no
-#    published quant fits is a recipe-level failure (check "device"). Recipes without `devices:` are unchanged.
-#    Also 7 (the same issue): the top-level `device_check` (the slice `device-slice.logits` a device re-measures:
-#    file, sha256, size_bytes, eval_set, text_sha256, ctx, chunks, scored_tokens, n_vocab, tolerance) and each base and
-#    quant entry's `slice` {kld_mean, same_top_p, ppl_q}; `tools.backend` (#20 item 5).
-# 8: conformance causes (#27): the tokenizer check's `normalizer` and `causes` {cause: {status, probes, text_share}},
-#    the probe set's split accent probes; the chat-template check's `identical_but_for_cause`.
+# The manifest schema; what each version added: docs/reproducibility.md, "Schema history".
 SCHEMA_VERSION = 8
 
 
@@ -160,206 +142,33 @@ def link_artifact(layout: Layout, name: str, entry: dict) -> Path:
     return dest
 
 
-def _split_entry(recipe: Recipe, layout: Layout, key: str, entry: dict) -> dict:
-    """The manifest entry of file ``key`` as published: unchanged when whole; for a split file the folder
-    ``<name>-<KEY>`` with its shards (name, SHA256, size, tensors), the facts of the whole model (quant
-    type, bpw, tensor and parameter counts, read from the whole file) and that file's SHA256 (``unsplit``:
-    what eval and bench measured; kept in work/, not published)."""
-    from pipeline.gguf import file_type_name
-    from pipeline.stages.split import read_shards
-
-    # the label both the Hub and llama.cpp's `-hf <repo>:<LABEL>` read from the file name (pipeline/recipe/naming.py)
-    entry = {**entry, "label": label_of_key(key)}
-    cfg = recipe.split_for(key)
-    if cfg is None:
-        return entry
-    folder = layout.split_dir(recipe.name, key)
-    stem = f"{recipe.name}-{key}"
-    try:
-        shards = read_shards(folder, stem, entry["tensor_count"])
-        first = file_type_name(shards[0][1]["file_type"])
-        if first != entry["quant_type"]:
-            raise PipelineError(f"{shards[0][0]}: general.file_type says {first}, the whole file {entry['quant_type']}")
-    except PipelineError as exc:
-        raise PipelineError(f"{exc}: not the shards of {layout.built(recipe.name, entry['file'])}; re-run the split "
-                            "stage (`snakemake --forcerun split`)") from None
-    recs = [{"file": p.name, "sha256": sha256_file(p), "size_bytes": p.stat().st_size, "tensor_count": h["tensor_count"]}
-            for p, h in shards]
-    out = {"file": stem, "quant_type": entry["quant_type"], "size_bytes": sum(r["size_bytes"] for r in recs),
-           "split": {**cfg.describe(), "tool": "llama-gguf-split", "count": len(recs), "shards": recs,
-                     "unsplit": {k: entry[k] for k in ("file", "sha256", "size_bytes")}}}
-    out.update({k: v for k, v in entry.items() if k not in ("file", "quant_type", "sha256", "size_bytes")})
-    return out
-
-
-IMATRIX_KEYS = ("quantize.imatrix.file", "quantize.imatrix.dataset", "quantize.imatrix.entries_count",
-                "quantize.imatrix.chunks_count")
-
-
-def _calibration(recipe: Recipe, layout: Layout, q, gguf_path: Path, seconds: dict) -> tuple[dict, list[dict]]:
-    """A quant's ``calibration`` entry (AWQ params, imatrix settings and SHA256s) and the failures
-    of its cross-check against the GGUF's own ``quantize.imatrix.*`` keys."""
-    from pipeline.gguf import read_header
-
-    out: dict = {}
-    failures: list[dict] = []
-    if q.awq:
-        a = _load(layout.awq_record(recipe.name))
-        out["awq"] = {**a["params"], "calibration_sha256": a["calibration_sha256"], "device": a["device"],
-                      "threads": a.get("threads"), "autoawq": a["autoawq"]}
-        seconds["awq"] = a["seconds"]
-    meta = read_header(gguf_path).metadata
-    keys = {k: meta[k] for k in IMATRIX_KEYS if k in meta}
-    if q.imatrix:
-        m = _load(layout.imatrix_record(recipe.name, q.base))
-        imx_file = layout.imatrix(recipe.name, q.base)
-        out["imatrix"] = {**m["params"], "base": q.base, "file": imx_file.name, "sha256": m["sha256"],
-                          "calibration_sha256": m["calibration_sha256"], "entries": m["facts"]["entries"],
-                          "threads": m.get("threads")}
-        seconds[f"imatrix_{q.base}"] = m["seconds"]
-        want = {"quantize.imatrix.file": imx_file.name, "quantize.imatrix.dataset": m["params"]["calibration"],
-                "quantize.imatrix.entries_count": m["facts"]["entries"],
-                "quantize.imatrix.chunks_count": m["facts"]["chunk_count"]}
-        bad = {k: (keys.get(k), v) for k, v in want.items() if keys.get(k) != v}
-        if bad:
-            failures.append({"check": "calibration", "message": (
-                f"imatrix record mismatch: recipe {recipe.name}, quant {q.key}: the GGUF says "
-                + ", ".join(f"{k}={g!r} where {w!r} was expected" for k, (g, w) in bad.items()))})
-    elif keys:
-        failures.append({"check": "calibration", "message": (
-            f"imatrix record mismatch: recipe {recipe.name}, quant {q.key} was to be made without an importance "
-            f"matrix but its GGUF has {', '.join(sorted(keys))}")})
-    return out, failures
-
-
-GATE_METRICS = ("ppl_q", "ppl_ratio", "ln_ppl_ratio", "kld_mean", "kld_median", "kld_p99", "kld_max", "rms_dp",
-                "same_top_p")
+@dataclasses.dataclass
+class _Sections:
+    """The sections beyond the file entries (:func:`_recipe_sections`), their failures and volatile timings."""
+    device_check: dict | None
+    sensitivity: dict
+    conformance: dict
+    conformance_failures: list[dict]
+    conformance_seconds: dict
+    devices: dict
+    device_failures: list[dict]
+    draft: dict | None
+    draft_failures: list[dict]
+    draft_timings: dict
 
 
 def build_manifest(recipe: Recipe, layout: Layout) -> tuple[dict, dict]:
     """(manifest, metrics) from the stage records and the files; writes nothing."""
     name = recipe.name
-    fetched = _load(layout.fetch_record(name))
-    converted = _load(layout.convert_record(recipe))
-    source = dict(fetched["source"])
-    source["files_sha256"] = source_files_digest(fetched["files"])
-    tools = {**converted["toolchain"], "python": converted.get("python", {})}
-    for k in ("origin", "backend", "ngl"):  # the convert stage runs no llama.cpp tool: the backend is this run's
-        tools.pop(k, None)
-    tools.update(offload())
-
+    source, tools, converted = _source_and_tools(recipe, layout)
     base_path = layout.base_gguf(recipe)
     base = read_facts(base_path)
     if base.quant_type != recipe.base_key:
         raise PipelineError(f"{base_path}: general.file_type says {base.quant_type}, recipe asks for {recipe.base_key}")
-
-    eval_sets, eval_base, metrics_out, eval_threads = [], {}, {}, {}
-    for es in recipe.eval_sets:
-        rec = _load(layout.base_record(name, es.name))
-        eval_sets.append({"name": es.name, "text": rec["text"], "text_sha256": rec["text_sha256"], "ctx": es.ctx,
-                          "chunks": es.chunks, "scored_tokens": rec["scored_tokens"]})
-        eval_threads[es.name] = rec["threads"]  # follows --cores (results do not): build section
-        eval_base[es.name] = {"ppl": rec["ppl"], "ppl_stderr": rec["ppl_stderr"]}
-    if eval_base:
-        metrics_out[base.quant_type] = {s: {"ppl": v["ppl"]} for s, v in eval_base.items()}
-
-    base_mtp = mtp_facts(base_path)
-    artifacts = [{**base.as_dict(), "role": "base"}]
-    if base_mtp["tensors"]:
-        artifacts[0]["mtp"] = {k: base_mtp[k] for k in MTP_KEYS}
-    artifacts[0] = _split_entry(recipe, layout, base.quant_type, artifacts[0])
-    converted_mode = converted.get("mtp", {}).get("mode", "keep")
-    if converted_mode != recipe.mtp:
-        raise PipelineError(f"{layout.convert_record(recipe)}: converted with mtp: {converted_mode}, the recipe asks for "
-                            f"mtp: {recipe.mtp}: re-run the convert stage")
-    if recipe.mtp == "separate":
-        artifacts.append(_split_entry(recipe, layout, recipe.mtp_key, _mtp_draft_entry(recipe, layout)))
-    rejected = []
-    by_key = {base.quant_type: artifacts[0]}  # the entries a device can check on the slice
-    chunk_rows: dict[str, list] = {}  # and each quant's chunk rows on the first eval set (pipeline/stages/evaluate.py)
-    calib_seconds: dict = {}
-    for q in recipe.quants:
-        work_path = layout.quant(recipe, q.key)
-        rec = _load(layout.quant_record(name, q.key))
-        facts = read_facts(work_path)
-        facts.file = recipe.file_for(q.key)
-        if facts.quant_type != q.type:
-            raise PipelineError(f"{work_path}: general.file_type says {facts.quant_type}, recipe asks for {q.type}")
-        entry = {**facts.as_dict(), "role": "quant", "requested": rec["quant"]}
-        for k in ("tensor_types", "tensor_types_file"):  # the per-type histogram, what differs from the recipe, bytes
-            if k in rec:
-                entry[k] = rec[k]
-        if q.mix:  # the solve it was made from and its map (published beside the GGUF)
-            if "mix" not in rec:
-                raise PipelineError(f"{layout.quant_record(name, q.key)}: no mix layout: re-run the quantize stage")
-            entry["mix"] = mix_entry(rec)
-        calibration, failures = _calibration(recipe, layout, q, work_path, calib_seconds)
-        if calibration:
-            entry["calibration"] = calibration
-        per_set, thresholds = {}, {}
-        for es in recipe.eval_sets:
-            ev = _load(layout.eval_record(name, es.name, q.key))
-            if es is recipe.first_eval_set:  # the device slice's values: the running statistics after its chunks
-                chunk_rows[q.key] = ev.get("chunk_rows") or []
-            per_set[es.name] = {k: ev["metrics"][k] for k in GATE_METRICS}
-            thresholds[es.name] = recipe.thresholds(q.key, es.name)
-            failures += [{**f, "eval_set": es.name, "check": "gate",
-                          "message": failure_message(name, q.key, es.name, f)}
-                         for f in verdict(ev["metrics"], thresholds[es.name])]
-        if base_mtp["tensors"]:
-            q_mtp = mtp_facts(work_path)
-            entry["mtp"] = {k: q_mtp[k] for k in MTP_KEYS}
-            lost = lost_heads(base_mtp, q_mtp)
-            if lost:
-                failures.append({"check": "mtp", "lost": lost, "message": (
-                    f"MTP heads lost: recipe {name}, quant {q.key} lacks {len(lost)} of the {base_mtp['tensors']} "
-                    f"nextn tensors of the {base.quant_type} file (first: {lost[0]})")})
-        if recipe.eval_sets:
-            entry["metrics"] = per_set
-            entry["gate"] = {"passed": not failures, "thresholds": thresholds}
-            metrics_out[q.key] = {s: {**{k: v[k] for k in ("ppl_q", "ppl_ratio", "kld_mean", "kld_p99", "same_top_p")},
-                                      "gate_passed": not failures} for s, v in per_set.items()}
-        entry = _split_entry(recipe, layout, q.key, entry)
-        by_key[q.key] = entry
-        if failures:
-            entry["failures"] = failures
-            rejected.append(entry)
-        else:
-            artifacts.append(entry)
-
-    _tokenizer_keys(recipe, layout, artifacts, rejected)
-    device_check = device_check_section(recipe, layout, by_key, chunk_rows)
-    sensitivity = sensitivity_section(recipe, layout)
-    check_mix_sources(artifacts + rejected, sensitivity)
-    conformance, conformance_failures, conformance_seconds = _conformance_section(recipe, layout)
-    if conformance_failures:  # the reference itself is not the HF model: no file of the recipe is published
-        for e in artifacts:
-            e["failures"] = [*e.get("failures", []), {"check": "conformance", "message": CONFORMANCE_REJECTED}]
-        rejected, artifacts = artifacts + rejected, []
-
-    devices, device_failures, _warnings = devices_section(recipe, layout, artifacts)
-    paths = {artifact_key(name, e["file"]): model_path(e) for e in artifacts + rejected}
-    draft, draft_failures, draft_timings = _draft_section(recipe, layout, paths) if recipe.draft else (None, [], {})
-
-    bench = {}
-    if recipe.bench:  # keyed by the published name (file, or folder of a split file)
-        for key in [recipe.base_key] + [q.key for q in recipe.quants]:
-            fname = recipe.artifact_for(key)
-            b = _load(layout.bench_record(name, key))
-            bench[fname] = {k: b[k] for k in ("pp_tokens_per_s", "tg_tokens_per_s", "pp_tokens", "tg_tokens", "threads")}
-    build = {"timestamp": timestamp(), "device": tb.device_description(tools["backend"])}
-    if eval_threads:
-        build["eval_threads"] = eval_threads
-    if calib_seconds:
-        build["calibration_seconds"] = calib_seconds
-    if draft_timings:
-        build["draft_decode_tokens_per_s"] = draft_timings
-    if conformance_seconds:
-        build["conformance_seconds"] = conformance_seconds
-    if bench:
-        build["bench"] = bench
-        build["bench_label"] = "llama-bench on the build box (CPU), not device speed"
-
+    eval_sets, eval_base, eval_threads = _eval_sets(recipe, layout)
+    metrics = {base.quant_type: {s: {"ppl": v["ppl"]} for s, v in eval_base.items()}} if eval_base else {}
+    files = _model_files(recipe, layout, base, converted, metrics)
+    sections = _recipe_sections(recipe, layout, files)
     manifest = {
         "schema_version": SCHEMA_VERSION,
         "name": name,
@@ -371,26 +180,97 @@ def build_manifest(recipe: Recipe, layout: Layout) -> tuple[dict, dict]:
         "base_quant_type": base.quant_type,
         "eval_sets": eval_sets,
         "eval_base": eval_base,
-        "conformance": conformance,
-        "artifacts": artifacts,
-        "rejected": rejected,
+        "conformance": sections.conformance,
+        "artifacts": files.artifacts,
+        "rejected": files.rejected,
+        **_optional_sections(recipe, converted, files, sections),
     }
-    if sensitivity:
-        manifest["sensitivity"] = sensitivity
+    manifest["build"] = _build_section(recipe, layout, tools, eval_threads, files, sections)
+    return manifest, metrics
+
+
+def _source_and_tools(recipe: Recipe, layout: Layout) -> tuple[dict, dict, ConvertRecord]:
+    """The manifest's ``source`` (with the fetched files' digest) and ``tools``, and the convert record."""
+    fetched = FetchRecord.read(layout.fetch_record(recipe.name))
+    converted = ConvertRecord.read(layout.convert_record(recipe))
+    source = dict(fetched.source)
+    source["files_sha256"] = source_files_digest(fetched.files)
+    tools = {**converted.toolchain, "python": converted.get("python", {})}
+    for k in ("origin", "backend", "ngl"):  # the convert stage runs no llama.cpp tool: the backend is this run's
+        tools.pop(k, None)
+    tools.update(offload())
+    return source, tools, converted
+
+
+def _eval_sets(recipe: Recipe, layout: Layout) -> tuple[list[dict], dict, dict]:
+    """The manifest's ``eval_sets`` and ``eval_base`` from the eval-base records, and each set's threads."""
+    eval_sets, eval_base, eval_threads = [], {}, {}
+    for es in recipe.eval_sets:
+        rec = EvalBaseRecord.read(layout.base_record(recipe.name, es.name))
+        eval_sets.append({"name": es.name, "text": rec.text, "text_sha256": rec.text_sha256, "ctx": es.ctx,
+                          "chunks": es.chunks, "scored_tokens": rec.scored_tokens})
+        eval_threads[es.name] = rec.threads  # follows --cores (results do not): build section
+        eval_base[es.name] = {"ppl": rec.ppl, "ppl_stderr": rec.ppl_stderr}
+    return eval_sets, eval_base, eval_threads
+
+
+def _recipe_sections(recipe: Recipe, layout: Layout, files: _Files) -> _Sections:
+    """The tokenizer keys of every file and the sections beyond the file entries; a failed conformance moves every
+    published file to ``rejected`` (the reference itself is not the HF model: no file of the recipe is published)."""
+    _tokenizer_keys(recipe, layout, files.artifacts, files.rejected)
+    device_check = device_check_section(recipe, layout, files.by_key, files.chunk_rows)
+    sensitivity = sensitivity_section(recipe, layout)
+    check_mix_sources(files.artifacts + files.rejected, sensitivity)
+    conformance, conformance_failures, conformance_seconds = _conformance_section(recipe, layout)
+    if conformance_failures:
+        for e in files.artifacts:
+            e["failures"] = [*e.get("failures", []), {"check": "conformance", "message": CONFORMANCE_REJECTED}]
+        files.rejected, files.artifacts = files.artifacts + files.rejected, []
+    devices, device_failures, _warnings = devices_section(recipe, layout, files.artifacts)
+    paths = {artifact_key(recipe.name, e["file"]): model_path(e) for e in files.artifacts + files.rejected}
+    draft, draft_failures, draft_timings = _draft_section(recipe, layout, paths) if recipe.draft else (None, [], {})
+    return _Sections(device_check, sensitivity, conformance, conformance_failures, conformance_seconds, devices,
+                     device_failures, draft, draft_failures, draft_timings)
+
+
+def _optional_sections(recipe: Recipe, converted: ConvertRecord, files: _Files, s: _Sections) -> dict:
+    """The manifest's sections that only some recipes have, in manifest order."""
+    out: dict = {}
+    if s.sensitivity:
+        out["sensitivity"] = s.sensitivity
     if converted.get("vocab_overrides"):
-        manifest["vocab_overrides"] = _overrides_entry(converted["vocab_overrides"])
+        out["vocab_overrides"] = _overrides_entry(converted.vocab_overrides)
     if recipe.mtp != "keep":
-        manifest["mtp"] = _mtp_section(recipe, converted, artifacts)
-    if devices:
-        manifest["devices"] = devices
-    if device_check:
-        manifest["device_check"] = device_check
-    if draft is not None:
-        manifest["draft"] = draft
-    if draft is not None or conformance_failures or device_failures:
-        manifest["failures"] = conformance_failures + draft_failures + device_failures
-    manifest["build"] = build
-    return manifest, metrics_out
+        out["mtp"] = _mtp_section(recipe, converted.to_dict(), files.artifacts)
+    if s.devices:
+        out["devices"] = s.devices
+    if s.device_check:
+        out["device_check"] = s.device_check
+    if s.draft is not None:
+        out["draft"] = s.draft
+    if s.draft is not None or s.conformance_failures or s.device_failures:
+        out["failures"] = s.conformance_failures + s.draft_failures + s.device_failures
+    return out
+
+
+def _build_section(recipe: Recipe, layout: Layout, tools: dict, eval_threads: dict, files: _Files,
+                   s: _Sections) -> dict:
+    """The manifest's ``build`` section: when, on what, and the build box's volatile figures."""
+    bench = {}
+    if recipe.bench:  # keyed by the published name (file, or folder of a split file)
+        for key in [recipe.base_key] + [q.key for q in recipe.quants]:
+            b = BenchRecord.read(layout.bench_record(recipe.name, key))
+            bench[recipe.artifact_for(key)] = {k: getattr(b, k) for k in ("pp_tokens_per_s", "tg_tokens_per_s",
+                                                                          "pp_tokens", "tg_tokens", "threads")}
+    build = {"timestamp": timestamp(), "device": tb.device_description(tools["backend"])}
+    for key, value in (("eval_threads", eval_threads), ("calibration_seconds", files.calib_seconds),
+                       ("draft_decode_tokens_per_s", s.draft_timings), ("conformance_seconds", s.conformance_seconds),
+                       ("bench", bench)):
+        if value:
+            build[key] = value
+    if bench:
+        build["bench_label"] = "llama-bench on the build box (CPU), not device speed"
+    return build
 
 
 def publish(recipe: Recipe, layout: Layout) -> dict:
@@ -464,7 +344,7 @@ def publish_maps(layout: Layout, name: str, manifest: dict) -> set[str]:
 
 def check_gates(manifest_path: str | Path, ok_path: str | Path) -> None:
     """Entry function: fail (one line per failed gate) when any quant was rejected; else touch ``ok_path``."""
-    manifest = _load(Path(manifest_path))
+    manifest = load_json(manifest_path)
     folder = Path(manifest_path).parent
     dc = manifest.get("device_check")
     sized = [(folder / dc["file"], dc["size_bytes"])] if dc else []  # the device slice, then every model file

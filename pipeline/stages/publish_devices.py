@@ -10,13 +10,12 @@
 
 from __future__ import annotations
 
-import json
 import math
-from pathlib import Path
 
 from pipeline.errors import ArtifactError, PipelineError
 from pipeline.fsutil import sha256_file
 from pipeline.layout import Layout
+from pipeline.records import DeviceSliceRecord, load_json
 
 SLICE_FILE = "device-slice.logits"
 # |Δ mean KLD| <= max(kld_mean_abs, kld_mean_rel x the build box's), as issue #20 sets it. |Δ same top p| <= the larger
@@ -38,13 +37,6 @@ def same_top_p_limit(tolerance: dict, scored_tokens: int) -> float:
     return round(max(tolerance["same_top_p_points"], flips), 4)
 
 
-def _load(path: Path) -> dict:
-    try:
-        return json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise PipelineError(f"{path}: cannot read the stage record: {exc}") from None
-
-
 def device_check_section(recipe, layout: Layout, entries: dict[str, dict], chunk_rows: dict[str, list]) -> dict | None:
     """The manifest's ``device_check`` section, and each entry of ``entries`` (by key: the base and the quants) given
     its ``slice`` values: the base's from the device_slice record, a quant's from its ``chunk_rows`` on the first eval
@@ -55,18 +47,18 @@ def device_check_section(recipe, layout: Layout, entries: dict[str, dict], chunk
         return None
     name, es = recipe.name, recipe.first_eval_set
     path = layout.device_slice_record(name)
-    rec = _load(path)
-    if (rec["eval_set"], rec["chunks"], rec["ctx"]) != (es.name, n, es.ctx):
-        raise PipelineError(f"{path}: a slice of {rec['chunks']} chunk(s) of eval set {rec['eval_set']} at ctx "
-                            f"{rec['ctx']}, the recipe asks for {n} of {es.name} at ctx {es.ctx}: re-run device_slice")
+    rec = DeviceSliceRecord.read(path)
+    if (rec.eval_set, rec.chunks, rec.ctx) != (es.name, n, es.ctx):
+        raise PipelineError(f"{path}: a slice of {rec.chunks} chunk(s) of eval set {rec.eval_set} at ctx "
+                            f"{rec.ctx}, the recipe asks for {n} of {es.name} at ctx {es.ctx}: re-run device_slice")
     slice_path = layout.device_slice(name)
-    if not slice_path.is_file() or slice_path.stat().st_size != rec["size_bytes"]:
+    if not slice_path.is_file() or slice_path.stat().st_size != rec.size_bytes:
         raise ArtifactError(slice_path, f"{slice_path}: missing or not the {rec['size_bytes']} bytes {path} records: "
                                         "re-run device_slice")
     base_key = recipe.base_key
     for key, entry in entries.items():
         if key == base_key:
-            values = rec["base_metrics"]
+            values = rec.base_metrics
         else:
             rows = chunk_rows[key]
             if len(rows) < n:
@@ -74,9 +66,9 @@ def device_check_section(recipe, layout: Layout, entries: dict[str, dict], chunk
                                     f"slice needs {n}: re-run the eval stage (`snakemake --forcerun eval`)")
             values = rows[n - 1]
         entry["slice"] = {k: values[k] + 0.0 for k in SLICE_METRICS}  # + 0.0: no "-0.0"
-    return {"file": SLICE_FILE, "sha256": rec["sha256"], "size_bytes": rec["size_bytes"], "eval_set": es.name,
-            "text_sha256": rec["text_sha256"], "ctx": es.ctx, "chunks": n, "scored_tokens": rec["scored_tokens"],
-            "n_vocab": rec["n_vocab"], "tolerance": dict(TOLERANCE)}
+    return {"file": SLICE_FILE, "sha256": rec.sha256, "size_bytes": rec.size_bytes, "eval_set": es.name,
+            "text_sha256": rec.text_sha256, "ctx": es.ctx, "chunks": n, "scored_tokens": rec.scored_tokens,
+            "n_vocab": rec.n_vocab, "tolerance": dict(TOLERANCE)}
 
 
 def publish_slice(layout: Layout, name: str, manifest: dict, link) -> set[str]:
@@ -101,7 +93,7 @@ def device_results(layout: Layout, name: str, manifest: dict) -> list[dict]:
     path = layout.device_results(name)
     if not path.is_file():
         return []
-    data = _load(path)
+    data = load_json(path)  # `ggufpipe collect`'s results (pipeline/devices/collect.py), not a stage record
     if data.get("kind") != RESULTS_KIND or not isinstance(data.get("results"), list):
         raise PipelineError(f"{path}: not a `ggufpipe collect` results file (kind {data.get('kind')!r})")
     published = {e["file"]: e.get("sha256") for e in manifest["artifacts"]}

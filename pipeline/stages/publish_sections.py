@@ -5,7 +5,6 @@ draft model's pairs with their deployment lines, and the measured mixes (each mi
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 
 from pipeline.errors import PipelineError
@@ -14,17 +13,18 @@ from pipeline.gguf import read_facts
 from pipeline.layout import Layout
 from pipeline.recipe import Recipe
 from pipeline.recipe.model import MTP_DRAFT_KEY
+from pipeline.records import (
+    AcceptanceRecord,
+    AgreementRecord,
+    ConformanceRecord,
+    MtpConvertRecord,
+    SensitivityRecord,
+    VocabRecord,
+    load_json,
+)
 from pipeline.stages.draft import deployment_line
 from pipeline.stages.mtp import MTP_KEYS, mtp_facts
 from pipeline.stages.split import model_path
-
-
-def _load(path: Path) -> dict:
-    try:
-        return json.loads(Path(path).read_text())
-    except (OSError, ValueError) as exc:
-        raise PipelineError(f"publish: cannot read stage record {path}: {exc}") from None
-
 
 CONFORMANCE_REJECTED = "not published: the base GGUF failed conformance (see the manifest's conformance section)"
 
@@ -33,7 +33,7 @@ def _conformance_section(recipe: Recipe, layout: Layout) -> tuple[dict, list[dic
     """(the manifest's ``conformance`` section, recipe-level failures, volatile seconds) from the stage record."""
     if not recipe.conformance.enabled:
         return {"skipped": "the recipe opts out (conformance: false)"}, [], {}
-    rec = _load(layout.conformance_record(recipe.name))
+    rec = ConformanceRecord.read(layout.conformance_record(recipe.name)).to_dict()
     # the verdict, each check's numbers and the thresholds; the diffs and renders stay in the record
     section = {k: rec[k] for k in ("passed", "checks", "thresholds", "chunks", "threads", "warnings") if k in rec}
     failures = [{"check": "conformance", "message": m} for m in rec.get("failures", [])]
@@ -87,14 +87,14 @@ def _calibration_inputs(recipe: Recipe) -> dict:
 def _mtp_draft_entry(recipe: Recipe, layout: Layout) -> dict:
     """The artifact entry of the MTP-head draft exported by ``mtp: separate``."""
     path = layout.mtp_gguf(recipe)
-    rec = _load(layout.mtp_record(recipe))
+    rec = MtpConvertRecord.read(layout.mtp_record(recipe))
     facts = read_facts(path)
     if facts.quant_type != recipe.base_key:
         raise PipelineError(f"{path}: general.file_type says {facts.quant_type}, recipe asks for {recipe.base_key}")
     heads = mtp_facts(path)
     if not heads["tensors"]:
         raise PipelineError(f"{path}: holds no nextn (MTP) tensors: re-run the convert-mtp stage")
-    return {**facts.as_dict(), "role": "mtp-draft", "converter_args": rec["converter_args"],
+    return {**facts.as_dict(), "role": "mtp-draft", "converter_args": rec.converter_args,
             "mtp": {k: heads[k] for k in MTP_KEYS}}
 
 
@@ -122,15 +122,31 @@ def _draft_section(recipe: Recipe, layout: Layout, paths: dict[str, str] | None 
     measured acceptance per pair, top-1 agreement, deployment lines; plus recipe-level failures and the volatile
     timings. ``paths``:
     what llama.cpp is given for each main key (a split file's first shard; default: the file name)."""
-    d, name = recipe.draft, recipe.name
+    d = recipe.draft
+    info, draft_file, published, why = _draft_files(recipe, layout)
+    failures: list[dict] = []
+    timings: dict = {}
+    info["pairs"] = [_draft_pair(recipe, layout, mkey, dkey, (draft_file, published, why), paths or {}, failures,
+                                 timings) for mkey, dkey in d.pairs]
+    if recipe.eval_sets and not d.mtp:
+        info["top1_agreement"] = {draft_file[k]: AgreementRecord.read(layout.agreement_record(recipe.name, k)).to_dict()
+                                  for k in sorted({dk for _, dk in d.pairs})}
+    return info, failures, timings
+
+
+def _draft_files(recipe: Recipe, layout: Layout) -> tuple[dict, dict, set[str] | None, dict[str, str]]:
+    """The draft section's head (what drafts: the MTP heads, a draft recipe's files, or a GGUF), the draft file per
+    draft key, and for a draft recipe the files it published (else None) and why the others were not."""
+    d = recipe.draft
     info: dict = {"eval_text": d.eval_text.name, "n_max": list(d.n_max), "min_acceptance": d.min_acceptance}
+    published, why = None, {}
     if d.mtp:  # the model's own MTP heads: inside each main file (mtp: keep) or the mtp: separate export
         info["mtp"] = True
         info["spec_type"] = d.spec_type
         sidecar = recipe.artifact_for(recipe.mtp_key) if recipe.mtp == "separate" else None
         draft_file = {MTP_DRAFT_KEY: sidecar}
     elif d.source is not None:
-        dm = _load(layout.manifest(recipe.draft_name))
+        dm = load_json(layout.manifest(recipe.draft_name))  # the draft recipe's manifest (not a stage record)
         info.update(recipe=recipe.draft_name, folder=f"../{recipe.draft_name}", build_id=dm["build_id"],
                     source=dm["source"], files=[{k: a[k] for k in ("file", "quant_type", "sha256", "size_bytes")}
                                                 for a in dm["artifacts"]])
@@ -140,40 +156,41 @@ def _draft_section(recipe: Recipe, layout: Layout, paths: dict[str, str] | None 
     else:
         info["gguf"] = {"file": d.gguf.name, "sha256": sha256_file(d.gguf), "size_bytes": d.gguf.stat().st_size}
         draft_file = {"gguf": d.gguf.name}
-    failures, timings, pairs = [], {}, []
-    for mkey, dkey in d.pairs:
-        main_file = recipe.artifact_for(mkey)
-        v = _load(layout.vocab_record(name, mkey, dkey))
-        a = _load(layout.spec_record(name, mkey, dkey))
-        dfile = draft_file[dkey] or main_file  # MTP heads inside the main file: the file drafts for itself
-        pair = {"main": main_file, "draft": dfile, "compatible": v["compatible"], "rule": v["rule"],
-                "reason": v["reason"], "diff": v["diff"], "warnings": v["warnings"]}
-        label = f"{main_file} + {dfile}"
-        if d.source is not None and draft_file[dkey] not in published:
-            # a deployment line never names a file that was not published (e.g. the draft failed conformance)
-            failures.append({"check": "draft_published", "message": (
-                f"draft not published: recipe {name}, {label}: {draft_file[dkey]} was not published by recipe "
-                f"{recipe.draft_name} ({why.get(draft_file[dkey], 'not in its manifest')})")})
-            pair["published"] = False
-            pairs.append(pair)
-            continue
-        if not v["compatible"]:
-            failures.append({"check": "draft_vocab", "message": v["message"]})
-        else:
-            timings[label] = a.pop("build_box_decode_tokens_per_s", {})
-            pair["acceptance"] = a
-            pair["deploy"] = deployment_line((paths or {}).get(mkey, main_file), draft_file[dkey], a["best_n_max"],
-                                             a.get("spec_type", "draft-simple"))
-            if d.min_acceptance is not None and a["acceptance_rate"] < d.min_acceptance:
-                failures.append({"check": "draft_acceptance", "message": (
-                    f"draft acceptance too low: recipe {name}, {label}: acceptance {a['acceptance_rate']:.4f} "
-                    f"< min_acceptance {d.min_acceptance:g} (n_max {a['best_n_max']})")})
-        pairs.append(pair)
-    info["pairs"] = pairs
-    if recipe.eval_sets and not d.mtp:
-        info["top1_agreement"] = {draft_file[k]: _load(layout.agreement_record(name, k))
-                                  for k in sorted({dk for _, dk in d.pairs})}
-    return info, failures, timings
+    return info, draft_file, published, why
+
+
+def _draft_pair(recipe: Recipe, layout: Layout, mkey: str, dkey: str, drafts: tuple, paths: dict[str, str],
+                failures: list[dict], timings: dict) -> dict:
+    """One pair of the draft section from its vocab and acceptance records; its failures are appended to
+    ``failures``, its build-box decode speeds put in ``timings``. ``drafts``: :func:`_draft_files`' last three."""
+    d, name = recipe.draft, recipe.name
+    draft_file, published, why = drafts
+    main_file = recipe.artifact_for(mkey)
+    v = VocabRecord.read(layout.vocab_record(name, mkey, dkey))
+    a = AcceptanceRecord.read(layout.spec_record(name, mkey, dkey)).to_dict()
+    dfile = draft_file[dkey] or main_file  # MTP heads inside the main file: the file drafts for itself
+    pair = {"main": main_file, "draft": dfile, "compatible": v.compatible, "rule": v.rule, "reason": v.reason,
+            "diff": v.diff, "warnings": v.warnings}
+    label = f"{main_file} + {dfile}"
+    if published is not None and draft_file[dkey] not in published:
+        # a deployment line never names a file that was not published (e.g. the draft failed conformance)
+        failures.append({"check": "draft_published", "message": (
+            f"draft not published: recipe {name}, {label}: {draft_file[dkey]} was not published by recipe "
+            f"{recipe.draft_name} ({why.get(draft_file[dkey], 'not in its manifest')})")})
+        pair["published"] = False
+        return pair
+    if not v.compatible:
+        failures.append({"check": "draft_vocab", "message": v.message})
+    else:
+        timings[label] = a.pop("build_box_decode_tokens_per_s", {})
+        pair["acceptance"] = a
+        pair["deploy"] = deployment_line(paths.get(mkey, main_file), draft_file[dkey], a["best_n_max"],
+                                         a.get("spec_type", "draft-simple"))
+        if d.min_acceptance is not None and a["acceptance_rate"] < d.min_acceptance:
+            failures.append({"check": "draft_acceptance", "message": (
+                f"draft acceptance too low: recipe {name}, {label}: acceptance {a['acceptance_rate']:.4f} "
+                f"< min_acceptance {d.min_acceptance:g} (n_max {a['best_n_max']})")})
+    return pair
 
 
 
@@ -216,7 +233,8 @@ def sensitivity_section(recipe: Recipe, layout: Layout) -> dict:
     out = {}
     for flavour in recipe.mix_flavours:
         path = layout.sensitivity(recipe.name, flavour)
-        data, rec = _load(path), _load(layout.sensitivity_record(recipe.name, flavour))
+        # the measurement file stays a dict (solve and publish read parts of it); the record is typed
+        data, rec = load_json(path), SensitivityRecord.read(layout.sensitivity_record(recipe.name, flavour))
         digest = sha256_file(path)
         if rec.get("sensitivity_sha256") != digest:
             raise PipelineError(f"{layout.sensitivity_record(recipe.name, flavour)} is the record of another "
@@ -228,7 +246,7 @@ def sensitivity_section(recipe: Recipe, layout: Layout) -> dict:
             "groups": [{"group": g["group"], "role": g["role"], "band": g["band"], "bytes": g["bytes"],
                         "kld_mean": {c: g["kld"][c]["kld_mean"] for c in data["candidates"] if c in g["kld"]}}
                        for g in data["groups"]],
-            "cost": {k: rec[k] for k in SENSITIVITY_COST if k in rec},
+            "cost": {k: rec.get(k) for k in SENSITIVITY_COST if rec.has(k)},
         }
     return out
 

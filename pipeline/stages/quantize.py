@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import replace
 from pathlib import Path
 
 from pipeline.errors import PipelineError, ToolError
-from pipeline.fsutil import atomic_output, sha256_file, write_json_atomic
+from pipeline.fsutil import atomic_output, sha256_file
 from pipeline.gguf.reader import read_header
 from pipeline.recipe import Recipe
 from pipeline.recipe.tensor_map import read_map
+from pipeline.records import MixLayoutRecord, QuantRecord
 from pipeline.stagedef import Stage, mem_mb
 from pipeline.stages.quant_plan import check_patterns, check_written, parse_dry_run, plan, predict_header
 from pipeline.tools import Toolchain, find_toolchain, run_tool, tail
@@ -67,7 +67,7 @@ def _with_map(recipe: Recipe, key: str, q, map_path: Path, layout_path: Path):
     where = f"{recipe.path}: quantize {key}"
     try:
         entries = read_map(map_path)
-        layout = json.loads(layout_path.read_text())
+        layout = MixLayoutRecord.parse(layout_path).to_dict()
     except (OSError, ValueError) as exc:
         raise PipelineError(f"{where}: the solved map or layout is unreadable (run solve again): {exc}") from None
     if layout.get("map_sha256") != sha256_file(map_path):
@@ -118,22 +118,17 @@ def quantize(recipe: Recipe, key: str, base_gguf: str | Path, out_gguf: str | Pa
         if layout and size["written"] != layout["predicted"]["bytes"]:
             raise PipelineError(f"{where}: {size['written']} bytes written, the solve predicted "
                                 f"{layout['predicted']['bytes']}")
-    rec = {
-        "quant": q.describe(),
-        "base": q.base,
-        "tool": "llama-quantize",
-        "toolchain": tc.describe(),
-        "seconds": round(res.seconds, 1),
-        "tensor_types": {"histogram": planned["histogram"], "differs": planned["differs"], "bytes": size},
-    }
+    rec = QuantRecord(quant=q.describe(), base=q.base, tool="llama-quantize", toolchain=tc.describe(),
+                      seconds=round(res.seconds, 1),
+                      tensor_types={"histogram": planned["histogram"], "differs": planned["differs"], "bytes": size})
     if q.tensor_types_file:
-        rec["tensor_types_file"] = {"file": q.tensor_types_file.name, "sha256": sha256_file(q.tensor_types_file)}
+        rec.tensor_types_file = {"file": q.tensor_types_file.name, "sha256": sha256_file(q.tensor_types_file)}
     if q.imatrix:
-        rec["imatrix_sha256"] = sha256_file(imatrix)
+        rec.imatrix_sha256 = sha256_file(imatrix)
     if layout:
-        rec["mix"] = layout
-    write_json_atomic(record, rec)
-    return rec
+        rec.mix = layout
+    rec.write(record)
+    return rec.to_dict()
 
 
 def _run(j) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import shutil
@@ -13,10 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.errors import PipelineError
-from pipeline.fsutil import sha256_file, write_json_atomic
+from pipeline.fsutil import sha256_file
 from pipeline.gguf import read_header
 from pipeline.provenance import python_versions
 from pipeline.recipe import EvalSet, load_recipe
+from pipeline.records import ConformanceRecord, EvalBaseRecord
 from pipeline.stagedef import Stage, logits_bytes, mem_mb
 from pipeline.stages.conformance.causes import backend_spec, control_typed, merging_variant, read_normalizer
 from pipeline.stages.conformance.common import (
@@ -193,11 +193,11 @@ def run(recipe, base_gguf, hf_dir, logits_file, base_record, out_record, log=Non
         log.parent.mkdir(parents=True, exist_ok=True)
     settings = _settings(recipe)
     if settings is None:
-        rec = {"recipe": name, "passed": True, "skipped": "the recipe opts out (conformance: false)", "failures": [],
-               "warnings": [], "checks": {}}
-        write_json_atomic(out_record, rec)
+        rec = ConformanceRecord(recipe=name, passed=True, skipped="the recipe opts out (conformance: false)",
+                                failures=[], warnings=[], checks={})
+        rec.write(out_record)
         _log(log, f"[conformance] {name}: skipped: the recipe opts out")
-        return rec
+        return rec.to_dict()
     base_gguf, hf_dir = Path(base_gguf), Path(hf_dir)
     for p, label in ((base_gguf, "base GGUF"), (hf_dir / "config.json", "HF folder's config.json")):
         if not p.is_file():
@@ -255,7 +255,7 @@ def run(recipe, base_gguf, hf_dir, logits_file, base_record, out_record, log=Non
     if logits_file is None:
         details["logits"] = _not_run("not run: the recipe has no eval text")
     else:
-        base_ppl = json.loads(Path(base_record).read_text()).get("ppl") if base_record else None
+        base_ppl = EvalBaseRecord.read(base_record, "conformance").get("ppl") if base_record else None
         details["logits"] = check_logits(name, hf_dir, logits_file, bool(vocab.get("add_bos")), vocab.get("bos"),
                                          settings["chunks"], trust, awq_base, base_ppl,
                                          n_tokens=vocab.get("n_tokens"))
@@ -269,37 +269,36 @@ def run(recipe, base_gguf, hf_dir, logits_file, base_record, out_record, log=Non
     if "awq" in lg:
         seconds["logits_awq"] = lg["awq"].pop("seconds", 0.0)
     seconds.update(hf_side=round(hf_side, 3), helper=round(helper_seconds, 3), total=round(time.monotonic() - t0, 3))
-    rec = {
-        "recipe": name,
-        "passed": not failures,
-        "failures": failures,
-        "warnings": warnings,
-        "checks": {k: compact(k, c) for k, c in details.items()},
-        "thresholds": dict(THRESHOLDS),
-        "chunks": settings["chunks"],
+    rec = ConformanceRecord(
+        recipe=name,
+        passed=not failures,
+        failures=failures,
+        warnings=warnings,
+        checks={k: compact(k, c) for k, c in details.items()},
+        thresholds=dict(THRESHOLDS),
+        chunks=settings["chunks"],
         # torch's threads: the float32 sums of the HF side depend on them (the stage fixes them: eval_threads)
-        "threads": sys.modules["torch"].get_num_threads() if "torch" in sys.modules else None,
-        "gguf": base_gguf.name,
-        "vocab": {k: vocab.get(k) for k in ("type", "n_tokens", "bos", "eos", "eot", "eom", "add_bos", "add_eos",
-                                            "eog")},
-        "helper_requests": len(requests),
-        "toolchain": tc.describe(),
-        "python": python_versions(),
-        "details": {k: {kk: vv for kk, vv in c.items() if kk not in ("failures", "warnings", "seconds")}
-                    for k, c in details.items()},
-        "seconds": seconds,
-    }
-    write_json_atomic(out_record, rec)
+        threads=sys.modules["torch"].get_num_threads() if "torch" in sys.modules else None,
+        gguf=base_gguf.name,
+        vocab={k: vocab.get(k) for k in ("type", "n_tokens", "bos", "eos", "eot", "eom", "add_bos", "add_eos", "eog")},
+        helper_requests=len(requests),
+        toolchain=tc.describe(),
+        python=python_versions(),
+        details={k: {kk: vv for kk, vv in c.items() if kk not in ("failures", "warnings", "seconds")}
+                 for k, c in details.items()},
+        seconds=seconds,
+    )
+    rec.write(out_record)
     for line in failures:
         _log(log, line)
     for line in warnings:
         _log(log, f"warning: {line}")
-    for k, c in rec["checks"].items():
+    for k, c in rec.checks.items():
         _log(log, f"[conformance] {name}: {k}: {'pass' if c['passed'] else 'FAIL'}: "
                   f"{c.get('summary') or c.get('not_run', '')} ({seconds[k]:.2f}s)")
-    _log(log, f"[conformance] {name}: {'passed' if rec['passed'] else 'FAILED'} ({seconds['total']:.1f}s, "
+    _log(log, f"[conformance] {name}: {'passed' if rec.passed else 'FAILED'} ({seconds['total']:.1f}s, "
               f"helper {seconds['helper']:.2f}s for {len(requests)} requests)")
-    return rec
+    return rec.to_dict()
 
 
 def run_stage(recipe, layout, threads: int = 2, tc: Toolchain | None = None, log: str | os.PathLike | None = None,

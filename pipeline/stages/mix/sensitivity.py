@@ -28,6 +28,7 @@ from pipeline.fsutil import atomic_output, sha256_file, write_json_atomic
 from pipeline.gguf.reader import read_header
 from pipeline.gguf.types import padded_nbytes
 from pipeline.recipe import EvalSet, Recipe
+from pipeline.records import SensitivityRecord
 from pipeline.stagedef import Stage, mem_mb
 from pipeline.stages.evaluate import check_text, kl_divergence, write_base_logits
 from pipeline.stages.mix.groups import bands, group_tensors
@@ -180,11 +181,11 @@ def sensitivity(recipe: Recipe, flavour: str, base_gguf: str | Path, ref_gguf: s
     data["floor_kld"] = floor
     data["groups"] = out_groups
     write_json_atomic(out_json, data)
-    rec = {"flavour": flavour, "groups": len(groups), "candidates": len(cands), "n_layers": len(data["bands"]) and
-           data["bands"][-1][1] + 1, "measurements": n_total, **cost,
-           "quantize_seconds": round(cost["quantize_seconds"], 1), "eval_seconds": round(cost["eval_seconds"], 1),
-           "seconds": round(time.monotonic() - t0, 1), "sensitivity_sha256": sha256_file(out_json)}
-    write_json_atomic(record, rec)
+    SensitivityRecord(flavour=flavour, groups=len(groups), candidates=len(cands),
+                      n_layers=len(data["bands"]) and data["bands"][-1][1] + 1, measurements=n_total,
+                      **{**cost, "quantize_seconds": round(cost["quantize_seconds"], 1),
+                         "eval_seconds": round(cost["eval_seconds"], 1)},
+                      seconds=round(time.monotonic() - t0, 1), sensitivity_sha256=sha256_file(out_json)).write(record)
     return data
 
 

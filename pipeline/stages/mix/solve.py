@@ -20,15 +20,15 @@ llama-quantize will write each tensor as predicted and the file at the predicted
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 from pathlib import Path
 
 from pipeline.errors import PipelineError
-from pipeline.fsutil import atomic_output, sha256_file, write_json_atomic
+from pipeline.fsutil import atomic_output, sha256_file
 from pipeline.gguf.reader import read_header
 from pipeline.gguf.types import padded_nbytes
 from pipeline.recipe import Recipe
+from pipeline.records import MixLayoutRecord, load_json
 from pipeline.stagedef import Stage
 from pipeline.stages.mix.plan import budget_bytes, dry_run_types, header_bytes, imatrix_args, map_text
 from pipeline.tools import Toolchain, find_toolchain
@@ -120,7 +120,7 @@ def solve(recipe: Recipe, key: str, sensitivity_json: str | Path, base_gguf: str
     where = f"{recipe.path}: solve {key}"
     if q.mix is None:
         raise PipelineError(f"{where}: {key} is not a mix")
-    data = json.loads(Path(sensitivity_json).read_text())
+    data = load_json(sensitivity_json, "solve")  # the sensitivity measurement (a dict: check_budgets reads it too)
     base, im = Path(base_gguf).resolve(), (Path(imatrix).resolve() if imatrix else None)
     if data["base"]["sha256"] != sha256_file(base):
         raise PipelineError(f"{where}: {sensitivity_json} was measured on another {base.name} (run sensitivity again)")
@@ -186,7 +186,7 @@ def solve(recipe: Recipe, key: str, sensitivity_json: str | Path, base_gguf: str
     }
     with atomic_output(out_map) as tmp:
         tmp.write_text(text)
-    write_json_atomic(out_layout, layout)
+    MixLayoutRecord(**layout).write(out_layout)
     return layout
 
 
