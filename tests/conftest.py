@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
-from helpers import BOTCHAN, DEMO_RECIPE, ROOT, TINY_COMMIT, TINY_NAME, TINY_REPO, snakemake
+from helpers import BOTCHAN, DEMO_RECIPE, GATES_NAME, TINY_COMMIT, TINY_NAME, TINY_REPO, snakemake
 
 TIERS = ("unit", "integration", "e2e")
 TESTS = Path(__file__).resolve().parent
@@ -130,30 +130,27 @@ class FailingBuild(NamedTuple):
 
 
 @pytest.fixture(scope="session")
-def failing_build(tmp_path_factory, demo_hub):
-    """One real build that must fail: Q8_0 passes, a Q2_K has an impossible gate, and the draft is a
-    tiny model with llama.cpp's llama-spm test vocabulary (incompatible with the demo's BPE vocab).
-    Shared by test_gates and test_draft; what the build left is snapshotted here, since
-    test_gates' re-judging test rebuilds in the same folder afterwards."""
+def failing_build(tmp_path_factory, tiny_hub):
+    """One real build that must fail, of the tiny model (tiny_hub: what it proves needs no trained weights): Q8_0
+    passes, a Q2_K has an impossible gate, and the draft is a tiny model with llama.cpp's GPT-2 test vocabulary
+    (BPE: incompatible with the tiny model's SentencePiece vocab). Shared by test_gates and test_draft; what the
+    build left is snapshotted here, since test_gates' re-judging test rebuilds in the same folder afterwards."""
     import yaml
     from helpers.gguf_factory import tiny_llama
 
     from pipeline.tools import find_toolchain
 
+    hub, tiny_recipe = tiny_hub
     work = tmp_path_factory.mktemp("gates")
-    draft = tiny_llama(work / "tiny-spm.gguf",
-                       tokenizer_from=find_toolchain().root / "vocab" / "ggml-vocab-llama-spm.gguf")
-    data = yaml.safe_load(DEMO_RECIPE.read_text())
-    data.update(name="smollm2-gates", bench=False, conformance=False,
-                quants=["Q8_0", {"type": "Q2_K", "gates": {"max_kld_mean": 0.0001}}],
+    draft = tiny_llama(work / "tiny-bpe.gguf", tokenizer_from=find_toolchain().root / "vocab" / "ggml-vocab-gpt-2.gguf")
+    data = yaml.safe_load(tiny_recipe.read_text())
+    data.update(name=GATES_NAME, quants=["Q8_0", {"type": "Q2_K", "gates": {"max_kld_mean": 0.0001}}],
                 draft={"gguf": str(draft), "n_max": 4, "prompts": 1})
-    data["gates"][0]["text"] = str(ROOT / "data" / "botchan.txt")
-    data["gates"][0]["chunks"] = 9  # 2295 scored tokens at ctx 512: the fewest a recipe may ask (>= 2048)
-    recipe = work / "recipes" / "smollm2-gates.yaml"
+    recipe = work / "recipes" / f"{GATES_NAME}.yaml"
     recipe.parent.mkdir()
     recipe.write_text(yaml.safe_dump(data, sort_keys=False))
-    res = snakemake(work, recipe, cores=2, hub=demo_hub)
-    folder = work / "artifacts" / "smollm2-gates"
+    res = snakemake(work, recipe, cores=2, hub=hub)
+    folder = work / "artifacts" / GATES_NAME
     return FailingBuild(work, recipe, res, draft, json.loads((folder / "manifest.json").read_text()),
                         sorted(p.name for p in folder.glob("*.gguf")),
-                        (work / "work" / "smollm2-gates" / "gate.ok").exists())
+                        (work / "work" / GATES_NAME / "gate.ok").exists())

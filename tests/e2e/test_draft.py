@@ -7,6 +7,8 @@ import json
 import re
 import subprocess
 
+from helpers import GATES_NAME
+
 from pipeline.distribution.verify import verify
 
 NAME = "smollm2-135m"
@@ -46,11 +48,11 @@ def test_incompatible_draft_fails_build(failing_build):
     res, m = failing_build.res, failing_build.manifest
     out = res.stdout + res.stderr
     assert res.returncode != 0
-    assert re.search(r"draft tiny-spm\.gguf is incompatible with smollm2-gates-Q8_0\.gguf \(llama\.cpp rule "
-                     r"vocab_type\): vocab type differs: main bpe, draft spm", out), out[-3000:]
+    assert re.search(r"draft tiny-bpe\.gguf is incompatible with tiny-gates-Q8_0\.gguf \(llama\.cpp rule "
+                     r"vocab_type\): vocab type differs: main spm, draft bpe", out), out[-3000:]
     pair = m["draft"]["pairs"][0]
     assert pair["compatible"] is False and pair["rule"] == "vocab_type" and "acceptance" not in pair
-    assert m["draft"]["gguf"]["file"] == "tiny-spm.gguf" and len(m["draft"]["gguf"]["sha256"]) == 64
+    assert m["draft"]["gguf"]["file"] == "tiny-bpe.gguf" and len(m["draft"]["gguf"]["sha256"]) == 64
     assert any(f["check"] == "draft_vocab" for f in m["failures"])
     assert [e["quant_type"] for e in m["artifacts"]] == ["F16", "Q8_0"]  # passing quants still published
 
@@ -59,7 +61,7 @@ def test_llama_cpp_agrees_the_pair_is_incompatible(failing_build, toolchain, tmp
     work, draft = failing_build.work, failing_build.draft
     prompt = tmp_path / "p.txt"
     prompt.write_text("Once upon a time")
-    main = work / "work" / "smollm2-gates" / "quants" / "smollm2-gates-Q8_0.gguf"
+    main = work / "work" / GATES_NAME / "quants" / f"{GATES_NAME}-Q8_0.gguf"
     res = subprocess.run([str(toolchain.tool("llama-speculative-simple")), "-m", str(main), "-md", str(draft),
                           "--spec-type", "draft-simple", "-f", str(prompt), "-n", "8", "-t", "1", "-c", "256"],
                          capture_output=True, text=True, env={"GGML_NO_BACKTRACE": "1", "PATH": "/usr/bin:/bin"})
