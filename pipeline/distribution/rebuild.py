@@ -22,6 +22,7 @@ Exit status 0 only when every row matches; 1 otherwise (a refusal, a failed buil
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -292,8 +293,6 @@ def _rows_for(entry: dict, name: str, layout) -> list[Row]:
 
 
 def _canonical_sha(obj) -> str:
-    import hashlib
-
     return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 

@@ -25,6 +25,7 @@ from pipeline.devices.memory import components
 from pipeline.devices.plan import Facts, model_shape, source_facts
 from pipeline.errors import PipelineError
 from pipeline.recipe.devices import Device
+from pipeline.recipe.load import load_recipe
 from pipeline.stages.fetch import PICKLE_PATTERNS, _wanted, check_safetensors, hub_snapshot_dir, read_config
 
 # Stock quants a device suggestion chooses from, largest first (no IQ types: they need an importance matrix).
@@ -287,8 +288,6 @@ def render(src: CheckpointFacts, name: str, out: Path, gates_text: Path, quants:
 
 def write_recipe(out: Path, text: str, quantize_exe: str | None):
     """Write ``text`` to ``out`` atomically and never over an existing file; validate it first (load_recipe)."""
-    from pipeline.recipe.load import load_recipe
-
     if out.exists() or out.is_symlink():
         raise PipelineError(f"{out} exists: not overwritten (remove it or pass another --out)")
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -24,8 +24,13 @@ from pathlib import Path
 
 from pipeline.errors import PipelineError
 from pipeline.fsutil import sha256_file, write_text_atomic
+from pipeline.gguf import ArrayValue, read_header
+from pipeline.gguf.types import STRING
 from pipeline.layout import Layout
+from pipeline.provenance import source_files_digest
 from pipeline.records import ConformanceRecord, FetchRecord
+from pipeline.stages.conformance.common import load_conversations
+from pipeline.stages.report_mix import heatmap_name
 from pipeline.stages.split import model_path
 
 MODEL_ROLES = ("base", "quant")  # artifacts that get a Modelfile (not e.g. a separate MTP-heads file)
@@ -59,8 +64,6 @@ def mix_files(manifest: dict) -> list[tuple[str, str, str | None]]:
     Hub files: each published mix's map (kind ``tensor-types``, the SHA256 the manifest vouches for) in manifest
     order, then each flavour's heat map (kind ``heatmap``; derived from the manifest, no recorded SHA256). Empty for
     recipes without mixes."""
-    from pipeline.stages.report_mix import heatmap_name
-
     maps = [(m["file"], "tensor-types", m["sha256"]) for e in manifest.get("artifacts", [])
             for m in [(e.get("mix") or {}).get("map")] if m]
     return maps + [(heatmap_name(f), "heatmap", None) for f in manifest.get("sensitivity") or {}]
@@ -71,9 +74,6 @@ def mix_files(manifest: dict) -> list[tuple[str, str, str | None]]:
 
 def chat_format(gguf: str | Path) -> dict:
     """The chat template (Jinja, ``tokenizer.chat_template``) and the EOS / EOT token texts of a GGUF."""
-    from pipeline.gguf import ArrayValue, read_header
-    from pipeline.gguf.types import STRING
-
     r = read_header(gguf)
     ids = [r.metadata.get(k) for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")]
     arr = r.metadata.get("tokenizer.ggml.tokens")
@@ -212,9 +212,6 @@ def gguf_strings(path: str | Path, key: str, ids: list[int] | None = None) -> di
     """Entries of the string array ``key`` of a GGUF (all, or those at ``ids``), decoded as UTF-8 (errors
     replaced); None when the key is missing or not an array of strings. The header reader reads the array on
     demand, undecoded (gguf-py's reader decodes every vocabulary entry: seconds)."""
-    from pipeline.gguf import ArrayValue, read_header
-    from pipeline.gguf.types import STRING
-
     r = read_header(path)
     value = r.metadata.get(key)
     if not isinstance(value, ArrayValue) or value.elem_type != STRING:
@@ -253,8 +250,6 @@ def _load_json(path: Path, kind=None):
 def source_files(manifest: dict, layout) -> dict[str, Path]:
     """The fetched source's README.md and config.json (those present) when the fetch record in the work folder is
     the one the manifest was built from and each file still has the SHA256 it records; {} otherwise."""
-    from pipeline.provenance import source_files_digest
-
     name = manifest["name"]
     fetched = _load_json(Path(layout.fetch_record(name)), FetchRecord)
     if not isinstance(fetched, dict) or not isinstance(fetched.get("files"), dict):
@@ -356,8 +351,6 @@ def chat_facts(manifest: dict, base: Path | None, layout) -> dict | None:
     in the pinned llama.cpp tree, 4 render those conversations as Ollama's ChatML template does."""
     if base is None:
         return None
-    from pipeline.gguf import read_header
-    from pipeline.stages.conformance.common import load_conversations
 
     meta = read_header(base).metadata
     jinja = meta.get("tokenizer.chat_template")

@@ -25,13 +25,14 @@ import dataclasses
 import hashlib
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
 
 from pipeline import tools_backend as tb
 from pipeline.errors import ArtifactError, GateFailure, PipelineError
-from pipeline.fsutil import atomic_output, hashing_ahead, sha256_file, write_json_atomic
+from pipeline.fsutil import atomic_output, hashing_ahead, sha256_file, write_json_atomic, write_text_atomic
 from pipeline.gguf import general_metadata, read_facts
 from pipeline.layout import Layout, plain_name
 from pipeline.provenance import source_files_digest
@@ -44,9 +45,11 @@ from pipeline.records import (
     load_json,
 )
 from pipeline.stagedef import Stage, mem_mb
+from pipeline.stages.card import write_card
 from pipeline.stages.evaluate import gate_checks, gate_messages
+from pipeline.stages.hubfiles import publish_modelfiles
 from pipeline.stages.publish_devices import device_check_section, device_results, publish_slice
-from pipeline.stages.publish_files import IMATRIX_KEYS, _Files, _model_files  # noqa: F401 (IMATRIX_KEYS: tests)
+from pipeline.stages.publish_files import ModelFiles, model_files
 from pipeline.stages.publish_sections import (
     CONFORMANCE_REJECTED,
     _calibration_inputs,
@@ -60,7 +63,8 @@ from pipeline.stages.publish_sections import (
     sensitivity_section,
     strip_sensitivity_cost,
 )
-from pipeline.stages.split import model_path
+from pipeline.stages.report import write_report
+from pipeline.stages.split import SHARD_RE, model_path
 
 # The manifest schema; what each version added: docs/reproducibility.md, "Schema history".
 SCHEMA_VERSION = 8
@@ -93,8 +97,6 @@ def timestamp() -> str:
 
 def _link(src: Path, dst: Path) -> None:
     """Publish ``src`` at ``dst`` atomically (hard link when possible, else copy)."""
-    import shutil
-
     if dst.exists() and os.path.samefile(src, dst):
         return
     with atomic_output(dst) as tmp:
@@ -123,8 +125,6 @@ def artifact_sources(layout: Layout, name: str, entry: dict) -> list[tuple[Path,
 def link_artifact(layout: Layout, name: str, entry: dict) -> Path:
     """Publish one manifest artifact into ``artifacts/<name>/`` by hard link: the GGUF, or the folder of a
     split file's shards (holding nothing else)."""
-    import shutil
-
     dest = layout.check_art_dir(name) / plain_name(entry["file"], "artifact file")
     files = artifact_sources(layout, name, entry)
     if entry.get("split"):
@@ -167,7 +167,7 @@ def build_manifest(recipe: Recipe, layout: Layout) -> tuple[dict, dict]:
         raise PipelineError(f"{base_path}: general.file_type says {base.quant_type}, recipe asks for {recipe.base_key}")
     eval_sets, eval_base, eval_threads = _eval_sets(recipe, layout)
     metrics = {base.quant_type: {s: {"ppl": v["ppl"]} for s, v in eval_base.items()}} if eval_base else {}
-    files = _model_files(recipe, layout, base, converted, metrics)
+    files = model_files(recipe, layout, base, converted, metrics)
     sections = _recipe_sections(recipe, layout, files)
     manifest = {
         "schema_version": SCHEMA_VERSION,
@@ -214,7 +214,7 @@ def _eval_sets(recipe: Recipe, layout: Layout) -> tuple[list[dict], dict, dict]:
     return eval_sets, eval_base, eval_threads
 
 
-def _recipe_sections(recipe: Recipe, layout: Layout, files: _Files) -> _Sections:
+def _recipe_sections(recipe: Recipe, layout: Layout, files: ModelFiles) -> _Sections:
     """The tokenizer keys of every file and the sections beyond the file entries; a failed conformance moves every
     published file to ``rejected`` (the reference itself is not the HF model: no file of the recipe is published)."""
     _tokenizer_keys(recipe, layout, files.artifacts, files.rejected)
@@ -233,7 +233,7 @@ def _recipe_sections(recipe: Recipe, layout: Layout, files: _Files) -> _Sections
                      device_failures, draft, draft_failures, draft_timings)
 
 
-def _optional_sections(recipe: Recipe, converted: ConvertRecord, files: _Files, s: _Sections) -> dict:
+def _optional_sections(recipe: Recipe, converted: ConvertRecord, files: ModelFiles, s: _Sections) -> dict:
     """The manifest's sections that only some recipes have, in manifest order."""
     out: dict = {}
     if s.sensitivity:
@@ -253,7 +253,7 @@ def _optional_sections(recipe: Recipe, converted: ConvertRecord, files: _Files, 
     return out
 
 
-def _build_section(recipe: Recipe, layout: Layout, tools: dict, eval_threads: dict, files: _Files,
+def _build_section(recipe: Recipe, layout: Layout, tools: dict, eval_threads: dict, files: ModelFiles,
                    s: _Sections) -> dict:
     """The manifest's ``build`` section: when, on what, and the build box's volatile figures."""
     bench = {}
@@ -275,13 +275,6 @@ def _build_section(recipe: Recipe, layout: Layout, tools: dict, eval_threads: di
 
 def publish(recipe: Recipe, layout: Layout) -> dict:
     """Entry function: publish passing quants; write metrics, report, plot, card, Modelfiles and manifest."""
-    import shutil
-
-    from pipeline.stages.card import write_card
-    from pipeline.stages.hubfiles import publish_modelfiles
-    from pipeline.stages.report import write_report
-    from pipeline.stages.split import SHARD_RE
-
     name = recipe.name
     layout.check_art_dir(name)  # before anything is written: never through a symlink out of artifacts/
     # The GGUFs' SHA256s (0.5 s of CPU for the demo's 630 MB) by two helper threads, beside this one's header
@@ -363,7 +356,6 @@ def check_gates(manifest_path: str | Path, ok_path: str | Path) -> None:
     if msgs:
         quants = sum(e.get("role") == "quant" for e in manifest["artifacts"])
         raise GateFailure(gate_checks(manifest), quants)
-    from pipeline.fsutil import write_text_atomic
 
     write_text_atomic(ok_path, manifest["build_id"] + "\n")
 

@@ -9,14 +9,15 @@ from pathlib import Path
 
 from pipeline.errors import PipelineError
 from pipeline.fsutil import sha256_file
-from pipeline.gguf import read_facts
+from pipeline.gguf import file_type_name, read_facts, read_header
 from pipeline.layout import Layout
 from pipeline.recipe import Recipe
 from pipeline.recipe.naming import label_of_key
 from pipeline.records import AwqRecord, ConvertRecord, EvalRecord, ImatrixRecord, QuantRecord
 from pipeline.stages.evaluate import failure_message, verdict
 from pipeline.stages.mtp import MTP_KEYS, lost_heads, mtp_facts
-from pipeline.stages.publish_sections import _mtp_draft_entry, mix_entry
+from pipeline.stages.publish_sections import mix_entry, mtp_draft_entry
+from pipeline.stages.split import read_shards
 
 
 def _split_entry(recipe: Recipe, layout: Layout, key: str, entry: dict) -> dict:
@@ -24,9 +25,6 @@ def _split_entry(recipe: Recipe, layout: Layout, key: str, entry: dict) -> dict:
     ``<name>-<KEY>`` with its shards (name, SHA256, size, tensors), the facts of the whole model (quant
     type, bpw, tensor and parameter counts, read from the whole file) and that file's SHA256 (``unsplit``:
     what eval and bench measured; kept in work/, not published)."""
-    from pipeline.gguf import file_type_name
-    from pipeline.stages.split import read_shards
-
     # the label both the Hub and llama.cpp's `-hf <repo>:<LABEL>` read from the file name (pipeline/recipe/naming.py)
     entry = {**entry, "label": label_of_key(key)}
     cfg = recipe.split_for(key)
@@ -58,8 +56,6 @@ IMATRIX_KEYS = ("quantize.imatrix.file", "quantize.imatrix.dataset", "quantize.i
 def _calibration(recipe: Recipe, layout: Layout, q, gguf_path: Path, seconds: dict) -> tuple[dict, list[dict]]:
     """A quant's ``calibration`` entry (AWQ params, imatrix settings and SHA256s) and the failures
     of its cross-check against the GGUF's own ``quantize.imatrix.*`` keys."""
-    from pipeline.gguf import read_header
-
     out: dict = {}
     failures: list[dict] = []
     if q.awq:
@@ -96,8 +92,8 @@ GATE_METRICS = ("ppl_q", "ppl_ratio", "ln_ppl_ratio", "kld_mean", "kld_median", 
 
 
 @dataclasses.dataclass
-class _Files:
-    """The manifest's model files (:func:`_model_files`) and what later sections need of them."""
+class ModelFiles:
+    """The manifest's model files (:func:`model_files`) and what later sections need of them."""
     artifacts: list[dict]
     rejected: list[dict]
     by_key: dict[str, dict]  # the entries a device can check on the slice
@@ -105,7 +101,7 @@ class _Files:
     calib_seconds: dict = dataclasses.field(default_factory=dict)
 
 
-def _model_files(recipe: Recipe, layout: Layout, base, converted: ConvertRecord, metrics: dict) -> _Files:
+def model_files(recipe: Recipe, layout: Layout, base, converted: ConvertRecord, metrics: dict) -> ModelFiles:
     """The base (and the MTP draft of ``mtp: separate``) and every quant, published or rejected with its failures;
     each quant's figures go into ``metrics``."""
     base_mtp = mtp_facts(layout.base_gguf(recipe))
@@ -117,9 +113,9 @@ def _model_files(recipe: Recipe, layout: Layout, base, converted: ConvertRecord,
     if converted_mode != recipe.mtp:
         raise PipelineError(f"{layout.convert_record(recipe)}: converted with mtp: {converted_mode}, the recipe asks for "
                             f"mtp: {recipe.mtp}: re-run the convert stage")
-    files = _Files(artifacts=[first], rejected=[], by_key={base.quant_type: first})
+    files = ModelFiles(artifacts=[first], rejected=[], by_key={base.quant_type: first})
     if recipe.mtp == "separate":
-        files.artifacts.append(_split_entry(recipe, layout, recipe.mtp_key, _mtp_draft_entry(recipe, layout)))
+        files.artifacts.append(_split_entry(recipe, layout, recipe.mtp_key, mtp_draft_entry(recipe, layout)))
     for q in recipe.quants:
         entry, failures = _quant_entry(recipe, layout, q, base.quant_type, base_mtp, files, metrics)
         entry = _split_entry(recipe, layout, q.key, entry)
@@ -132,7 +128,7 @@ def _model_files(recipe: Recipe, layout: Layout, base, converted: ConvertRecord,
     return files
 
 
-def _quant_entry(recipe: Recipe, layout: Layout, q, base_type: str, base_mtp: dict, files: _Files,
+def _quant_entry(recipe: Recipe, layout: Layout, q, base_type: str, base_mtp: dict, files: ModelFiles,
                  metrics: dict) -> tuple[dict, list[dict]]:
     """A quant's manifest entry (whole file) and its failures: calibration, gates, MTP heads."""
     name = recipe.name

@@ -7,9 +7,10 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from pipeline.devices.memory import predict_memory, repack_types
 from pipeline.errors import PipelineError
 from pipeline.fsutil import sha256_file
-from pipeline.gguf import read_facts
+from pipeline.gguf import read_facts, tokenizer_sha256
 from pipeline.layout import Layout
 from pipeline.recipe import Recipe
 from pipeline.recipe.model import MTP_DRAFT_KEY
@@ -46,8 +47,6 @@ def _conformance_section(recipe: Recipe, layout: Layout) -> tuple[dict, list[dic
 def _tokenizer_keys(recipe: Recipe, layout: Layout, artifacts: list[dict], rejected: list[dict]) -> None:
     """Each model file's ``tokenizer_sha256`` (its tokenizer.* keys, chat templates included, byte for byte); a
     file whose keys differ from the base's is rejected."""
-    from pipeline.gguf import tokenizer_sha256
-
     base = tokenizer_sha256(layout.base_gguf(recipe))
     for entry in list(artifacts) + rejected:
         path = layout.built(recipe.name, entry["file"] if not entry.get("split") else entry["file"] + ".gguf")
@@ -84,7 +83,7 @@ def _calibration_inputs(recipe: Recipe) -> dict:
     return out
 
 
-def _mtp_draft_entry(recipe: Recipe, layout: Layout) -> dict:
+def mtp_draft_entry(recipe: Recipe, layout: Layout) -> dict:
     """The artifact entry of the MTP-head draft exported by ``mtp: separate``."""
     path = layout.mtp_gguf(recipe)
     rec = MtpConvertRecord.read(layout.mtp_record(recipe))
@@ -276,8 +275,6 @@ def fits_section(name: str, devices, files: list[tuple[str, str, int, Path]], pr
     GGUF)`` of each published model file (base, quants); ``predict(path, device)``: :func:`predict_memory`'s dict.
     A device's ``best`` is the largest quant (by file bytes) that fits; per file: the predicted ``total``, ``fits``,
     ``margin_bytes`` (memory minus total, negative when it does not fit)."""
-    from pipeline.devices.memory import repack_types
-
     section: dict = {}
     failures: list[dict] = []
     warnings: list[str] = []
@@ -313,7 +310,6 @@ def devices_section(recipe: Recipe, layout: Layout, artifacts: list[dict]) -> tu
     recipe without ``devices:``."""
     if not recipe.devices:
         return {}, [], []
-    from pipeline.devices.memory import predict_memory
 
     files = []
     for e in artifacts:

@@ -13,7 +13,7 @@ def test_imatrix_build(tmp_path, tiny_hub):
     """imatrix flavours of the tiny model built by the real workflow: the quant records the matrix
     (GGUF keys), the manifest records it with SHA256s, and both agree; the plain flavour has none."""
     from pipeline.gguf import read_header
-    from pipeline.stages.publish import IMATRIX_KEYS
+    from pipeline.stages.publish_files import IMATRIX_KEYS
 
     recipe = tmp_path / "recipes" / "imx.yaml"
     recipe.parent.mkdir()
