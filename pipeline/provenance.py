@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-from importlib import metadata
 
 WEIGHT_PACKAGES = ("torch", "transformers", "safetensors", "tokenizers", "huggingface_hub", "numpy", "gguf",
                    "sentencepiece", "autoawq")
 
 
 def python_versions(packages=WEIGHT_PACKAGES) -> dict:
+    from importlib import metadata  # 15 ms (the email package): every stage process loads this module, few call this
+
     out = {}
     for name in packages:
         try:

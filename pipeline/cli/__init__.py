@@ -23,10 +23,17 @@ COMMANDS = ("install_tools", "setup_demo", "validate", "build", "clean_logits", 
             "rebuild_check", "info", "verify", "device_check", "fit", "plan", "init", "hub_publish", "stage")
 
 
+# a command's name -> its module (device_check's module registers `collect` too)
+MODULE_OF = {**{name.replace("_", "-"): name for name in COMMANDS}, "collect": "device_check"}
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     ap = argparse.ArgumentParser(prog="ggufpipe", description="Model-preparation build pipeline for llama.cpp")
     sub = ap.add_subparsers(dest="cmd", required=True)
-    for name in COMMANDS:
+    # Only the module of the command being run is loaded: every Snakemake job is a fresh `ggufpipe stage` process.
+    command = next((a for a in argv if not a.startswith("-")), None)
+    for name in [MODULE_OF[command]] if command in MODULE_OF else COMMANDS:
         importlib.import_module(f"pipeline.cli.{name}").register(sub)
 
     args = ap.parse_args(argv)

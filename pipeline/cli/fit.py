@@ -3,8 +3,8 @@ docs/devices.md. Exit status 0 when it fits, 1 (one line ``error: ...``) when it
 
 from __future__ import annotations
 
-from pipeline.devices.memory import ModelShape, components, parse_size
-from pipeline.devices.profiles import ARCH_FEATURES, KV_TYPES
+from pipeline.devices.memory import ModelShape, components
+from pipeline.devices.profiles import ARCH_FEATURES, KV_TYPES, parse_size
 from pipeline.errors import PipelineError
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.devices.memory import ARCH_FEATURES, parse_size
+from pipeline.devices.profiles import ARCH_FEATURES, parse_size
 from pipeline.errors import PipelineError
 from pipeline.recipe.devices import Device
 from pipeline.recipe.init import DEFAULT_QUANTS, inspect_source, render, slug, write_recipe

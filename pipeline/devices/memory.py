@@ -47,7 +47,6 @@ predicted from config.json and safetensors headers before any GGUF exists (:func
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -393,14 +392,3 @@ def predict_memory(gguf_path: str | os.PathLike, ctx: int, kv_type: str = "f16",
     return p
 
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B?)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-
-
-def parse_size(text: str) -> int:
-    """A memory size as ``ggufpipe fit --mem`` and recipe ``devices[].memory`` take it: ``8G``, ``8GiB``, ``512M``,
-    ``1.5G``, ``123456`` (bytes) -> bytes; binary units (G = GiB)."""
-    m = _SIZE.match(text)
-    if not m:
-        raise PipelineError(f"{text!r} is not a memory size such as 8G, 512M or 1.5GiB")
-    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])

@@ -4,6 +4,10 @@ GGUF reader at every `ggufpipe` command's start."""
 
 from __future__ import annotations
 
+import re
+
+from pipeline.errors import PipelineError
+
 # CPU feature profiles -> the features ggml_repack_get_optimal_repack_type asks about.
 # x86_64: the pinned build (toolchain.json: -DGGML_NATIVE=OFF) compiles AVX, AVX2, FMA, F16C, BMI2 but not
 # AVX512 (ggml/CMakeLists.txt:141-166: INS_ENB on, GGML_AVX512 default OFF); its system_info prints
@@ -19,3 +23,16 @@ ARCH_FEATURES: dict[str, frozenset[str]] = {
 # KV cache types llama.cpp accepts for -ctk/-ctv (common/arg.cpp kv_cache_types)
 KV_TYPES = {"f32": "F32", "f16": "F16", "bf16": "BF16", "q8_0": "Q8_0", "q4_0": "Q4_0", "q4_1": "Q4_1",
             "iq4_nl": "IQ4_NL", "q5_0": "Q5_0", "q5_1": "Q5_1"}
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """A memory size as ``ggufpipe fit --mem`` and recipe ``devices[].memory`` take it: ``8G``, ``8GiB``, ``512M``,
+    ``1.5G``, ``123456`` (bytes) -> bytes; binary units (G = GiB)."""
+    m = _SIZE.match(text)
+    if not m:
+        raise PipelineError(f"{text!r} is not a memory size such as 8G, 512M or 1.5GiB")
+    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from pipeline.devices.memory import ARCH_FEATURES, KV_TYPES, parse_size
+from pipeline.devices.profiles import ARCH_FEATURES, KV_TYPES, parse_size
 from pipeline.errors import PipelineError
 from pipeline.recipe import schema as _schema
 

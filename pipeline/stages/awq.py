@@ -20,7 +20,6 @@ import os
 import shutil
 import time
 import traceback
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from pipeline.errors import PipelineError
@@ -235,6 +234,11 @@ def _save_weights(model, hf_dir: Path, dest: Path) -> None:
 
 
 def _version(dist: str) -> str | None:
+    from importlib.metadata import (  # 15 ms: the Snakefile and every stage load this module
+        PackageNotFoundError,
+        version,
+    )
+
     try:
         return version(dist)
     except PackageNotFoundError:

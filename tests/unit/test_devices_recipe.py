@@ -80,7 +80,7 @@ def test_refusals_are_one_line_naming_file_and_field(tmp_path, devices, where, w
 
 def test_memory_units_are_fits():
     """G is 2^30 as in `ggufpipe fit --mem`, and the reference says so."""
-    from pipeline.devices.memory import parse_size
+    from pipeline.devices.profiles import parse_size
 
     assert parse_size("8G") == 8 * GIB
     assert "2^30" in next(f.doc for f in section("devices[]").fields if f.key == "memory")
