@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import textwrap
 import time
 from pathlib import Path
 
@@ -35,6 +36,25 @@ def one_quant_recipe(src: Path, dest: Path) -> tuple:
     return path, data
 
 
+def steady_polling(folder: Path) -> Path:
+    """Snakemake with the Slurm plugin's status checks kept at their first interval. The plugin adds 10 s to the
+    interval after every check that finds no job finished (up to 180 s: snakemake_executor_plugin_slurm/__init__.py,
+    check_active_jobs), which on this one-node cluster of few-second jobs was most of the test's time."""
+    script = folder / "snakemake_steady.py"
+    script.write_text(textwrap.dedent("""\
+        import runpy
+
+        import snakemake_executor_plugin_slurm as slurm
+        from snakemake_interface_executor_plugins.executors.remote import RemoteExecutor
+
+        interval = RemoteExecutor.next_seconds_between_status_checks
+        slurm.Executor.next_seconds_between_status_checks = property(
+            interval.fget, lambda self, value: interval.fset(self, min(value, 2)))
+        runpy.run_module("snakemake", run_name="__main__", alter_sys=True)
+        """))
+    return script
+
+
 @pytest.mark.skipif(REASON is not None, reason=REASON or "")
 def test_slurm_build_equals_local_build(tmp_path, tiny_hub, tiny_build):
     hub, tiny_recipe = tiny_hub
@@ -47,7 +67,7 @@ def test_slurm_build_equals_local_build(tmp_path, tiny_hub, tiny_build):
     try:
         with cluster:
             up = time.monotonic() - started
-            res = snakemake(work, recipe, hub=hub, extra=[
+            res = snakemake(work, recipe, hub=hub, runner=steady_polling(tmp_path), extra=[
                 "--profile", str(ROOT / "profiles" / "slurm"),
                 "--slurm-init-seconds-before-status-checks", "2",  # small jobs: check soon
                 "--seconds-between-status-checks", "1",  # and often (default 10 s: most of the test's time)

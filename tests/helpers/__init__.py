@@ -34,11 +34,13 @@ PROJECT_DIRS = ["pipeline"]  # the package (its stages declare the Snakefile's r
 
 
 def snakemake(workdir: Path, recipes: list[Path] | Path, cores: int = 2, extra: list[str] | None = None,
-              env: dict | None = None, hub: Path | None = None, new_session: bool = False) -> subprocess.CompletedProcess:
+              env: dict | None = None, hub: Path | None = None, new_session: bool = False,
+              runner: Path | None = None) -> subprocess.CompletedProcess:
     """Run the real workflow (this repo's Snakefile) with its outputs under ``workdir``; ``new_session``: in a
-    process group of its own (which the ``:group`` kill of tests/e2e/test_faults.py may kill whole)."""
+    process group of its own (which the ``:group`` kill of tests/e2e/test_faults.py may kill whole); ``runner``: a
+    script that starts Snakemake in place of ``python -m snakemake``."""
     recipes = recipes if isinstance(recipes, list) else [recipes]
-    cmd = [sys.executable, "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"), "--directory", str(workdir),
+    cmd = [sys.executable, *([str(runner)] if runner else ["-m", "snakemake"]), "--snakefile", str(ROOT / "Snakefile"), "--directory", str(workdir),
            "--cores", str(cores), *(extra or []), "--config", "recipes=" + ",".join(str(r) for r in recipes)]
     full_env = dict(os.environ)
     full_env.update({"HF_HUB_OFFLINE": "1", "HF_TOKEN": FAKE_TOKEN})
