@@ -11,7 +11,7 @@
 printed: VmHWM polled from ``/proc/<pid>/status`` every 10 ms (the last value read before the process exits;
 VmHWM only grows) and ``ru_maxrss`` of the child from ``os.wait4`` (what ``/usr/bin/time -f %M`` prints).
 
-The prediction is :func:`pipeline.devices.memory.predict_memory` for (FILE, CTX). Its few fitted constants were
+The prediction is :func:`pipeline.memory.predict_memory` for (FILE, CTX). Its few fitted constants were
 fitted on the FIT set only (SmolLM2-135M F16 and Q8_0 at ctx 512 and 2048); the HELD-OUT set was never used
 to fit: SmolLM2 F16 at ctx 8192, other SmolLM2 quants (Q4_K_M: CPU-repacked Q4_K tensors; Q5_K_M; the calib
 build's Q3_K_M), and a generated Gemma-3 (GQA 8 heads / 4 KV heads of 128, 12 layers, sliding window 512 on 5
@@ -39,7 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pipeline.devices.memory import MIB, predict_memory  # noqa: E402
+from pipeline.memory import MIB, predict_memory  # noqa: E402
 from pipeline.tools import find_toolchain  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "bench"))

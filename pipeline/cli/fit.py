@@ -3,9 +3,9 @@ docs/devices.md. Exit status 0 when it fits, 1 (one line ``error: ...``) when it
 
 from __future__ import annotations
 
-from pipeline.devices.memory import ModelShape, components
-from pipeline.devices.profiles import ARCH_FEATURES, KV_TYPES, parse_size
 from pipeline.errors import PipelineError
+from pipeline.memory import ModelShape, components
+from pipeline.memory_profiles import ARCH_FEATURES, KV_TYPES, parse_size
 
 
 def _mib(n: float) -> str:

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.devices.profiles import ARCH_FEATURES, parse_size
 from pipeline.errors import PipelineError
+from pipeline.init import DEFAULT_QUANTS, inspect_source, render, slug, write_recipe
+from pipeline.memory_profiles import ARCH_FEATURES, parse_size
 from pipeline.recipe.devices import Device
-from pipeline.recipe.init import DEFAULT_QUANTS, inspect_source, render, slug, write_recipe
 from pipeline.tools import find_toolchain
 
 ROOT = Path(__file__).resolve().parent.parent.parent

@@ -12,7 +12,7 @@ from ``config.json`` (a Llama-style decoder: :func:`config_tensors`).
   its shape fallbacks), the base logits (:func:`pipeline.stagedef.logits_bytes`), shards, the AWQ copy and its GGUF.
 - **RAM** (:func:`ram_plan`): the peak RSS (VmHWM) of the largest process of each stage: the converter (Python,
   the safetensors mapped), llama-quantize, llama-perplexity / llama-imatrix (llama.cpp's buffers, the components of
-  :func:`pipeline.devices.memory.components` of the :func:`model_shape` the GGUF will have: :func:`llama_run_bytes`), AutoAWQ
+  :func:`pipeline.memory.components` of the :func:`model_shape` the GGUF will have: :func:`llama_run_bytes`), AutoAWQ
   and the conformance stage's float32 HF forward. Constants measured on this machine: :data:`RAM_FIT`.
 - **Slurm**, jobs and the pre-flight: :mod:`pipeline.devices.plan_jobs` (the ``resources:`` each stage declares, so
   ``ggufpipe plan`` evaluates the very expressions Snakemake does).
@@ -29,9 +29,9 @@ import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.devices.memory import FIT, TENSOR_ALIGNMENT, ModelShape, TensorShape, components, config_swa, pad
 from pipeline.errors import PipelineError
 from pipeline.gguf.types import GGML_TYPE_CODES, GGML_TYPES, tensor_nbytes
+from pipeline.memory import FIT, TENSOR_ALIGNMENT, ModelShape, TensorShape, components, config_swa, pad
 from pipeline.stagedef import logits_bytes
 
 MIB = 1 << 20
@@ -303,7 +303,7 @@ def _header_bytes(facts: Facts, n_tensors: int) -> int:
 
 
 def model_shape(facts: Facts, ftype: str):
-    """The :class:`pipeline.devices.memory.ModelShape` of the GGUF the build will write from ``facts`` (config.json
+    """The :class:`pipeline.memory.ModelShape` of the GGUF the build will write from ``facts`` (config.json
     + safetensors headers) at ``ftype`` (the base's F16/BF16 or a llama-quantize ftype): per tensor the type
     :func:`quant_tensor_type` picks (1-D tensors, biases and norms in F32), each padded in the data section."""
     n_gqa = facts.n_head // max(facts.n_head_kv, 1)
@@ -385,7 +385,7 @@ RAM_FIT = {
 
 def llama_run_bytes(facts: Facts, ftype: str, ctx: int, n_outputs: int, kl: str | None = None,
                     kv_type: str = "f16") -> dict:
-    """A llama.cpp CPU run's peak RSS on the ``ftype`` GGUF of ``facts``: :func:`pipeline.devices.memory.components`
+    """A llama.cpp CPU run's peak RSS on the ``ftype`` GGUF of ``facts``: :func:`pipeline.memory.components`
     of its :func:`model_shape` with ``n_outputs`` logits rows (llama-perplexity / llama-imatrix keep every token of a
     chunk), plus, in ``compute``, the tool's own buffers ``kl``: the ``--kl-divergence-base`` log-probabilities of
     llama-perplexity (``"base"``: a whole chunk as uint16, ``"quant"``: the scored half read back; ``"imatrix"``:

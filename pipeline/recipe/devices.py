@@ -1,5 +1,5 @@
 """Target devices of a recipe (``devices:``): what the publish stage predicts each published model file's memory on
-(pipeline/devices/memory.py) and reports as "fits on"; docs/devices.md#devices-in-a-recipe.
+(pipeline/memory.py) and reports as "fits on"; docs/devices.md#devices-in-a-recipe.
 (see pipeline/recipe/__init__.py)."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from pipeline.devices.profiles import ARCH_FEATURES, KV_TYPES, parse_size
 from pipeline.errors import PipelineError
+from pipeline.memory_profiles import ARCH_FEATURES, KV_TYPES, parse_size
 from pipeline.recipe import schema as _schema
 
 DEVICE_KEYS = _schema.keys("devices[]")

@@ -422,7 +422,7 @@ SPLIT = Section("split", "`split:`", (
 
 DEVICE = Section("devices[]", "`devices[]`: each target device", (
     "A device the published files are checked against: the memory llama.cpp's CPU build takes to run each model "
-    "file at the device's context and KV cache type is predicted from the GGUF alone (pipeline/devices/memory.py, "
+    "file at the device's context and KV cache type is predicted from the GGUF alone (pipeline/memory.py, "
     "the model of `ggufpipe fit`; within 0.978-1.046 of measured peak RSS, docs/devices.md) and compared with the "
     "device's memory. The manifest's `devices` section, the report and the card list every file per device and "
     "the largest quant that fits."

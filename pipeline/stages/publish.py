@@ -9,7 +9,7 @@ threshold. With ``publish.ollama`` in the recipe, an Ollama ``Modelfile.<KEY>`` 
 published model file (pipeline/distribution/hub.py) and listed with its SHA256 under ``ollama``. A measured mix's
 tensor-type map is published beside its GGUF (``<name>-<KEY>.tensor-types.txt``, SHA256 in its ``mix.map``) and each
 sensitivity measurement drawn as ``sensitivity-<flavour>.svg`` (pipeline/stages/report_mix.py). With recipe ``devices:``, every published
-base and quant's memory is predicted per device (``devices``: pipeline/devices/memory.py, publish_sections.fits_section);
+base and quant's memory is predicted per device (``devices``: pipeline/memory.py, publish_sections.fits_section);
 a ``require: true`` device that no published quant fits fails :func:`check_gates` like a failed gate.
 
 The manifest is deterministic: identical inputs give identical manifests apart from the ``build``

@@ -7,11 +7,11 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from pipeline.devices.memory import predict_memory, repack_types
 from pipeline.errors import PipelineError
 from pipeline.fsutil import sha256_file
 from pipeline.gguf import read_facts, tokenizer_sha256
 from pipeline.layout import Layout
+from pipeline.memory import predict_memory, repack_types
 from pipeline.recipe import Recipe
 from pipeline.recipe.model import MTP_DRAFT_KEY
 from pipeline.records import (

@@ -333,7 +333,7 @@ def fits_table(manifest: dict, short: bool = False) -> str:
                   "`manifest.json` has every file per device)."]
         return "\n".join(lines)
     lines = ["Predicted peak memory of llama.cpp's CPU build running each published file at the device's context "
-             "(`llama-bench -p <ctx>`'s peak RSS, `pipeline/devices/memory.py`: within 0.978-1.046 of measured, "
+             "(`llama-bench -p <ctx>`'s peak RSS, `pipeline/memory.py`: within 0.978-1.046 of measured, "
              "docs/devices.md); ✓: fits the device's memory. Best: the largest quant that fits.", "",
              "| device | memory | ctx | KV | CPU | " + " | ".join(keys) + " | best |",
              "|" + "---|" * (len(keys) + 6)]

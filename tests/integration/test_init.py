@@ -116,7 +116,7 @@ def test_init_never_overwrites(tmp_path, capsys, monkeypatch, hub, tiny_folder):
 
 
 def test_init_device_suggestions(tmp_path, capsys, monkeypatch, hub, tiny_folder):
-    from pipeline.recipe.init import STOCK_QUANTS, inspect_source, suggest
+    from pipeline.init import STOCK_QUANTS, inspect_source, suggest
     from pipeline.tools import find_toolchain
 
     tc = find_toolchain()

@@ -1,6 +1,6 @@
 """Recipe ``devices:`` (issue #20 item 1): parsing and its one-line refusals, the publish stage's ``devices`` section
 (fits, margins, the best quant, ``require`` failures, the arm64 repack warning) from synthetic predictions and from
-generated header-only GGUFs (pipeline/devices/memory.py reads only the header), and the "Fits on" tables of the
+generated header-only GGUFs (pipeline/memory.py reads only the header), and the "Fits on" tables of the
 report and the card. No llama.cpp tools."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import struct
 import pytest
 import yaml
 
-from pipeline.devices.memory import ARCH_FEATURES, KV_TYPES, predict_memory, repack_types
 from pipeline.errors import GateFailure, RecipeError
 from pipeline.gguf.types import GGML_TYPES
 from pipeline.layout import Layout
+from pipeline.memory import ARCH_FEATURES, KV_TYPES, predict_memory, repack_types
 from pipeline.recipe import load_recipe
 from pipeline.recipe.devices import Device
 from pipeline.recipe.schema import section
@@ -80,7 +80,7 @@ def test_refusals_are_one_line_naming_file_and_field(tmp_path, devices, where, w
 
 def test_memory_units_are_fits():
     """G is 2^30 as in `ggufpipe fit --mem`, and the reference says so."""
-    from pipeline.devices.profiles import parse_size
+    from pipeline.memory_profiles import parse_size
 
     assert parse_size("8G") == 8 * GIB
     assert "2^30" in next(f.doc for f in section("devices[]").fields if f.key == "memory")

@@ -1,4 +1,4 @@
-"""The memory model (pipeline/devices/memory.py) on generated header-only GGUFs, and ``ggufpipe fit``.
+"""The memory model (pipeline/memory.py) on generated header-only GGUFs, and ``ggufpipe fit``.
 
 The GGUFs are written here with the standard library (header, tensor infos, zero bytes of data): no llama.cpp,
 no numpy. What llama.cpp itself prints of the same components is checked in bench/memory_bench.py."""
@@ -10,7 +10,8 @@ import struct
 import pytest
 
 from pipeline.cli import main
-from pipeline.devices.memory import (
+from pipeline.gguf.types import GGML_TYPES
+from pipeline.memory import (
     CTX_PAD,
     FIT,
     TENSOR_ALIGNMENT,
@@ -20,7 +21,6 @@ from pipeline.devices.memory import (
     repacked,
     swa_layers,
 )
-from pipeline.gguf.types import GGML_TYPES
 
 U32, I32, F32, BOOL, STR, ARR, U64 = 4, 5, 6, 7, 8, 9, 10
 TYPE_ID = {name: tid for tid, (name, _, _) in GGML_TYPES.items()}
@@ -158,13 +158,13 @@ def test_swa_pattern_from_file_and_dense_first():
     ("Q2_K", "arm64", False), ("Q4_0", "generic", False),
 ])
 def test_repack_types_by_arch(tname, arch, expected):
-    from pipeline.devices.memory import ARCH_FEATURES
+    from pipeline.memory import ARCH_FEATURES
 
     assert repacked(tname, (256, 64), ARCH_FEATURES[arch]) is expected
 
 
 def test_repack_needs_row_multiple():
-    from pipeline.devices.memory import ARCH_FEATURES
+    from pipeline.memory import ARCH_FEATURES
 
     assert not repacked("Q4_0", (256, 12), ARCH_FEATURES["x86_64"])  # AVX2 8x8 needs ne[1] % 8
     assert repacked("Q4_0", (256, 12), ARCH_FEATURES["arm64"])  # NEON 4x8: % 4

@@ -1,4 +1,4 @@
-"""One memory model (pipeline/devices/memory.py ``components``) for a GGUF and for the checkpoint it is built from:
+"""One memory model (pipeline/memory.py ``components``) for a GGUF and for the checkpoint it is built from:
 a ModelShape read from a GGUF header and one predicted from config.json + safetensors headers
 (pipeline/devices/plan.py ``model_shape``) give the same components for the same model. No llama.cpp, no torch."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.devices import plan as P
-from pipeline.devices.memory import ModelShape, components
+from pipeline.memory import ModelShape, components
 
 from .test_memory_model import write_gguf
 

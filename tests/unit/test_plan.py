@@ -13,8 +13,8 @@ import pytest
 
 from pipeline.devices import plan as P
 from pipeline.devices import plan_jobs as J
-from pipeline.devices.memory import pad
 from pipeline.layout import Layout
+from pipeline.memory import pad
 from pipeline.recipe import load_recipe
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,7 +6,7 @@ no ``config.json``, custom code (``auto_map``) or pickled-only weights without t
 the pinned converter does not register (the names of ``@ModelBase.register(...)`` in ``convert_hf_to_gguf.py`` and
 its ``conversion/`` package, parsed as text, never imported). :func:`estimate_memory` predicts, before any GGUF
 exists, the memory llama.cpp's CPU build takes to run a stock quant at a context size: the one memory model,
-:func:`pipeline.devices.memory.components`, of the quant's :func:`pipeline.devices.plan.model_shape` (config.json,
+:func:`pipeline.memory.components`, of the quant's :func:`pipeline.devices.plan.model_shape` (config.json,
 the safetensors headers and llama-quantize's type choice as ``ggufpipe plan`` condenses it). :func:`render` writes
 the recipe text.
 """
@@ -21,9 +21,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.devices.memory import components
 from pipeline.devices.plan import Facts, model_shape, source_facts
 from pipeline.errors import PipelineError
+from pipeline.memory import components
 from pipeline.recipe.devices import Device
 from pipeline.recipe.load import load_recipe
 from pipeline.stages.fetch import PICKLE_PATTERNS, _wanted, check_safetensors, hub_snapshot_dir, read_config
@@ -202,7 +202,7 @@ def slug(text: str) -> str:
 
 def estimate_memory(src: CheckpointFacts, ftype: str, ctx: int, arch: str = "x86_64", kv_type: str = "f16") -> dict:
     """Predicted peak RSS (bytes) of ``llama-bench -p ctx`` on the pinned CPU build for the ``ftype`` quant of
-    ``src``: :func:`pipeline.devices.memory.components` of the GGUF :func:`pipeline.devices.plan.model_shape`
+    ``src``: :func:`pipeline.memory.components` of the GGUF :func:`pipeline.devices.plan.model_shape`
     predicts (docs/init.md)."""
     if src.facts is None:
         src.facts = source_facts(src.folder)

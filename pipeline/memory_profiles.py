@@ -1,4 +1,4 @@
-"""The device profiles the memory model knows (pipeline/devices/memory.py): CPU feature profiles and KV cache types.
+"""The device profiles the memory model knows (pipeline/memory.py): CPU feature profiles and KV cache types.
 Standard library only and apart from the model, so that `ggufpipe fit` can offer them as choices without importing the
 GGUF reader at every `ggufpipe` command's start."""
 

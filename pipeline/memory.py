@@ -50,10 +50,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeline.devices.profiles import ARCH_FEATURES, KV_TYPES
 from pipeline.errors import PipelineError
 from pipeline.gguf.reader import ArrayValue, read_header
 from pipeline.gguf.types import GGML_TYPE_CODES, GGML_TYPES
+from pipeline.memory_profiles import ARCH_FEATURES, KV_TYPES
 
 MIB = 1 << 20
 
