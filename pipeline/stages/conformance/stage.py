@@ -8,6 +8,7 @@ import os
 import shutil
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -101,76 +102,260 @@ def _sig(x: float | None, digits: int = 6) -> float | None:
     return round(x, digits - 1 - int(math.floor(math.log10(abs(x)))))
 
 
+def _compact_tokenizer(c: dict, out: dict) -> None:
+    mm = {m: v["mismatches"] for m, v in c["modes"].items()}
+    causes = c.get("causes", {})
+    out.update(probes=c["probes"], mismatches=mm, hf_tokenizer=c["hf_tokenizer"],
+               normalizer=(c.get("normalizer") or {}).get("describe"),
+               causes={k: {"status": v["status"], "probes": v["probes"][:MAX_CAUSE_PROBES],
+                           **({"more_probes": len(v["probes"]) - MAX_CAUSE_PROBES}
+                              if len(v["probes"]) > MAX_CAUSE_PROBES else {}),
+                           **({"text_share": {s["text"]: s["share"] for s in v["text_share"]}}
+                              if v.get("text_share") else {})} for k, v in sorted(causes.items())},
+               summary=f"{c['probes']} probes x {len(mm)} modes: "
+                       + ", ".join(f"({m}) {v} mismatch{'es' if v != 1 else ''}" for m, v in mm.items())
+                       + "".join(f"; {k}: {v['status']} on {len(v['probes'])} probe"
+                                 f"{'s' if len(v['probes']) != 1 else ''}" for k, v in sorted(causes.items())))
+
+
+def _compact_logits(c: dict, out: dict) -> None:
+    if not c.get("run"):
+        out["not_run"] = c.get("note", "not run")
+        return
+    keys = ("top1", "kld_mean", "kld_p99", "kld_max", "ln_ppl_ratio", "ppl_hf", "ppl_llama")
+    out.update({k: _sig(c[k]) for k in keys}, positions=c["positions"], chunks=c["chunks"],
+               clamped_targets=c["clamped_targets"], thresholds=dict(THRESHOLDS))
+    out["summary"] = (f"top-1 {c['top1']:.4f}, mean KLD {c['kld_mean']:.3g}, p99 KLD {c['kld_p99']:.3g}, "
+                      f"ln(PPL HF / PPL llama.cpp) {c['ln_ppl_ratio']:+.2g} on {c['positions']} positions "
+                      f"of {c['chunks']} chunks (HF float32 vs the GGUF)")
+    if "awq" in c:
+        a = c["awq"]
+        out["awq"] = {k: _sig(a[k]) for k in ("top1", "kld_mean", "kld_p99", "ln_ppl_ratio")}
+        out["awq"]["gated"] = False
+        out["summary"] += (f"; AWQ-folded vs HF (not gated): top-1 {a['top1']:.4f}, mean KLD "
+                           f"{a['kld_mean']:.3g}, p99 KLD {a['kld_p99']:.3g}")
+
+
+def _compact_chat_template(c: dict, out: dict) -> None:
+    if c.get("note"):
+        out["not_run"] = c["note"]
+        return
+    convs = c.get("conversations", [])
+    counts = {k: sum(1 for r in convs if pred(r)) for k, pred in (
+        ("identical", lambda r: r.get("verdict") == "identical"),
+        ("rejected_by_both", lambda r: r.get("verdict") == "rejected by both"),
+        ("skipped", lambda r: "skipped" in r))}
+    but = [r["verdict"] for r in convs if r.get("verdict", "").startswith("identical but for")]
+    if but:  # ids that differ only by the tokenizer cause its status allows
+        counts["identical_but_for_cause"] = len(but)
+    out.update(conversations=len(convs), **counts, now_dependent=bool(c.get("now_dependent")))
+    out["summary"] = (f"{len(convs)} conversations: {counts['identical']} identical (text and ids)"
+                      + (f", {len(but)} {but[0]}" if but else "")
+                      + (f", {counts['rejected_by_both']} rejected by both" if counts["rejected_by_both"] else "")
+                      + (f", {counts['skipped']} skipped (no tools in the HF template)" if counts["skipped"] else "")
+                      + (f", {len(convs) - sum(counts.values())} differ" if len(convs) > sum(counts.values()) else ""))
+
+
+def _compact_eog(c: dict, out: dict) -> None:
+    te = c.get("turn_end") or {}
+    out.update(eog=c["eog"], hf_eos_ids=c["hf_eos_ids"], hf_eos_source=c["hf_eos_source"],
+               gguf_eos=c.get("gguf_eos"), turn_end=te.get("text"), turn_end_id=te.get("id"))
+    out["summary"] = (f"EOG {c['eog']}; HF eos_token_id {c['hf_eos_ids']} ({c['hf_eos_source']})"
+                      + (f"; turn end {te['text']!r} ({te['id']})" if "id" in te else ""))
+
+
+def _compact_hparams(c: dict, out: dict) -> None:
+    cmp = c["compared"]
+    out.update(compared={r["key"]: r["equal"] for r in cmp}, source=c["source"])
+    bad = [r["key"] for r in cmp if not r["equal"]]
+    out["summary"] = (f"{len(cmp)} keys compared with the HF config ({c['source']}): "
+                      + (f"{len(bad)} differ ({', '.join(bad)})" if bad else "all equal")
+                      + (f"; {len(c['not_compared'])} not compared" if c["not_compared"] else ""))
+
+
+_COMPACT = {"tokenizer": _compact_tokenizer, "logits": _compact_logits, "chat_template": _compact_chat_template,
+            "eog": _compact_eog, "hparams": _compact_hparams}
+
+
 def compact(name: str, c: dict) -> dict:
     """What the manifest and the report show of one check: verdict, one-line ``summary``, the numbers, and
     ``not_run`` (the reason) for a check that could not run. Stable across rebuilds (no seconds, no diffs)."""
     out: dict[str, Any] = {"passed": c["passed"]}
-    if name == "tokenizer":
-        mm = {m: v["mismatches"] for m, v in c["modes"].items()}
-        causes = c.get("causes", {})
-        out.update(probes=c["probes"], mismatches=mm, hf_tokenizer=c["hf_tokenizer"],
-                   normalizer=(c.get("normalizer") or {}).get("describe"),
-                   causes={k: {"status": v["status"], "probes": v["probes"][:MAX_CAUSE_PROBES],
-                               **({"more_probes": len(v["probes"]) - MAX_CAUSE_PROBES}
-                                  if len(v["probes"]) > MAX_CAUSE_PROBES else {}),
-                               **({"text_share": {s["text"]: s["share"] for s in v["text_share"]}}
-                                  if v.get("text_share") else {})} for k, v in sorted(causes.items())},
-                   summary=f"{c['probes']} probes x {len(mm)} modes: "
-                           + ", ".join(f"({m}) {v} mismatch{'es' if v != 1 else ''}" for m, v in mm.items())
-                           + "".join(f"; {k}: {v['status']} on {len(v['probes'])} probe"
-                                     f"{'s' if len(v['probes']) != 1 else ''}" for k, v in sorted(causes.items())))
-    elif name == "logits":
-        if not c.get("run"):
-            out["not_run"] = c.get("note", "not run")
-        else:
-            keys = ("top1", "kld_mean", "kld_p99", "kld_max", "ln_ppl_ratio", "ppl_hf", "ppl_llama")
-            out.update({k: _sig(c[k]) for k in keys}, positions=c["positions"], chunks=c["chunks"],
-                       clamped_targets=c["clamped_targets"], thresholds=dict(THRESHOLDS))
-            out["summary"] = (f"top-1 {c['top1']:.4f}, mean KLD {c['kld_mean']:.3g}, p99 KLD {c['kld_p99']:.3g}, "
-                              f"ln(PPL HF / PPL llama.cpp) {c['ln_ppl_ratio']:+.2g} on {c['positions']} positions "
-                              f"of {c['chunks']} chunks (HF float32 vs the GGUF)")
-            if "awq" in c:
-                a = c["awq"]
-                out["awq"] = {k: _sig(a[k]) for k in ("top1", "kld_mean", "kld_p99", "ln_ppl_ratio")}
-                out["awq"]["gated"] = False
-                out["summary"] += (f"; AWQ-folded vs HF (not gated): top-1 {a['top1']:.4f}, mean KLD "
-                                   f"{a['kld_mean']:.3g}, p99 KLD {a['kld_p99']:.3g}")
-    elif name == "chat_template":
-        if c.get("note"):
-            out["not_run"] = c["note"]
-        else:
-            convs = c.get("conversations", [])
-            counts = {k: sum(1 for r in convs if pred(r)) for k, pred in (
-                ("identical", lambda r: r.get("verdict") == "identical"),
-                ("rejected_by_both", lambda r: r.get("verdict") == "rejected by both"),
-                ("skipped", lambda r: "skipped" in r))}
-            but = [r["verdict"] for r in convs if r.get("verdict", "").startswith("identical but for")]
-            if but:  # ids that differ only by the tokenizer cause its status allows
-                counts["identical_but_for_cause"] = len(but)
-            out.update(conversations=len(convs), **counts, now_dependent=bool(c.get("now_dependent")))
-            out["summary"] = (f"{len(convs)} conversations: {counts['identical']} identical (text and ids)"
-                              + (f", {len(but)} {but[0]}" if but else "")
-                              + (f", {counts['rejected_by_both']} rejected by both" if counts["rejected_by_both"] else "")
-                              + (f", {counts['skipped']} skipped (no tools in the HF template)" if counts["skipped"] else "")
-                              + (f", {len(convs) - sum(counts.values())} differ" if len(convs) > sum(counts.values()) else ""))
-    elif name == "eog":
-        te = c.get("turn_end") or {}
-        out.update(eog=c["eog"], hf_eos_ids=c["hf_eos_ids"], hf_eos_source=c["hf_eos_source"],
-                   gguf_eos=c.get("gguf_eos"), turn_end=te.get("text"), turn_end_id=te.get("id"))
-        out["summary"] = (f"EOG {c['eog']}; HF eos_token_id {c['hf_eos_ids']} ({c['hf_eos_source']})"
-                          + (f"; turn end {te['text']!r} ({te['id']})" if "id" in te else ""))
-    elif name == "hparams":
-        cmp = c["compared"]
-        out.update(compared={r["key"]: r["equal"] for r in cmp}, source=c["source"])
-        bad = [r["key"] for r in cmp if not r["equal"]]
-        out["summary"] = (f"{len(cmp)} keys compared with the HF config ({c['source']}): "
-                          + (f"{len(bad)} differ ({', '.join(bad)})" if bad else "all equal")
-                          + (f"; {len(c['not_compared'])} not compared" if c["not_compared"] else ""))
+    fill = _COMPACT.get(name)
+    if fill is not None:
+        fill(c, out)
     return out
 
 
 def _not_run(note: str) -> dict:
     return {"passed": True, "run": False, "note": note, "failures": [], "warnings": [], "seconds": 0.0}
+
+
+def _opt_out(name: str, out_record, log: Path | None) -> dict:
+    """The record of a recipe with ``conformance: false``: only the verdict keys."""
+    rec = ConformanceRecord(recipe=name, passed=True, skipped="the recipe opts out (conformance: false)",
+                            failures=[], warnings=[], checks={})
+    rec.write(out_record)
+    _log(log, f"[conformance] {name}: skipped: the recipe opts out")
+    return rec.to_dict()
+
+
+def _check_inputs(what: str, base_gguf: Path, hf_dir: Path, logits_file, base_record, awq_base) -> None:
+    """A PipelineError naming the first input file that is missing: nothing can be measured without it."""
+    for p, label in ((base_gguf, "base GGUF"), (hf_dir / "config.json", "HF folder's config.json")):
+        if not p.is_file():
+            raise PipelineError(f"{what}: the {label} {p} is missing")
+    for p, label in ((logits_file, "base logits"), (base_record, "eval-base record")):
+        if p is not None and not Path(p).is_file():
+            raise PipelineError(f"{what}: the {label} {p} is missing (run eval-base first)")
+    if awq_base is not None and not (Path(awq_base) / "config.json").is_file():
+        raise PipelineError(f"{what}: the AWQ-folded folder {awq_base} has no config.json")
+
+
+@dataclass
+class _HfSide:
+    """What the HF side prepares for the checks and the helper's requests."""
+    tok: Any
+    probes: list[tuple[str, str]]
+    header: Any
+    metadata: dict
+    spec: Any
+    norm: Any
+    residual: tuple[list[int], list[dict]]
+    plan: dict
+    turn_end: Any
+    seconds: float
+
+
+def _hf_side(recipe, settings: dict, base_gguf: Path, hf_dir: Path, trust: bool, what: str) -> _HfSide:
+    # HF side first: the tokenizer once, the probes, the renders (their texts go to the helper to tokenize)
+    t = time.monotonic()
+    tok = load_hf_tokenizer(hf_dir, trust, what)
+    override = getattr(recipe, "chat_template_override", None)
+    if override is not None:  # the fix path: the recipe's template is the model's, on both sides
+        tok.chat_template = Path(override).read_text(encoding="utf-8")
+    first = getattr(recipe, "first_eval_set", None)
+    eval_text = first.text if first else settings.get("text")
+    probes = load_probes() + added_token_probes(tok) + eval_slice_probe(eval_text)
+    conversations = load_conversations()
+
+    header = read_header(base_gguf)
+    metadata = header.metadata
+    gguf_template = metadata.get("tokenizer.chat_template")
+    spec = backend_spec(tok)
+    norm = read_normalizer(tok, spec, hf_dir, metadata.get("tokenizer.ggml.model"))
+    residual = residual_requests(norm, probes)
+    plan = plan_chat_template(tok, gguf_template if isinstance(gguf_template, str) else None, conversations,
+                              norm.residual_fn)
+    turn_end = turn_end_token(tok, conversations.get("date_string", "")) if plan["hf_template"] else None
+    return _HfSide(tok, probes, header, metadata, spec, norm, residual, plan, turn_end,
+                   time.monotonic() - t)
+
+
+@dataclass
+class _HelperRun:
+    """llama.cpp's answers: ``answers[0]`` the vocabulary facts, then ``n_tok`` tokenizer answers, the
+    template plan's, the residual normalizer's."""
+    n_tok: int
+    requests: list[dict]
+    answers: list[dict]
+    vocab: dict
+    seconds: float
+
+
+def _helper_side(tc: Toolchain, base_gguf: Path, hf: _HfSide, log: Path | None, what: str) -> _HelperRun:
+    # llama.cpp side: one helper process for every request
+    tok_reqs = tokenizer_requests(hf.probes)
+    requests = [{"op": "vocab"}, *tok_reqs, *hf.plan["requests"], *hf.residual[1]]
+    t = time.monotonic()
+    answers = run_helper(tc, base_gguf, requests, log)
+    helper_seconds = time.monotonic() - t
+    vocab = answers[0]
+    if "error" in vocab or "eog" not in vocab:
+        raise PipelineError(f"{what}: {HELPER} gave no vocabulary facts for {base_gguf}: {vocab}")
+    return _HelperRun(len(tok_reqs), requests, answers, vocab, helper_seconds)
+
+
+def _run_checks(recipe, settings: dict, hf_dir: Path, trust: bool, hf: _HfSide, ll: _HelperRun) -> dict[str, dict]:
+    """The tokenizer, chat-template, EOG and hparams checks on both sides' answers (each check's full result)."""
+    name, tok, norm, answers, n_tok = recipe.name, hf.tok, hf.norm, ll.answers, ll.n_tok
+    details: dict[str, dict] = {}
+    n_plan = 1 + n_tok + len(hf.plan["requests"])
+    details["tokenizer"] = check_tokenizer(name, tok, hf.probes, answers[1:1 + n_tok], norm,
+                                           (hf.residual[0], answers[n_plan:]), settings["accept"], settings["strict"],
+                                           _texts(recipe, settings), merging_variant(hf.spec),
+                                           frozenset(control_typed(tok, hf.header.array("tokenizer.ggml.token_type"))))
+    cause = norm.cause and (norm.cause, cause_status(norm.cause, settings["accept"], settings["strict"]), norm.why())
+    details["chat_template"] = check_chat_template(name, tok, hf.plan, answers[1 + n_tok:n_plan], ll.vocab, cause)
+    details["eog"] = check_eog(name, tok, hf_dir, ll.vocab, hf.turn_end)
+    details["hparams"] = check_hparams(name, hf.metadata, hf_dir, trust)
+    return details
+
+
+def _logits_details(name: str, settings: dict, hf_dir: Path, trust: bool, vocab: dict, logits_file, base_record,
+                    awq_base) -> dict:
+    """The logit check against eval-base's logits (not run without them)."""
+    if logits_file is None:
+        return _not_run("not run: the recipe has no eval text")
+    base_ppl = EvalBaseRecord.read(base_record, "conformance").get("ppl") if base_record else None
+    return check_logits(name, hf_dir, logits_file, bool(vocab.get("add_bos")), vocab.get("bos"),
+                        settings["chunks"], trust, awq_base, base_ppl, n_tokens=vocab.get("n_tokens"))
+
+
+def _gate(details: dict[str, dict]) -> tuple[list[str], list[str]]:
+    """Every check's failure lines (any fails the stage) and warning lines, in check order."""
+    failures = [f for c in details.values() for f in c["failures"]]
+    warnings = [w for c in details.values() for w in c.get("warnings", [])]
+    return failures, warnings
+
+
+def _seconds(details: dict[str, dict], hf_seconds: float, helper_seconds: float, t0: float) -> dict:
+    """Per check and in all; the logit check's volatile timings move here out of its details."""
+    seconds = {k: c.get("seconds", 0.0) for k, c in details.items()}
+    lg = details["logits"]
+    for key in ("load_seconds", "hf_seconds"):  # volatile numbers stay out of the details
+        if key in lg:
+            seconds[f"logits_{key.removesuffix('_seconds')}"] = lg.pop(key)
+    if "awq" in lg:
+        seconds["logits_awq"] = lg["awq"].pop("seconds", 0.0)
+    seconds.update(hf_side=round(hf_seconds, 3), helper=round(helper_seconds, 3), total=round(time.monotonic() - t0, 3))
+    return seconds
+
+
+def _record(name: str, settings: dict, base_gguf: Path, tc: Toolchain, ll: _HelperRun, details: dict[str, dict],
+            failures: list[str], warnings: list[str], seconds: dict) -> ConformanceRecord:
+    return ConformanceRecord(
+        recipe=name,
+        passed=not failures,
+        failures=failures,
+        warnings=warnings,
+        checks={k: compact(k, c) for k, c in details.items()},
+        thresholds=dict(THRESHOLDS),
+        chunks=settings["chunks"],
+        # torch's threads: the float32 sums of the HF side depend on them (the stage fixes them: eval_threads)
+        threads=sys.modules["torch"].get_num_threads() if "torch" in sys.modules else None,
+        gguf=base_gguf.name,
+        vocab={k: ll.vocab.get(k)
+               for k in ("type", "n_tokens", "bos", "eos", "eot", "eom", "add_bos", "add_eos", "eog")},
+        helper_requests=len(ll.requests),
+        toolchain=tc.describe(),
+        python=python_versions(),
+        details={k: {kk: vv for kk, vv in c.items() if kk not in ("failures", "warnings", "seconds")}
+                 for k, c in details.items()},
+        seconds=seconds,
+    )
+
+
+def _log_outcome(log: Path | None, name: str, rec: ConformanceRecord, seconds: dict, n_requests: int) -> None:
+    for line in rec.failures:
+        _log(log, line)
+    for line in rec.warnings:
+        _log(log, f"warning: {line}")
+    for k, c in rec.checks.items():
+        _log(log, f"[conformance] {name}: {k}: {'pass' if c['passed'] else 'FAIL'}: "
+                  f"{c.get('summary') or c.get('not_run', '')} ({seconds[k]:.2f}s)")
+    _log(log, f"[conformance] {name}: {'passed' if rec.passed else 'FAILED'} ({seconds['total']:.1f}s, "
+              f"helper {seconds['helper']:.2f}s for {n_requests} requests)")
 
 
 def run(recipe, base_gguf, hf_dir, logits_file, base_record, out_record, log=None, tc: Toolchain | None = None,
@@ -193,111 +378,20 @@ def run(recipe, base_gguf, hf_dir, logits_file, base_record, out_record, log=Non
         log.parent.mkdir(parents=True, exist_ok=True)
     settings = _settings(recipe)
     if settings is None:
-        rec = ConformanceRecord(recipe=name, passed=True, skipped="the recipe opts out (conformance: false)",
-                                failures=[], warnings=[], checks={})
-        rec.write(out_record)
-        _log(log, f"[conformance] {name}: skipped: the recipe opts out")
-        return rec.to_dict()
+        return _opt_out(name, out_record, log)
     base_gguf, hf_dir = Path(base_gguf), Path(hf_dir)
-    for p, label in ((base_gguf, "base GGUF"), (hf_dir / "config.json", "HF folder's config.json")):
-        if not p.is_file():
-            raise PipelineError(f"{what}: the {label} {p} is missing")
-    for p, label in ((logits_file, "base logits"), (base_record, "eval-base record")):
-        if p is not None and not Path(p).is_file():
-            raise PipelineError(f"{what}: the {label} {p} is missing (run eval-base first)")
-    if awq_base is not None and not (Path(awq_base) / "config.json").is_file():
-        raise PipelineError(f"{what}: the AWQ-folded folder {awq_base} has no config.json")
+    _check_inputs(what, base_gguf, hf_dir, logits_file, base_record, awq_base)
     tc = tc or find_toolchain()
     trust = bool(recipe.source.trust_remote_code)
-
-    # HF side first: the tokenizer once, the probes, the renders (their texts go to the helper to tokenize)
-    t = time.monotonic()
-    tok = load_hf_tokenizer(hf_dir, trust, what)
-    override = getattr(recipe, "chat_template_override", None)
-    if override is not None:  # the fix path: the recipe's template is the model's, on both sides
-        tok.chat_template = Path(override).read_text(encoding="utf-8")
-    first = getattr(recipe, "first_eval_set", None)
-    eval_text = first.text if first else settings.get("text")
-    probes = load_probes() + added_token_probes(tok) + eval_slice_probe(eval_text)
-    conversations = load_conversations()
-
-    header = read_header(base_gguf)
-    metadata = header.metadata
-    gguf_template = metadata.get("tokenizer.chat_template")
-    spec = backend_spec(tok)
-    norm = read_normalizer(tok, spec, hf_dir, metadata.get("tokenizer.ggml.model"))
-    residual = residual_requests(norm, probes)
-    plan = plan_chat_template(tok, gguf_template if isinstance(gguf_template, str) else None, conversations,
-                              norm.residual_fn)
-    turn_end = turn_end_token(tok, conversations.get("date_string", "")) if plan["hf_template"] else None
-    hf_side = time.monotonic() - t
-
-    # llama.cpp side: one helper process for every request
-    tok_reqs = tokenizer_requests(probes)
-    requests = [{"op": "vocab"}, *tok_reqs, *plan["requests"], *residual[1]]
-    t = time.monotonic()
-    answers = run_helper(tc, base_gguf, requests, log)
-    helper_seconds = time.monotonic() - t
-    vocab = answers[0]
-    if "error" in vocab or "eog" not in vocab:
-        raise PipelineError(f"{what}: {HELPER} gave no vocabulary facts for {base_gguf}: {vocab}")
-
-    details: dict[str, dict] = {}
-    n_plan = 1 + len(tok_reqs) + len(plan["requests"])
-    details["tokenizer"] = check_tokenizer(name, tok, probes, answers[1:1 + len(tok_reqs)], norm,
-                                           (residual[0], answers[n_plan:]), settings["accept"], settings["strict"],
-                                           _texts(recipe, settings), merging_variant(spec),
-                                           frozenset(control_typed(tok, header.array("tokenizer.ggml.token_type"))))
-    cause = norm.cause and (norm.cause, cause_status(norm.cause, settings["accept"], settings["strict"]), norm.why())
-    details["chat_template"] = check_chat_template(name, tok, plan, answers[1 + len(tok_reqs):n_plan], vocab, cause)
-    details["eog"] = check_eog(name, tok, hf_dir, vocab, turn_end)
-    details["hparams"] = check_hparams(name, metadata, hf_dir, trust)
-    if logits_file is None:
-        details["logits"] = _not_run("not run: the recipe has no eval text")
-    else:
-        base_ppl = EvalBaseRecord.read(base_record, "conformance").get("ppl") if base_record else None
-        details["logits"] = check_logits(name, hf_dir, logits_file, bool(vocab.get("add_bos")), vocab.get("bos"),
-                                         settings["chunks"], trust, awq_base, base_ppl,
-                                         n_tokens=vocab.get("n_tokens"))
-    failures = [f for c in details.values() for f in c["failures"]]
-    warnings = [w for c in details.values() for w in c.get("warnings", [])]
-    seconds = {k: c.get("seconds", 0.0) for k, c in details.items()}
-    lg = details["logits"]
-    for key in ("load_seconds", "hf_seconds"):  # volatile numbers stay out of the details
-        if key in lg:
-            seconds[f"logits_{key.removesuffix('_seconds')}"] = lg.pop(key)
-    if "awq" in lg:
-        seconds["logits_awq"] = lg["awq"].pop("seconds", 0.0)
-    seconds.update(hf_side=round(hf_side, 3), helper=round(helper_seconds, 3), total=round(time.monotonic() - t0, 3))
-    rec = ConformanceRecord(
-        recipe=name,
-        passed=not failures,
-        failures=failures,
-        warnings=warnings,
-        checks={k: compact(k, c) for k, c in details.items()},
-        thresholds=dict(THRESHOLDS),
-        chunks=settings["chunks"],
-        # torch's threads: the float32 sums of the HF side depend on them (the stage fixes them: eval_threads)
-        threads=sys.modules["torch"].get_num_threads() if "torch" in sys.modules else None,
-        gguf=base_gguf.name,
-        vocab={k: vocab.get(k) for k in ("type", "n_tokens", "bos", "eos", "eot", "eom", "add_bos", "add_eos", "eog")},
-        helper_requests=len(requests),
-        toolchain=tc.describe(),
-        python=python_versions(),
-        details={k: {kk: vv for kk, vv in c.items() if kk not in ("failures", "warnings", "seconds")}
-                 for k, c in details.items()},
-        seconds=seconds,
-    )
+    hf = _hf_side(recipe, settings, base_gguf, hf_dir, trust, what)
+    ll = _helper_side(tc, base_gguf, hf, log, what)
+    details = _run_checks(recipe, settings, hf_dir, trust, hf, ll)
+    details["logits"] = _logits_details(name, settings, hf_dir, trust, ll.vocab, logits_file, base_record, awq_base)
+    failures, warnings = _gate(details)
+    seconds = _seconds(details, hf.seconds, ll.seconds, t0)
+    rec = _record(name, settings, base_gguf, tc, ll, details, failures, warnings, seconds)
     rec.write(out_record)
-    for line in failures:
-        _log(log, line)
-    for line in warnings:
-        _log(log, f"warning: {line}")
-    for k, c in rec.checks.items():
-        _log(log, f"[conformance] {name}: {k}: {'pass' if c['passed'] else 'FAIL'}: "
-                  f"{c.get('summary') or c.get('not_run', '')} ({seconds[k]:.2f}s)")
-    _log(log, f"[conformance] {name}: {'passed' if rec.passed else 'FAILED'} ({seconds['total']:.1f}s, "
-              f"helper {seconds['helper']:.2f}s for {len(requests)} requests)")
+    _log_outcome(log, name, rec, seconds, len(ll.requests))
     return rec.to_dict()
 
 
