@@ -58,20 +58,26 @@ def cause_status(cause: str, accept: tuple[str, ...], strict: bool) -> str:
     return "defect"
 
 
-def check_tokenizer(recipe_name: str, tok, probes: list[tuple[str, str]], answers: list[dict],
-                    norm: Normalizer | None = None, residual: tuple[list[int], list[dict]] = ([], []),
-                    accept: tuple[str, ...] = (), strict: bool = False, texts: tuple[Path, ...] = (),
-                    merging=None, control_ids: frozenset[int] = frozenset()) -> dict:
-    """Compare the HF tokenizer with llama.cpp's answers to :func:`tokenizer_requests` (same order); ``residual``:
-    the probes :func:`residual_requests` changed and llama.cpp's answers for them. A mismatch is explained by the
-    normalizer when llama.cpp's ids of the normalized probe are HF's ids of the probe; ``merging``: HF's tokenizer
-    with ignore_merges off (causes.merging_variant); ``control_ids``: added tokens HF keeps plain that the GGUF types
-    CONTROL (causes.control_typed). ``texts`` (eval and calibration) get the share of their characters a found
-    normalizer cause changes."""
-    t0 = time.monotonic()
+def _mismatch_cause(m: str, pi: int, text: str, hf_ids: list[int], ll_ids: list[int], failed: dict[str, list[int]],
+                    norm: Normalizer | None, normalized: dict | None, merging, control_ids: frozenset[int]) -> str:
+    """The cause of one probe's mismatch in mode ``m``; ``normalized``: llama.cpp's answer for the probe with the
+    residual normalizer applied (None when it does not change the probe)."""
+    cause = UNEXPLAINED
+    if normalized is not None and [int(i) for i in normalized.get("ids", [])] == hf_ids:
+        cause = norm.cause
+    if cause == UNEXPLAINED and merging is not None and encode_variant(merging, text, m) == ll_ids:
+        cause = IGNORE_MERGES
+    if (cause == UNEXPLAINED and m == "c" and pi not in failed["a"] and control_ids
+            and not control_ids.isdisjoint(hf_ids)):
+        cause = CONTROL_TYPED
+    return cause
+
+
+def _compare(tok, probes: list[tuple[str, str]], answers: list[dict], norm: Normalizer | None,
+             residual: tuple[list[int], list[dict]], merging, control_ids: frozenset[int]):
+    """Every mode and probe, HF's ids against llama.cpp's: the diffs (first MAX_FULL_DIFFS with the full ids), the
+    failed probe indices per mode, each mismatch's cause by (mode, probe index), and the diffs by (mode, probe)."""
     n = len(probes)
-    if len(answers) != n * len(MODES):
-        raise PipelineError(f"conformance: {len(answers)} tokenizer answers for {n * len(MODES)} requests")
     res_pis, res_answers = residual
     res_at = {pi: k for k, pi in enumerate(res_pis)}
     diffs: list[dict] = []
@@ -88,16 +94,8 @@ def check_tokenizer(recipe_name: str, tok, probes: list[tuple[str, str]], answer
             if at is None:
                 continue
             failed[m].append(pi)
-            cause = UNEXPLAINED
-            if pi in res_at:
-                normalized = res_answers[mi * len(res_pis) + res_at[pi]]
-                if [int(i) for i in normalized.get("ids", [])] == hf_ids:
-                    cause = norm.cause
-            if cause == UNEXPLAINED and merging is not None and encode_variant(merging, text, m) == ll_ids:
-                cause = IGNORE_MERGES
-            if (cause == UNEXPLAINED and m == "c" and pi not in failed["a"] and control_ids
-                    and not control_ids.isdisjoint(hf_ids)):
-                cause = CONTROL_TYPED
+            normalized = res_answers[mi * len(res_pis) + res_at[pi]] if pi in res_at else None
+            cause = _mismatch_cause(m, pi, text, hf_ids, ll_ids, failed, norm, normalized, merging, control_ids)
             cause_of[(m, pi)] = cause
             pieces = [clean_piece(p) for p in ans.get("pieces") or ["?"] * len(ll_ids)]
             d = {"mode": m, "probe": name, "cause": cause, "position": at, "hf_len": len(hf_ids),
@@ -111,7 +109,13 @@ def check_tokenizer(recipe_name: str, tok, probes: list[tuple[str, str]], answer
     for pi in failed["b"]:
         if pi not in a_failed and cause_of[("b", pi)] == UNEXPLAINED:
             cause_of[("b", pi)] = by_key[("b", probes[pi][0])]["cause"] = BOS_EOS
+    return diffs, failed, cause_of, by_key
 
+
+def _group_causes(probes: list[tuple[str, str]], cause_of: dict[tuple[str, int], str], norm: Normalizer | None,
+                  accept: tuple[str, ...], strict: bool, texts: tuple[Path, ...]) -> dict[str, dict]:
+    """Per cause: its status, the probes it explains (overall and per mode), why, and for the normalizer's cause
+    the share of each text it changes."""
     causes: dict[str, dict] = {}
     for (m, pi), cause in cause_of.items():
         c = causes.setdefault(cause, {"status": cause_status(cause, accept, strict), "probes": [], "modes": {}})
@@ -125,9 +129,14 @@ def check_tokenizer(recipe_name: str, tok, probes: list[tuple[str, str]], answer
             c["text_share"] = [text_share(fn, p) for p in texts]
         elif cause in _WHY:
             c["why"] = _WHY[cause]
+    return causes
 
+
+def _failure_lines(recipe_name: str, probes: list[tuple[str, str]], failed: dict[str, list[int]],
+                   cause_of: dict[tuple[str, int], str], causes: dict[str, dict], by_key: dict) -> list[str]:
+    """One line per defect mismatch (MAX_LINES_PER_KIND per mode, then a count); mode b: one BOS/EOS line."""
+    n = len(probes)
     failures: list[str] = []
-    warnings: list[str] = []
     for m in MODES:
         if m == "b":
             only_b = [pi for pi in failed["b"] if cause_of[("b", pi)] == BOS_EOS]
@@ -148,6 +157,12 @@ def check_tokenizer(recipe_name: str, tok, probes: list[tuple[str, str]], answer
             failures.append(fail_line(recipe_name, f"tokenizer parity ({m}: {MODES[m]['label']})",
                                       f"{len(more)} more probes differ ({', '.join(more[:8])}"
                                       f"{', ...' if len(more) > 8 else ''}; every diff is in the record)"))
+    return failures
+
+
+def _warning_lines(recipe_name: str, n: int, causes: dict[str, dict], accept: tuple[str, ...]) -> list[str]:
+    """One line per known-limitation or accepted cause, and per ``accept`` entry this build did not find."""
+    warnings: list[str] = []
     for cause, c in causes.items():
         if c["status"] not in ("known limitation", "accepted"):
             continue
@@ -163,6 +178,27 @@ def check_tokenizer(recipe_name: str, tok, probes: list[tuple[str, str]], answer
         if not any(a in cause.split("+") for cause in causes):
             warnings.append(fail_line(recipe_name, "tokenizer parity",
                                       f"conformance.accept names {a}, which this build did not find"))
+    return warnings
+
+
+def check_tokenizer(recipe_name: str, tok, probes: list[tuple[str, str]], answers: list[dict],
+                    norm: Normalizer | None = None, residual: tuple[list[int], list[dict]] = ([], []),
+                    accept: tuple[str, ...] = (), strict: bool = False, texts: tuple[Path, ...] = (),
+                    merging=None, control_ids: frozenset[int] = frozenset()) -> dict:
+    """Compare the HF tokenizer with llama.cpp's answers to :func:`tokenizer_requests` (same order); ``residual``:
+    the probes :func:`residual_requests` changed and llama.cpp's answers for them. A mismatch is explained by the
+    normalizer when llama.cpp's ids of the normalized probe are HF's ids of the probe; ``merging``: HF's tokenizer
+    with ignore_merges off (causes.merging_variant); ``control_ids``: added tokens HF keeps plain that the GGUF types
+    CONTROL (causes.control_typed). ``texts`` (eval and calibration) get the share of their characters a found
+    normalizer cause changes."""
+    t0 = time.monotonic()
+    n = len(probes)
+    if len(answers) != n * len(MODES):
+        raise PipelineError(f"conformance: {len(answers)} tokenizer answers for {n * len(MODES)} requests")
+    diffs, failed, cause_of, by_key = _compare(tok, probes, answers, norm, residual, merging, control_ids)
+    causes = _group_causes(probes, cause_of, norm, accept, strict, texts)
+    failures = _failure_lines(recipe_name, probes, failed, cause_of, causes, by_key)
+    warnings = _warning_lines(recipe_name, n, causes, accept)
     return {
         "passed": not failures,
         "hf_tokenizer": type(tok).__name__,
