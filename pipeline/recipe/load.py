@@ -26,11 +26,38 @@ from pipeline.recipe.quant_types import known_quant_types
 
 def load_recipe(path: str | Path, quantize_exe: str | None = None) -> Recipe:
     """Read and validate one recipe. ``quantize_exe`` enables the check against llama-quantize."""
+    path = Path(path)
+    ctx = _Ctx(path)
+    raw_bytes, data = _read_yaml(path)
+    d, name = _parse_top_level(ctx, data)
+    source = _parse_source(ctx, d["source"], "source")
+    outtype = _parse_choice(ctx, d, "outtype", "f16", OUTTYPES)
+    mtp = _parse_choice(ctx, d, "mtp", "keep", MTP_MODES)
+    if "quants" in d and not isinstance(d["quants"], list):
+        ctx.fail("quants", "must be a non-empty list")
+    # the checks run in the order of the fields below: the first failure is the one-line message
+    quant_fields = _parse_quant_fields(ctx, d, quantize_exe, outtype, mtp)
+    other_fields = _parse_other_fields(ctx, d, quant_fields["eval_sets"])
+    recipe = Recipe(
+        path=path,
+        sha256=hashlib.sha256(raw_bytes).hexdigest(),
+        name=name,
+        source=source,
+        outtype=outtype,
+        mtp=mtp,
+        **quant_fields,
+        **other_fields,
+        raw=d,
+    )
+    _check_published_names(ctx, recipe)
+    return recipe
+
+
+def _read_yaml(path: Path) -> tuple[bytes, object]:
+    """The file's bytes (hashed into the recipe) and its parsed YAML."""
     # yaml (slow): the device commands load this module but read no recipe
     import yaml
 
-    path = Path(path)
-    ctx = _Ctx(path)
     try:
         raw_bytes = path.read_bytes()
     except OSError as exc:
@@ -43,6 +70,11 @@ def load_recipe(path: str | Path, quantize_exe: str | None = None) -> Recipe:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else "YAML"
         raise RecipeError(path, where, f"malformed YAML: {getattr(exc, 'problem', None) or exc}") from None
+    return raw_bytes, data
+
+
+def _parse_top_level(ctx: _Ctx, data) -> tuple[dict, str]:
+    """The top-level mapping (known keys, required ones present) and the recipe's name."""
     if data is None:
         ctx.fail("recipe", "file is empty")
     d = ctx.mapping(data, "", TOP_KEYS)
@@ -52,18 +84,18 @@ def load_recipe(path: str | Path, quantize_exe: str | None = None) -> Recipe:
     name = ctx.string(d["name"], "name", NAME_RE, "a valid name (lowercase slug: a-z 0-9 . _ -, starting with a letter or digit)")
     if ".." in name:
         ctx.fail("name", f"{name!r} must not contain '..'")
+    return d, name
 
-    source = _parse_source(ctx, d["source"], "source")
 
-    outtype = d.get("outtype", "f16")
-    if outtype not in OUTTYPES:
-        ctx.fail("outtype", f"{outtype!r} is not one of {', '.join(OUTTYPES)}")
-    mtp = d.get("mtp", "keep")
-    if mtp not in MTP_MODES:
-        ctx.fail("mtp", f"{mtp!r} is not one of {', '.join(MTP_MODES)}")
+def _parse_choice(ctx: _Ctx, d: dict, key: str, default: str, allowed: tuple[str, ...]) -> str:
+    value = d.get(key, default)
+    if value not in allowed:
+        ctx.fail(key, f"{value!r} is not one of {', '.join(allowed)}")
+    return value
 
-    if "quants" in d and not isinstance(d["quants"], list):
-        ctx.fail("quants", "must be a non-empty list")
+
+def _parse_quant_fields(ctx: _Ctx, d: dict, quantize_exe: str | None, outtype: str, mtp: str) -> dict:
+    """Eval sets, the quants and the sections they depend on (awq, imatrix, split, sensitivity, draft)."""
     eval_sets = _parse_eval_sets(ctx, d["gates"]) if "gates" in d else ()
     set_names = {es.name for es in eval_sets}
     bench = ctx.boolean(d.get("bench", True), "bench")
@@ -80,65 +112,59 @@ def load_recipe(path: str | Path, quantize_exe: str | None = None) -> Recipe:
     if sensitivity is not None and not any(q.mix for q in quants):
         ctx.fail("sensitivity", "no quant is a mix (`type: mix`): nothing would use the measurement")
     draft = _parse_draft(ctx, d["draft"], quants, eval_sets, known, build, outtype, mtp) if "draft" in d else None
+    return {"eval_sets": eval_sets, "bench": bench, "awq": awq, "imatrix": imatrix, "split": split,
+            "sensitivity": sensitivity, "quants": quants, "draft": draft}
+
+
+def _parse_other_fields(ctx: _Ctx, d: dict, eval_sets: tuple) -> dict:
+    """Publish, conformance, the fix path (template, eos ids, add_bos), devices and the free-text fields."""
     publish = _parse_publish(ctx, d["publish"]) if "publish" in d else None
     conformance = _parse_conformance(ctx, d["conformance"]) if "conformance" in d else Conformance()
     template = (_text_path(ctx, d["chat_template_override"], "chat_template_override", "chat template")
                 if d.get("chat_template_override") is not None else None)
-    eos_ids = None
-    if d.get("eos_token_ids") is not None:
-        ids = d["eos_token_ids"]
-        if not isinstance(ids, list) or not 1 <= len(ids) <= 3:
-            ctx.fail("eos_token_ids", f"must be a list of 1 to 3 token ids (eos, eot, eom), got {ids!r}")
-        eos_ids = tuple(_integer(ctx, v, f"eos_token_ids[{i}]", 0) for i, v in enumerate(ids))
+    eos_ids = _parse_eos_token_ids(ctx, d)
     add_bos = ctx.boolean(d["add_bos"], "add_bos") if d.get("add_bos") is not None else None
     devices = parse_devices(ctx, d.get("devices"))
-    device_slice = min(2, eval_sets[0].chunks) if eval_sets else 0
-    if d.get("device_slice") is not None:
-        device_slice = _integer(ctx, d["device_slice"], "device_slice", 0)
-        if device_slice > 2:
-            ctx.fail("device_slice", f"must be 0, 1 or 2 (chunks of the first eval set), got {device_slice}")
-        if device_slice and not eval_sets:
-            ctx.fail("device_slice", "needs a `gates:` section (the slice is cut from its first eval set)")
-        if device_slice > (eval_sets[0].chunks if eval_sets else 0):
-            ctx.fail("device_slice", f"{device_slice} chunks, the first eval set {eval_sets[0].name!r} has "
-                                     f"{eval_sets[0].chunks}")
-
+    device_slice = _parse_device_slice(ctx, d, eval_sets)
     for key in ("description", "license"):
         if key in d and d[key] is not None:
             ctx.string(d[key], key)
-    recipe = Recipe(
-        path=path,
-        sha256=hashlib.sha256(raw_bytes).hexdigest(),
-        name=name,
-        source=source,
-        outtype=outtype,
-        quants=quants,
-        description=d.get("description"),
-        license=d.get("license"),
-        eval_sets=eval_sets,
-        bench=bench,
-        draft=draft,
-        awq=awq,
-        imatrix=imatrix,
-        mtp=mtp,
-        publish=publish,
-        split=split,
-        conformance=conformance,
-        sensitivity=sensitivity,
-        chat_template_override=template,
-        eos_token_ids=eos_ids,
-        add_bos=add_bos,
-        devices=devices,
-        device_slice=device_slice,
-        raw=d,
-    )
+    return {"publish": publish, "conformance": conformance, "chat_template_override": template,
+            "eos_token_ids": eos_ids, "add_bos": add_bos, "devices": devices, "device_slice": device_slice,
+            "description": d.get("description"), "license": d.get("license")}
+
+
+def _parse_eos_token_ids(ctx: _Ctx, d: dict) -> tuple[int, ...] | None:
+    if d.get("eos_token_ids") is None:
+        return None
+    ids = d["eos_token_ids"]
+    if not isinstance(ids, list) or not 1 <= len(ids) <= 3:
+        ctx.fail("eos_token_ids", f"must be a list of 1 to 3 token ids (eos, eot, eom), got {ids!r}")
+    return tuple(_integer(ctx, v, f"eos_token_ids[{i}]", 0) for i, v in enumerate(ids))
+
+
+def _parse_device_slice(ctx: _Ctx, d: dict, eval_sets: tuple) -> int:
+    """Chunks of the first eval set for `ggufpipe device-check`: up to 2 by default, 0 without gates."""
+    if d.get("device_slice") is None:
+        return min(2, eval_sets[0].chunks) if eval_sets else 0
+    device_slice = _integer(ctx, d["device_slice"], "device_slice", 0)
+    if device_slice > 2:
+        ctx.fail("device_slice", f"must be 0, 1 or 2 (chunks of the first eval set), got {device_slice}")
+    if device_slice and not eval_sets:
+        ctx.fail("device_slice", "needs a `gates:` section (the slice is cut from its first eval set)")
+    if device_slice > (eval_sets[0].chunks if eval_sets else 0):
+        ctx.fail("device_slice", f"{device_slice} chunks, the first eval set {eval_sets[0].name!r} has "
+                                 f"{eval_sets[0].chunks}")
+    return device_slice
+
+
+def _check_published_names(ctx: _Ctx, recipe: Recipe) -> None:
     # names both resolvers read right, in the recipe's repository and in its draft's (pipeline/recipe/naming.py)
     for r, where in ((recipe, "quants"), (recipe.draft_recipe(), "draft.quants")):
         if r is not None:
             problems = naming.check_repo(r.published_names(where))
             if problems:
                 ctx.fail(where, f"file names collide: {problems[0]}")
-    return recipe
 
 
 def load_recipes(folder: str | Path, quantize_exe: str | None = None) -> list[Recipe]:
