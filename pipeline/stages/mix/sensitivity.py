@@ -21,17 +21,18 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.errors import PipelineError, ToolError
 from pipeline.fsutil import atomic_output, sha256_file, write_json_atomic
-from pipeline.gguf.reader import read_header
+from pipeline.gguf.reader import GGUFHeader, read_header
 from pipeline.gguf.types import padded_nbytes
 from pipeline.recipe import EvalSet, Recipe
 from pipeline.records import SensitivityRecord
 from pipeline.stagedef import Stage, mem_mb
 from pipeline.stages.evaluate import check_text, kl_divergence, write_base_logits
-from pipeline.stages.mix.groups import bands, group_tensors
+from pipeline.stages.mix.groups import Group, bands, group_tensors
 from pipeline.stages.mix.plan import check_budgets, dry_run_types, header_bytes, imatrix_args, map_text
 from pipeline.stages.quantize import explain_failure
 from pipeline.tools import Toolchain, find_toolchain, run_tool
@@ -83,110 +84,177 @@ def sensitivity(recipe: Recipe, flavour: str, base_gguf: str | Path, ref_gguf: s
     t0 = time.monotonic()
 
     # 1. the reference logits, reused while the reference file and the text are those they were made from
-    logits = scratch / "base.logits"
     ref_sha = sha256_file(ref)
     base_sha = ref_sha if base == ref else sha256_file(base)  # the plain flavour measures the reference itself
-    ref_key = hashlib.sha256(json.dumps([ref_sha, text_sha, s.ctx, s.chunks, threads, tc.build_number, tc.commit])
+    logits = _reference_logits(tc, es, ref, ref_sha, text_sha, threads, scratch, logp, flavour, where)
+    # 2. what each candidate writes, per tensor
+    plan = _plan(tc, base, im, (s.floor, *cands), s.bands, scratch, logp, where)
+    data = _describe(flavour, base, base_sha, ref, ref_sha, im, es, text_sha, threads, s.floor, cands, s.bands, plan)
+    check_budgets(recipe, flavour, data, base, header_bytes(plan.header, im), plan.header.alignment, im, tc, scratch,
+                  logp)  # before any measurement
+    # 3. the floor, then each group at each candidate
+    measure = _Measurer(tc, es, base, im, logits, scratch, threads, logp, where,
+                        (base_sha, ref_sha, data["imatrix_sha256"]), text_sha)
+    floor, out_groups, n_total = _measure_all(measure, plan, s.floor, cands, flavour)
+    data["floor_kld"] = floor
+    data["groups"] = out_groups
+    write_json_atomic(out_json, data)
+    _write_record(record, flavour, data, len(plan.groups), len(cands), n_total, measure.cost, t0, out_json)
+    return data
+
+
+def _reference_logits(tc: Toolchain, es: EvalSet, ref: Path, ref_sha: str, text_sha: str, threads: int,
+                      scratch: Path, logp: Path | None, flavour: str, where: str) -> Path:
+    """``scratch/base.logits``, remade only when its key (reference, text, ctx, chunks, threads, tools) changed."""
+    logits = scratch / "base.logits"
+    ref_key = hashlib.sha256(json.dumps([ref_sha, text_sha, es.ctx, es.chunks, threads, tc.build_number, tc.commit])
                              .encode()).hexdigest()
     stamp = scratch / "base.logits.key"
     if not (logits.is_file() and stamp.is_file() and stamp.read_text() == ref_key):
-        print(f"[sensitivity {flavour}] reference logits of {ref.name} on {s.text.name} ({s.chunks} x {s.ctx})",
+        print(f"[sensitivity {flavour}] reference logits of {ref.name} on {es.text.name} ({es.chunks} x {es.ctx})",
               flush=True)
         write_base_logits(tc, es, ref, logits, threads, logp, f"{where}: reference logits")
         stamp.write_text(ref_key)
+    return logits
 
-    # 2. what each candidate writes, per tensor
+
+@dataclass
+class _Plan:
+    """What the dry runs say of the base file: its tensors, the quantized ones' groups and written types."""
+    header: GGUFHeader
+    listed: dict[str, dict]  # every tensor, as dry_run_types gives it
+    quantized: list[str]
+    types: dict[str, dict[str, str]]  # floor or candidate -> tensor -> type written
+    groups: list[Group]
+    shapes: dict[str, list[int]]
+
+    def group_bytes(self, g: Group, c: str) -> int:
+        return sum(padded_nbytes(self.types[c][n], self.shapes[n], self.header.alignment) for n in g.tensors)
+
+
+def _plan(tc: Toolchain, base: Path, im: Path | None, qtypes: tuple[str, ...], n_bands: int, scratch: Path,
+          logp: Path | None, where: str) -> _Plan:
+    """Dry runs of ``base``: once at MEASURE_FTYPE, then with every quantized tensor at each of ``qtypes``."""
     header = read_header(base)
     args, cwd = imatrix_args(im)
     listed = dry_run_types(tc, base, MEASURE_FTYPE, args, cwd, scratch, logp, where)
     quantized = [n for n, t in listed.items() if t["quantized"]]
     if not quantized:
         raise PipelineError(f"{where}: llama-quantize would quantize no tensor of {base.name}")
-    types = {c: written_types(tc, base, quantized, c, im, scratch, logp, where) for c in (s.floor, *cands)}
-    groups = group_tensors(quantized, s.bands)
+    types = {c: written_types(tc, base, quantized, c, im, scratch, logp, where) for c in qtypes}
+    groups = group_tensors(quantized, n_bands)
     shapes = {n: list(t["shape"]) for n, t in listed.items()}
-    alignment = header.alignment
+    return _Plan(header, listed, quantized, types, groups, shapes)
 
-    def group_bytes(g, c):
-        return sum(padded_nbytes(types[c][n], shapes[n], alignment) for n in g.tensors)
 
-    data = {
+def _describe(flavour: str, base: Path, base_sha: str, ref: Path, ref_sha: str, im: Path | None, es: EvalSet,
+              text_sha: str, threads: int, floor: str, cands: tuple[str, ...], n_bands: int, plan: _Plan) -> dict:
+    """The sensitivity file's head, everything but the measurements (its key order is the file's)."""
+    alignment = plan.header.alignment
+    return {
         "version": VERSION,
         "flavour": flavour,
         "base": {"file": base.name, "sha256": base_sha},
         "reference": {"file": ref.name, "sha256": ref_sha},
         "imatrix_sha256": sha256_file(im) if im else None,
-        "text": s.text.name, "text_sha256": text_sha, "ctx": s.ctx, "chunks": s.chunks, "threads": threads,
-        "floor": s.floor, "candidates": list(cands),
-        "bands": [list(b) for b in bands(1 + max((g.band[1] for g in groups if g.band), default=0), s.bands)],
-        "tensors": {n: {"shape": shapes[n], "types": {c: types[c][n] for c in (s.floor, *cands)}} for n in quantized},
-        "kept_bytes": sum(padded_nbytes(t["type"], t["shape"], alignment) for n, t in listed.items()
+        "text": es.text.name, "text_sha256": text_sha, "ctx": es.ctx, "chunks": es.chunks, "threads": threads,
+        "floor": floor, "candidates": list(cands),
+        "bands": [list(b) for b in bands(1 + max((g.band[1] for g in plan.groups if g.band), default=0), n_bands)],
+        "tensors": {n: {"shape": plan.shapes[n], "types": {c: plan.types[c][n] for c in (floor, *cands)}}
+                    for n in plan.quantized},
+        "kept_bytes": sum(padded_nbytes(t["type"], t["shape"], alignment) for n, t in plan.listed.items()
                           if not t["quantized"]),
-        "n_weights": sum(_elements(t["shape"]) for t in listed.values()),
+        "n_weights": sum(_elements(t["shape"]) for t in plan.listed.values()),
     }
-    check_budgets(recipe, flavour, data, base, header_bytes(header, im), alignment, im, tc, scratch,
-                  logp)  # before any measurement
 
-    # 3. the floor, then each group at each candidate
-    floor_map = dict.fromkeys(quantized, s.floor)
-    cost = {"runs": 0, "reused": 0, "skipped": 0, "quantize_seconds": 0.0, "eval_seconds": 0.0}
-    todo = [(g, c) for g in groups for c in cands]
 
-    def measure(label: str, assign: dict[str, str]) -> dict:
+@dataclass
+class _Measurer:
+    """Measures one map against the reference logits, or reads it back from ``scratch/runs`` by its key."""
+    tc: Toolchain
+    es: EvalSet
+    base: Path
+    im: Path | None
+    logits: Path
+    scratch: Path
+    threads: int
+    logp: Path | None
+    where: str
+    shas: tuple[str, str, str | None]  # base, reference, importance matrix
+    text_sha: str
+    cost: dict = field(default_factory=lambda: {"runs": 0, "reused": 0, "skipped": 0, "quantize_seconds": 0.0,
+                                                "eval_seconds": 0.0})
+
+    def __call__(self, label: str, assign: dict[str, str]) -> dict:
         text = map_text(assign)
-        key = hashlib.sha256(json.dumps([base_sha, ref_sha, data["imatrix_sha256"], text, MEASURE_FTYPE, text_sha,
-                                         s.ctx, s.chunks, threads, tc.build_number, tc.commit]).encode()).hexdigest()
-        cached = scratch / "runs" / f"{key}.json"
+        key = hashlib.sha256(json.dumps([*self.shas, text, MEASURE_FTYPE, self.text_sha, self.es.ctx, self.es.chunks,
+                                         self.threads, self.tc.build_number, self.tc.commit]).encode()).hexdigest()
+        cached = self.scratch / "runs" / f"{key}.json"
         if cached.is_file():
-            cost["reused"] += 1
+            self.cost["reused"] += 1
             return json.loads(cached.read_text())
-        mp = scratch / "measure.map"
-        mp.write_text(text)
-        out = scratch / "measure.gguf"
-        t = time.monotonic()
-        res = run_tool(tc, "llama-quantize", [*args, "--tensor-type-file", str(mp.resolve()), base, out.resolve(),
-                                              MEASURE_FTYPE, str(max(1, threads))], logp, check=False, cwd=cwd)
-        if res.returncode != 0 or not out.is_file():
-            raise ToolError("llama-quantize", res.returncode, logp,
-                            f"{where}: {label}: llama-quantize failed: {explain_failure(res.output, out)}")
-        cost["quantize_seconds"] += time.monotonic() - t
-        t = time.monotonic()
-        metrics, _ = kl_divergence(tc, es, out, logits, threads, logp, f"{where}: {label}", RETRIES)
-        cost["eval_seconds"] += time.monotonic() - t
-        out.unlink()
-        cost["runs"] += 1
-        kept = {k: metrics[k] for k in KEPT}
+        kept = self._run(label, text)
         with atomic_output(cached) as tmp:
             tmp.write_text(json.dumps(kept, sort_keys=True) + "\n")
         return kept
 
-    n_total = 1 + len(todo)
+    def _run(self, label: str, text: str) -> dict:
+        """Quantizes ``base`` with the map ``text``, then the KL divergence of that file: the KEPT statistics."""
+        mp = self.scratch / "measure.map"
+        mp.write_text(text)
+        out = self.scratch / "measure.gguf"
+        args, cwd = imatrix_args(self.im)
+        t = time.monotonic()
+        res = run_tool(self.tc, "llama-quantize", [*args, "--tensor-type-file", str(mp.resolve()), self.base,
+                                                   out.resolve(), MEASURE_FTYPE, str(max(1, self.threads))],
+                       self.logp, check=False, cwd=cwd)
+        if res.returncode != 0 or not out.is_file():
+            raise ToolError("llama-quantize", res.returncode, self.logp,
+                            f"{self.where}: {label}: llama-quantize failed: {explain_failure(res.output, out)}")
+        self.cost["quantize_seconds"] += time.monotonic() - t
+        t = time.monotonic()
+        metrics, _ = kl_divergence(self.tc, self.es, out, self.logits, self.threads, self.logp,
+                                   f"{self.where}: {label}", RETRIES)
+        self.cost["eval_seconds"] += time.monotonic() - t
+        out.unlink()
+        self.cost["runs"] += 1
+        return {k: metrics[k] for k in KEPT}
+
+
+def _measure_all(measure: _Measurer, plan: _Plan, floor_type: str, cands: tuple[str, ...],
+                 flavour: str) -> tuple[dict, list[dict], int]:
+    """The floor, then every group at every candidate, in that order: the floor's figures, the groups' entries and
+    the count of measurements (skipped ones included)."""
+    floor_map = dict.fromkeys(plan.quantized, floor_type)
+    n_total = 1 + len(plan.groups) * len(cands)
     floor = measure("floor", floor_map)
-    print(f"[sensitivity {flavour}] 1/{n_total} floor {s.floor}: mean KLD {floor['kld_mean']:.6f}", flush=True)
+    print(f"[sensitivity {flavour}] 1/{n_total} floor {floor_type}: mean KLD {floor['kld_mean']:.6f}", flush=True)
     out_groups = []
     done = 1
-    for g in groups:
+    for g in plan.groups:
         entry = {"group": g.name, "role": g.role, "band": list(g.band) if g.band else None, "tensors": list(g.tensors),
-                 "bytes": {c: group_bytes(g, c) for c in (s.floor, *cands)}, "kld": {}}
+                 "bytes": {c: plan.group_bytes(g, c) for c in (floor_type, *cands)}, "kld": {}}
         for c in cands:
             done += 1
-            if all(types[c][n] == types[s.floor][n] for n in g.tensors):
-                cost["skipped"] += 1  # written as the floor writes it: the floor's figures
+            if all(plan.types[c][n] == plan.types[floor_type][n] for n in g.tensors):
+                measure.cost["skipped"] += 1  # written as the floor writes it: the floor's figures
                 entry["kld"][c] = dict(floor)
                 continue
             entry["kld"][c] = measure(f"{g.name} at {c}", {**floor_map, **dict.fromkeys(g.tensors, c)})
             print(f"[sensitivity {flavour}] {done}/{n_total} {g.name} at {c}: mean KLD "
                   f"{entry['kld'][c]['kld_mean']:.6f}", flush=True)
         out_groups.append(entry)
-    data["floor_kld"] = floor
-    data["groups"] = out_groups
-    write_json_atomic(out_json, data)
-    SensitivityRecord(flavour=flavour, groups=len(groups), candidates=len(cands),
+    return floor, out_groups, n_total
+
+
+def _write_record(record: str | Path, flavour: str, data: dict, n_groups: int, n_cands: int, n_total: int,
+                  cost: dict, t0: float, out_json: str | Path) -> None:
+    """The stage record: counts, seconds (rounded) and the SHA256 of the file written."""
+    SensitivityRecord(flavour=flavour, groups=n_groups, candidates=n_cands,
                       n_layers=len(data["bands"]) and data["bands"][-1][1] + 1, measurements=n_total,
                       **{**cost, "quantize_seconds": round(cost["quantize_seconds"], 1),
                          "eval_seconds": round(cost["eval_seconds"], 1)},
                       seconds=round(time.monotonic() - t0, 1), sensitivity_sha256=sha256_file(out_json)).write(record)
-    return data
 
 
 def _elements(shape) -> int:
