@@ -266,140 +266,187 @@ def parse_buffer(buf: Any, path: Path, size: int | None = None) -> GGUFHeader:
 
 
 def _parse(buf: Any, path: Path, size: int) -> GGUFHeader:
-    def bad(msg: str) -> PipelineError:
-        return PipelineError(f"{path}: unreadable GGUF header: {msg}")
+    p = _Parser(buf, path, size)
+    version, pos = p.header()
+    meta, spans, types, pos = p.kv_section(pos)
+    alignment = p.alignment(meta, types)
+    infos, pos = p.tensor_infos(pos)
+    data_offset = p.place_tensors(infos, pos, alignment)
+    return GGUFHeader(path, version, meta, alignment, data_offset, tuple(infos), size, spans, bytes(types))
 
-    def unpack(st: struct.Struct, pos: int) -> tuple[Any, int]:
+
+class _Parser:
+    """One parse of a GGUF header (:func:`_parse`): the bytes, their size, the entry counts and the memory
+    charged so far. The loops bind methods to locals: a vocabulary or ~1,000 tensors go through them."""
+
+    __slots__ = ("buf", "path", "size", "n_tensors", "n_kv", "budget", "cost")
+
+    def __init__(self, buf: Any, path: Path, size: int) -> None:
+        self.buf, self.path, self.size = buf, path, size
+        self.n_tensors = self.n_kv = 0
+        self.budget = _BUDGET_FACTOR * size + _BUDGET_EXTRA - (256 << 10)  # less what any parse allocates besides entries
+        self.cost = 0
+
+    def bad(self, msg: str) -> PipelineError:
+        return PipelineError(f"{self.path}: unreadable GGUF header: {msg}")
+
+    def unpack(self, st: struct.Struct, pos: int) -> tuple[Any, int]:
         end = pos + st.size
-        if end > size:
+        if end > self.size:
             raise _Truncated
-        return st.unpack_from(buf, pos)[0], end
+        return st.unpack_from(self.buf, pos)[0], end
 
-    def string(pos: int) -> tuple[str, int]:
-        n, pos = unpack(_U64, pos)
+    def string(self, pos: int) -> tuple[str, int]:
+        n, pos = self.unpack(_U64, pos)
         end = pos + n
-        if end > size:
+        if end > self.size:
             raise _Truncated
-        return bytes(buf[pos:end]).decode("utf-8", "surrogateescape"), end
+        return bytes(self.buf[pos:end]).decode("utf-8", "surrogateescape"), end
 
-    if size < 24:
-        raise _Truncated
-    version, pos = unpack(_U32, 4)
-    if version & 0xFFFF == 0:
-        raise bad(f"version {version:#x}: a big-endian GGUF file?")
-    if version not in (2, 3):
-        raise bad(f"unsupported GGUF version {version} (llama.cpp b11312 reads 2 and 3)")
-    n_tensors, pos = unpack(_I64, pos)
-    n_kv, pos = unpack(_I64, pos)
-    if n_tensors < 0 or n_kv < 0:
-        raise bad(f"negative tensor or key count ({n_tensors}, {n_kv})")
-    if n_kv * _MIN_KV_BYTES + n_tensors * _MIN_TENSOR_BYTES > size - pos:
-        raise _Truncated  # more entries than the bytes left can hold: refused before looping over them
-
-    budget = _BUDGET_FACTOR * size + _BUDGET_EXTRA - (256 << 10)  # less what any parse allocates besides entries
-    cost = 0
-
-    def charge(amount: int, what: str | None) -> None:
+    def charge(self, amount: int, what: str | None) -> None:
         """Charge an entry's cost; past the budget, refuse the file (``what``: what is charged; None: only add)."""
-        nonlocal cost
-        cost += amount
-        if what and cost > budget:
-            raise bad(f"{n_kv} keys and {n_tensors} tensors in {size} bytes: {what} would take more memory than the "
-                      f"reader allows a file of this size ({_BUDGET_FACTOR} x size + 1 MiB)")
+        self.cost += amount
+        if what and self.cost > self.budget:
+            raise self.bad(f"{self.n_kv} keys and {self.n_tensors} tensors in {self.size} bytes: {what} would take "
+                           f"more memory than the reader allows a file of this size ({_BUDGET_FACTOR} x size + 1 MiB)")
 
-    meta: dict[str, Any] = {}
-    spans = array("Q")
-    types = bytearray()
-    for _ in range(n_kv):
-        charge(_KV_COST, "its keys")
-        start = pos
-        key, pos = string(pos)
-        if not key or key in meta:
-            raise bad(f"{'empty' if not key else 'duplicate'} key {key!r}")
-        vtype, pos = unpack(_U32, pos)
-        if vtype == STRING:
-            meta[key], pos = string(pos)
-        elif vtype in SCALARS:
-            meta[key], pos = unpack(SCALARS[vtype], pos)
-        elif vtype == ARRAY:
-            elem_type, pos = unpack(_U32, pos)
-            count, pos = unpack(_U64, pos)
-            first = pos
-            if elem_type == STRING:
-                if count * 8 > size - pos:
-                    raise _Truncated
-                for _ in range(count):
-                    n, pos = unpack(_U64, pos)
-                    pos += n
-                    if pos > size:
-                        raise _Truncated
-            elif elem_type in SCALARS:
-                pos += SCALARS[elem_type].size * count
+    def header(self) -> tuple[int, int]:
+        """The version and the entry counts (kept for the sections); returns (version, position after them)."""
+        if self.size < 24:
+            raise _Truncated
+        version, pos = self.unpack(_U32, 4)
+        if version & 0xFFFF == 0:
+            raise self.bad(f"version {version:#x}: a big-endian GGUF file?")
+        if version not in (2, 3):
+            raise self.bad(f"unsupported GGUF version {version} (llama.cpp b11312 reads 2 and 3)")
+        n_tensors, pos = self.unpack(_I64, pos)
+        n_kv, pos = self.unpack(_I64, pos)
+        if n_tensors < 0 or n_kv < 0:
+            raise self.bad(f"negative tensor or key count ({n_tensors}, {n_kv})")
+        if n_kv * _MIN_KV_BYTES + n_tensors * _MIN_TENSOR_BYTES > self.size - pos:
+            raise _Truncated  # more entries than the bytes left can hold: refused before looping over them
+        self.n_tensors, self.n_kv = n_tensors, n_kv
+        return version, pos
+
+    def kv_section(self, pos: int) -> tuple[dict[str, Any], array, bytearray, int]:
+        """The key/value entries from ``pos``: (metadata, spans, value types, position after them)."""
+        meta: dict[str, Any] = {}
+        spans = array("Q")
+        types = bytearray()
+        charge, string, unpack = self.charge, self.string, self.unpack
+        for _ in range(self.n_kv):
+            charge(_KV_COST, "its keys")
+            start = pos
+            key, pos = string(pos)
+            if not key or key in meta:
+                raise self.bad(f"{'empty' if not key else 'duplicate'} key {key!r}")
+            vtype, pos = unpack(_U32, pos)
+            if vtype == STRING:
+                meta[key], pos = string(pos)
+            elif vtype in SCALARS:
+                meta[key], pos = unpack(SCALARS[vtype], pos)
+            elif vtype == ARRAY:
+                meta[key], pos = self.array_value(key, pos)
             else:
-                raise bad(f"key {key!r} is an array of invalid GGUF type {elem_type}")
+                raise self.bad(f"key {key!r} has invalid GGUF type {vtype}")
+            spans.append(start)
+            spans.append(pos)
+            types.append(vtype)
+        return meta, spans, types, pos
+
+    def array_value(self, key: str, pos: int) -> tuple[ArrayValue, int]:
+        """The array value of ``key`` at ``pos``, measured but not decoded; returns it and the position after it."""
+        elem_type, pos = self.unpack(_U32, pos)
+        count, pos = self.unpack(_U64, pos)
+        first = pos
+        if elem_type == STRING:
+            pos = self.skip_strings(pos, count)
+        elif elem_type in SCALARS:
+            pos += SCALARS[elem_type].size * count
+        else:
+            raise self.bad(f"key {key!r} is an array of invalid GGUF type {elem_type}")
+        if pos > self.size:
+            raise _Truncated
+        self.charge(_ARRAY_COST, "its keys")
+        return ArrayValue(elem_type, count, first, pos), pos
+
+    def skip_strings(self, pos: int, count: int) -> int:
+        """The position after ``count`` strings from ``pos``. Inlined: a vocabulary is 10^4-10^5 of them."""
+        size, buf, unpack_from = self.size, self.buf, _U64.unpack_from
+        if count * 8 > size - pos:
+            raise _Truncated
+        for _ in range(count):
+            if pos + 8 > size:
+                raise _Truncated
+            pos += 8 + unpack_from(buf, pos)[0]
             if pos > size:
                 raise _Truncated
-            charge(_ARRAY_COST, "its keys")
-            meta[key] = ArrayValue(elem_type, count, first, pos)
-        else:
-            raise bad(f"key {key!r} has invalid GGUF type {vtype}")
-        spans.append(start)
-        spans.append(pos)
-        types.append(vtype)
+        return pos
 
-    alignment = meta.get("general.alignment", DEFAULT_ALIGNMENT)
-    if "general.alignment" in meta and types[list(meta).index("general.alignment")] != UINT32:
-        raise bad("general.alignment is not a uint32")
-    if alignment <= 0 or alignment & (alignment - 1):
-        raise bad(f"alignment {alignment} is not a power of 2")
-    if n_tensors * _MIN_TENSOR_BYTES > size - pos:
-        raise _Truncated
+    def alignment(self, meta: dict[str, Any], types: bytearray) -> int:
+        """``general.alignment`` (a uint32 power of 2) or the default."""
+        alignment = meta.get("general.alignment", DEFAULT_ALIGNMENT)
+        if "general.alignment" in meta and types[list(meta).index("general.alignment")] != UINT32:
+            raise self.bad("general.alignment is not a uint32")
+        if alignment <= 0 or alignment & (alignment - 1):
+            raise self.bad(f"alignment {alignment} is not a power of 2")
+        return alignment
 
-    infos: list = []  # (name, shape, type, relative offset, elements, bytes), then TensorInfo
-    names: set[str] = set()
-    for i in range(n_tensors):
-        charge(_TENSOR_COST, "its tensor infos")
-        name, pos = string(pos)
-        if len(name.encode("utf-8", "surrogateescape")) >= MAX_NAME:
-            raise bad(f"tensor {i} has a name of {len(name)} characters (llama.cpp allows {MAX_NAME - 1})")
-        if name in names:
-            raise bad(f"duplicate tensor name {name!r}")
-        names.add(name)
-        n_dims, pos = unpack(_U32, pos)
-        if n_dims > MAX_DIMS:
-            raise bad(f"tensor {name!r} has {n_dims} dimensions (at most {MAX_DIMS})")
-        charge(_DIM_COST * n_dims, None)
-        shape = []
-        for _ in range(n_dims):
-            ne, pos = unpack(_I64, pos)
-            if ne < 0:
-                raise bad(f"tensor {name!r} has a negative dimension {ne}")
-            shape.append(ne)
-        gtype, pos = unpack(_U32, pos)
-        if gtype not in GGML_TYPES:
-            raise bad(f"tensor {name!r} has ggml type {gtype}, unknown to llama.cpp b11312")
-        tname, blck, _ = GGML_TYPES[gtype]
-        if shape and shape[0] % blck:
-            raise bad(f"tensor {name!r} of type {tname} has {shape[0]} elements per row, not a multiple of {blck}")
-        n_el = 1
-        for ne in shape:
-            n_el *= ne
-        rel, pos = unpack(_U64, pos)
-        infos.append((name, tuple(shape), gtype, rel, n_el, tensor_nbytes(gtype, tuple(shape))))
+    def tensor_infos(self, pos: int) -> tuple[list, int]:
+        """The tensor infos from ``pos``: ([(name, shape, type, relative offset, elements, bytes)...], position
+        after them)."""
+        if self.n_tensors * _MIN_TENSOR_BYTES > self.size - pos:
+            raise _Truncated
+        infos: list = []
+        names: set[str] = set()
+        bad, charge, string, unpack = self.bad, self.charge, self.string, self.unpack
+        for i in range(self.n_tensors):
+            charge(_TENSOR_COST, "its tensor infos")
+            name, pos = string(pos)
+            if len(name.encode("utf-8", "surrogateescape")) >= MAX_NAME:
+                raise bad(f"tensor {i} has a name of {len(name)} characters (llama.cpp allows {MAX_NAME - 1})")
+            if name in names:
+                raise bad(f"duplicate tensor name {name!r}")
+            names.add(name)
+            n_dims, pos = unpack(_U32, pos)
+            if n_dims > MAX_DIMS:
+                raise bad(f"tensor {name!r} has {n_dims} dimensions (at most {MAX_DIMS})")
+            charge(_DIM_COST * n_dims, None)
+            shape = []
+            for _ in range(n_dims):
+                ne, pos = unpack(_I64, pos)
+                if ne < 0:
+                    raise bad(f"tensor {name!r} has a negative dimension {ne}")
+                shape.append(ne)
+            gtype, pos = unpack(_U32, pos)
+            if gtype not in GGML_TYPES:
+                raise bad(f"tensor {name!r} has ggml type {gtype}, unknown to llama.cpp b11312")
+            tname, blck, _ = GGML_TYPES[gtype]
+            if shape and shape[0] % blck:
+                raise bad(f"tensor {name!r} of type {tname} has {shape[0]} elements per row, not a multiple of {blck}")
+            n_el = 1
+            for ne in shape:
+                n_el *= ne
+            rel, pos = unpack(_U64, pos)
+            infos.append((name, tuple(shape), gtype, rel, n_el, tensor_nbytes(gtype, tuple(shape))))
+        return infos, pos
 
-    data_offset = pos
-    if infos and pos % alignment:
-        data_offset += alignment - pos % alignment
-    expected = 0
-    for i, (name, shape, gtype, rel, n_el, n_bytes) in enumerate(infos):
-        if rel != expected:
-            raise bad(f"tensor {name!r} has offset {rel}, expected {expected}")
-        end = data_offset + rel + n_bytes
-        if end > size:
-            raise PipelineError(f"{path}: truncated GGUF: tensor data ends at byte {end}, file has {size}")
-        infos[i] = TensorInfo(name, shape, gtype, data_offset + rel, n_el, n_bytes)  # in place: one list at a time
-        expected += -(-n_bytes // alignment) * alignment
-    return GGUFHeader(path, version, meta, alignment, data_offset, tuple(infos), size, spans, bytes(types))
+    def place_tensors(self, infos: list, pos: int, alignment: int) -> int:
+        """The data section's start (``pos`` aligned); checks each tensor's offset and that its data lies in the
+        file, and turns ``infos`` into TensorInfo with absolute offsets, in place (one list at a time)."""
+        data_offset = pos
+        if infos and pos % alignment:
+            data_offset += alignment - pos % alignment
+        expected = 0
+        for i, (name, shape, gtype, rel, n_el, n_bytes) in enumerate(infos):
+            if rel != expected:
+                raise self.bad(f"tensor {name!r} has offset {rel}, expected {expected}")
+            end = data_offset + rel + n_bytes
+            if end > self.size:
+                raise PipelineError(f"{self.path}: truncated GGUF: tensor data ends at byte {end}, file has {self.size}")
+            infos[i] = TensorInfo(name, shape, gtype, data_offset + rel, n_el, n_bytes)
+            expected += -(-n_bytes // alignment) * alignment
+        return data_offset
 
 
 # --------------------------------------------------------------------------- what callers read of a GGUF
