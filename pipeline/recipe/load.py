@@ -31,8 +31,8 @@ def load_recipe(path: str | Path, quantize_exe: str | None = None) -> Recipe:
     raw_bytes, data = _read_yaml(path)
     d, name = _parse_top_level(ctx, data)
     source = _parse_source(ctx, d["source"], "source")
-    outtype = _parse_choice(ctx, d, "outtype", "f16", OUTTYPES)
-    mtp = _parse_choice(ctx, d, "mtp", "keep", MTP_MODES)
+    outtype = ctx.choice(d.get("outtype", "f16"), "outtype", OUTTYPES)
+    mtp = ctx.choice(d.get("mtp", "keep"), "mtp", MTP_MODES)
     if "quants" in d and not isinstance(d["quants"], list):
         ctx.fail("quants", "must be a non-empty list")
     # the checks run in the order of the fields below: the first failure is the one-line message
@@ -85,13 +85,6 @@ def _parse_top_level(ctx: _Ctx, data) -> tuple[dict, str]:
     if ".." in name:
         ctx.fail("name", f"{name!r} must not contain '..'")
     return d, name
-
-
-def _parse_choice(ctx: _Ctx, d: dict, key: str, default: str, allowed: tuple[str, ...]) -> str:
-    value = d.get(key, default)
-    if value not in allowed:
-        ctx.fail(key, f"{value!r} is not one of {', '.join(allowed)}")
-    return value
 
 
 def _parse_quant_fields(ctx: _Ctx, d: dict, quantize_exe: str | None, outtype: str, mtp: str) -> dict:

@@ -337,9 +337,7 @@ def _parse_draft(ctx: _Ctx, value, main_quants: tuple[Quant, ...], eval_sets, kn
             read_header(gguf)
         except PipelineError as exc:
             ctx.fail("draft.gguf", str(exc))
-    d_outtype = d.get("outtype", outtype)
-    if d_outtype not in OUTTYPES:
-        ctx.fail("draft.outtype", f"{d_outtype!r} is not one of {', '.join(OUTTYPES)}")
+    d_outtype = ctx.choice(d.get("outtype", outtype), "draft.outtype", OUTTYPES)
     main_keys = [q.key for q in main_quants]
     draft_keys = [q.key for q in quants] if quants else [MTP_DRAFT_KEY if mtp else "gguf"]
     pairs = [(m, dk) for m in main_keys for dk in draft_keys]

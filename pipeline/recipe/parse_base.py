@@ -43,6 +43,11 @@ class _Ctx:
             self.fail(where, f"{value!r} is not {what or 'valid'}")
         return value
 
+    def choice(self, value, where: str, allowed: tuple[str, ...]) -> str:
+        if value not in allowed:
+            self.fail(where, f"{value!r} is not one of {', '.join(allowed)}")
+        return value
+
     def boolean(self, value, where: str) -> bool:
         if not isinstance(value, bool):
             self.fail(where, f"must be true or false, got {value!r}")
