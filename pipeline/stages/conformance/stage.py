@@ -346,7 +346,8 @@ def _record(name: str, settings: dict, base_gguf: Path, tc: Toolchain, ll: _Help
     )
 
 
-def _log_outcome(log: Path | None, name: str, rec: ConformanceRecord, seconds: dict, n_requests: int) -> None:
+def _log_outcome(log: Path | None, name: str, rec: ConformanceRecord) -> None:
+    seconds = rec.seconds
     for line in rec.failures:
         _log(log, line)
     for line in rec.warnings:
@@ -355,7 +356,7 @@ def _log_outcome(log: Path | None, name: str, rec: ConformanceRecord, seconds: d
         _log(log, f"[conformance] {name}: {k}: {'pass' if c['passed'] else 'FAIL'}: "
                   f"{c.get('summary') or c.get('not_run', '')} ({seconds[k]:.2f}s)")
     _log(log, f"[conformance] {name}: {'passed' if rec.passed else 'FAILED'} ({seconds['total']:.1f}s, "
-              f"helper {seconds['helper']:.2f}s for {n_requests} requests)")
+              f"helper {seconds['helper']:.2f}s for {rec.helper_requests} requests)")
 
 
 def run(recipe, base_gguf, hf_dir, logits_file, base_record, out_record, log=None, tc: Toolchain | None = None,
@@ -391,7 +392,7 @@ def run(recipe, base_gguf, hf_dir, logits_file, base_record, out_record, log=Non
     seconds = _seconds(details, hf.seconds, ll.seconds, t0)
     rec = _record(name, settings, base_gguf, tc, ll, details, failures, warnings, seconds)
     rec.write(out_record)
-    _log_outcome(log, name, rec, seconds, len(ll.requests))
+    _log_outcome(log, name, rec)
     return rec.to_dict()
 
 
