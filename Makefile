@@ -99,9 +99,12 @@ bench-mix: demo-mix
 dvc-repro: setup
 	PATH=$(abspath $(BIN)):$$PATH $(DEMO_ENV) $(BIN)/dvc repro --keep-going
 
-# The whole suite, tiers in order (tests/unit, tests/integration, tests/e2e): what CI runs.
+# The whole suite, tiers in order (tests/unit, tests/integration, tests/e2e): what CI runs. In one process it
+# leaves one of CI's two cores mostly idle (docs/testing.md), so it runs on two workers; tests/helpers/workers.py
+# sends each shared build's tests to one worker (built once), the unit tier first. TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
 test: setup
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # The light venv: core + dev extras (pyyaml, pytest, ruff, numpy, gguf); no torch, no snakemake, no llama.cpp.
 $(FAST)/bin/.installed: pyproject.toml requirements/constraints.txt

@@ -15,6 +15,9 @@ from typing import NamedTuple
 import pytest
 from helpers import BOTCHAN, DEMO_RECIPE, GATES_NAME, TINY_COMMIT, TINY_NAME, TINY_REPO, snakemake
 
+# make test's two workers: which tests share one, and the order they go out in (tests/helpers/workers.py)
+pytest_plugins = ["helpers.workers"]
+
 TIERS = ("unit", "integration", "e2e")
 TESTS = Path(__file__).resolve().parent
 
