@@ -31,7 +31,7 @@ from pipeline.stages.bench import measure as llama_bench
 from pipeline.stages.evaluate import (
     _CHUNKS_RE,
     _fail_on_tool_errors,
-    has_kld_statistics_end,
+    has_kld_statistics,
     parse_kld_statistics,
     run_perplexity,
 )
@@ -113,7 +113,7 @@ def measure(tc, model: Path, slice_path: Path, dc: dict, threads: int) -> dict:
     what = f"device-check of {model.name}"
     args = ["-m", model, "-c", str(dc["ctx"]), "--chunks", str(dc["chunks"]), "-b", str(dc["ctx"]), "-t", str(threads),
             "--kl-divergence-base", slice_path, "--kl-divergence"]
-    res = run_perplexity(tc, args, None, has_kld_statistics_end, what)
+    res = run_perplexity(tc, args, None, has_kld_statistics, what)
     _fail_on_tool_errors(res, what)
     m = _CHUNKS_RE.search(res.output)
     if not m or (int(m.group(1)), int(m.group(2))) != (dc["chunks"], dc["ctx"]):

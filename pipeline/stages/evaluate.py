@@ -12,10 +12,13 @@ The parser fails, never returns zeros, when a statistic is missing or its format
 
 llama-perplexity b11312 can also lose its last output lines at exit while exiting 0: its logger is a
 thread that ``main`` does not join (common/log.cpp leaks the singleton on purpose), so lines still
-queued when the process ends are never written. :func:`run_perplexity` re-runs it, at most
-:data:`TRUNCATION_RETRIES` times and logged, for exactly that symptom: exit 0, no error line, the run
-started (its chunk count is printed) and the last line it prints is missing. (pipeline/tools.py also
-runs it with passive OpenMP waiting, which makes the symptom rare.)
+queued when the process ends are never written. Exit can also tear a line: it flushes stdout while
+that thread is writing to it (common/log.cpp:160-166, fprintf then fflush), so part of a line is
+written twice (tests/data/perplexity/torn-line-kld.txt). :func:`run_perplexity` re-runs it, at most
+:data:`TRUNCATION_RETRIES` times and logged, for exactly these symptoms: exit 0, no error line, the run
+started (its chunk count is printed), and the last line it prints is missing or a statistic's line
+holds its label but no readable value. (pipeline/tools.py also runs it with passive OpenMP waiting,
+which makes them rare.)
 """
 
 from __future__ import annotations
@@ -101,13 +104,17 @@ def has_final_estimate(output: str) -> bool:
     return _PPL_RE.search(output) is not None
 
 
-def has_kld_statistics_end(output: str) -> bool:
-    """The last line a ``--kl-divergence`` run prints (``Same top p``) is there."""
-    return re.search(STATISTICS["same_top_p"], output, re.M) is not None
+def has_kld_statistics(output: str) -> bool:
+    """The last line a ``--kl-divergence`` run prints (``Same top p``) is there, and no statistic's line is torn (its
+    label there, its value unreadable). A label that is missing altogether is a format change: no re-run."""
+    if re.search(STATISTICS["same_top_p"], output, re.M) is None:
+        return False
+    return all(re.search(rx, output, re.M) or not re.search(rx[:rx.index(":") + 1], output, re.M)
+               for rx in STATISTICS.values())
 
 
 def lost_final_lines(res: ToolResult, complete: Callable[[str], bool]) -> bool:
-    """The symptom of b11312's unjoined logger: exit 0, no error line, the run started, its last line missing."""
+    """The symptom of b11312's unjoined logger: exit 0, no error line, the run started, its output incomplete."""
     return (res.returncode == 0 and not tool_errors(res.output) and _CHUNKS_RE.search(res.output) is not None
             and not complete(res.output))
 
@@ -119,8 +126,8 @@ def run_perplexity(tc: Toolchain, args: list, log: Path | None, complete: Callab
         res = run_tool(tc, "llama-perplexity", args, log, check=False)
         if attempt > retries or not lost_final_lines(res, complete):
             return res
-        note = (f"{what}: llama-perplexity exited 0 but its output lost its final lines (unjoined logger thread "
-                f"of b11312): re-run {attempt} of at most {retries}")
+        note = (f"{what}: llama-perplexity exited 0 but its output lost its final lines or tore one (unjoined "
+                f"logger thread of b11312): re-run {attempt} of at most {retries}")
         print(f"warning: {note}", file=sys.stderr, flush=True)
         if log:
             with open(log, "a", encoding="utf-8") as fh:
@@ -318,7 +325,7 @@ def kl_divergence(tc: Toolchain, es: EvalSet, gguf: str | Path, base_logits: str
                   log: str | Path | None, what: str, retries: int = TRUNCATION_RETRIES) -> tuple[dict, ToolResult]:
     """``llama-perplexity --kl-divergence`` of ``gguf`` against ``base_logits`` (written on ``es``): its statistics."""
     res = run_perplexity(tc, ["-m", gguf, *_common_args(es, threads), "--kl-divergence-base", base_logits,
-                              "--kl-divergence"], Path(log) if log else None, has_kld_statistics_end, what, retries)
+                              "--kl-divergence"], Path(log) if log else None, has_kld_statistics, what, retries)
     _fail_on_tool_errors(res, what)
     _check_chunks(res.output, es, what)
     try:

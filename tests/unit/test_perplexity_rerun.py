@@ -1,5 +1,5 @@
-"""The bounded re-run of llama-perplexity when b11312 loses its last output lines at exit, on captured real
-output (tests/data/perplexity) fed to the evaluation code in place of a run."""
+"""The bounded re-run of llama-perplexity when b11312 loses its last output lines at exit or tears one, on captured
+real output (tests/data/perplexity) fed to the evaluation code in place of a run."""
 
 from __future__ import annotations
 
@@ -26,6 +26,9 @@ KLD = (TEST_DATA / "kld-q4_k_m.txt").read_text()
 
 
 KLD_CUT = KLD[:KLD.index("Median  KLD")]  # lost from the middle of the statistics
+# A real capture (tiny model, 2 chunks, two test workers on 2 cores): exit flushed stdout while the logger thread
+# wrote the RMS line, which holds part of itself, a torn "±" (U+FFFD once decoded) and then itself whole.
+TORN = (TEST_DATA / "torn-line-kld.txt").read_text()
 
 
 def _base_record(tmp_path: Path) -> tuple[Path, Path]:
@@ -40,6 +43,7 @@ def _base_record(tmp_path: Path) -> tuple[Path, Path]:
     ([(0, KLD_CUT), (0, KLD)], 2, None, None),  # lost once: re-run, logged
     ([(0, KLD_CUT), (0, KLD_CUT), (0, KLD)], 3, None, None),
     ([(0, KLD_CUT)], 7, "printed no KL divergence statistics|lacks", None),  # bounded: 1 + 6 re-runs, then the error
+    ([(0, TORN), (0, KLD)], 2, None, None),  # a torn line: re-run, logged
     ([(1, KLD_CUT)], 1, "exited 1", 1),  # not the symptom: no re-run
     ([(0, KLD_CUT + "0.99.000.000 E kl_divergence: failed reading log-probs\n")], 1, "failed reading log-probs", 0),
     ([(0, KLD.replace("Maximum KLD", "Max KLD"))], 1, "lacks kld_max", None),  # complete but changed: no re-run
@@ -81,3 +85,16 @@ def test_base_eval_reruns_on_a_real_lost_tail(tmp_path, monkeypatch, capsys):
     assert has_final_estimate(res.output) and calls == ["llama-perplexity"] * 2
     assert "warning: r: eval set botchan: base: llama-perplexity exited 0 but its output lost its final lines" \
         in capsys.readouterr().err
+
+
+def test_a_torn_line_is_incomplete_and_a_renamed_label_is_not():
+    from pipeline.stages.evaluate import has_kld_statistics, parse_kld_statistics
+
+    torn = [line for line in TORN.splitlines() if line.startswith("RMS")]
+    assert len(torn) == 1 and "\ufffd" in torn[0] and torn[0].count("RMS Δp") == 2
+    assert "Same top p" in TORN and not has_kld_statistics(TORN)
+    with pytest.raises(PipelineError, match=r"lacks rms_dp \(format changed\?\)$"):
+        parse_kld_statistics(TORN)
+    assert has_kld_statistics(KLD)
+    assert has_kld_statistics(KLD.replace("Maximum KLD", "Max KLD"))  # a format change: re-running cannot help
+    assert not has_kld_statistics(KLD_CUT)
