@@ -94,8 +94,9 @@ def test_groups_and_order_on_two_workers(tmp_path):
     (tmp_path / "conftest.py").write_text(CONFTEST)
     for name, text in FILES.items():
         (tmp_path / name).write_text(textwrap.dedent(text))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(ROOT / "tests"), str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    # not this run's PYTEST_ADDOPTS (CI's --basetemp holds tmp_path) nor its xdist variables
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests"), str(tmp_path), *filter(None, [env.get("PYTHONPATH")])])
     res = subprocess.run([sys.executable, "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-p", "no:cacheprovider",
                           "-q", "--rootdir", str(tmp_path), str(tmp_path)],
                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
