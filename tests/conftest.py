@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
-from helpers import BOTCHAN, DEMO_RECIPE, GATES_NAME, TINY_COMMIT, TINY_NAME, TINY_REPO, snakemake
+from helpers import BOTCHAN, GATES_NAME, TINY_COMMIT, TINY_NAME, TINY_REPO, demo_recipe_at_test_size, snakemake
 
 # make test's two workers: which tests share one, and the order they go out in (tests/helpers/workers.py)
 pytest_plugins = ["helpers.workers"]
@@ -76,10 +76,16 @@ def source_gguf():
 
 
 @pytest.fixture(scope="session")
-def demo_build(tmp_path_factory, demo_hub):
-    """The demo recipe built once by the real Snakemake workflow; shared by the end-to-end tests."""
+def demo_recipe(tmp_path_factory):
+    """The demo recipe at test size (helpers.demo_recipe_at_test_size): the one demo_build builds."""
+    return demo_recipe_at_test_size(tmp_path_factory.mktemp("demo-recipe"))
+
+
+@pytest.fixture(scope="session")
+def demo_build(tmp_path_factory, demo_hub, demo_recipe):
+    """The demo recipe (at test size) built once by the real Snakemake workflow; shared by the end-to-end tests."""
     work = tmp_path_factory.mktemp("demo-build")
-    res = snakemake(work, DEMO_RECIPE, cores=2, hub=demo_hub)
+    res = snakemake(work, demo_recipe, cores=2, hub=demo_hub)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return work
 

@@ -7,15 +7,15 @@ import hashlib
 import json
 
 import pytest
-from helpers import DEMO_RECIPE
+from helpers import DEMO_RECIPE, DEMO_TEST_CHUNKS
 
 from pipeline.errors import ToolError
 from pipeline.gguf import read_header
 from pipeline.stages.evaluate import perplexity
 from pipeline.tools import run_tool
 
-# The source run's chunks: half the build's 16, at twice the speed; the F16 is 0.25% off the source over 8 chunks
-# as over 16 (0.6% over 4)
+# The source run's chunks, the first of the test-sized build's: the F16 is 0.25% off the source over 8 chunks as over 16
+# (0.6% over 4)
 SOURCE_CHUNKS = 8
 
 
@@ -81,16 +81,16 @@ def test_llama_tokenize_matches_hf_tokenizer(f16, demo_snapshot, eval_text, tool
 def test_f16_perplexity_matches_source(f16, demo_build, source_gguf, eval_text, toolchain, tmp_path):
     """llama-perplexity run here on the source GGUF (ctx 512, the first SOURCE_CHUNKS chunks of the eval text)
     against the F16's perplexity over the same chunks, read from the base logits the build's eval-base stage
-    saved: the F16 is the source model (within 1%); and the F16 perplexity recorded in the manifest (16 chunks)
-    is the one those logits, the tool's own, give."""
+    saved: the F16 is the source model (within 1%); and the F16 perplexity recorded in the manifest (all the
+    build's chunks) is the one those logits, the tool's own, give."""
     from pipeline.stages.logitsfile import read_logits_file
 
     manifest = json.loads((f16.parent / "manifest.json").read_text())
     es = next(e for e in manifest["eval_sets"] if e["name"] == "botchan")
-    assert (es["ctx"], es["chunks"]) == (512, 16), es
+    assert (es["ctx"], es["chunks"]) == (512, DEMO_TEST_CHUNKS) and SOURCE_CHUNKS <= DEMO_TEST_CHUNKS, es
     ppl_f16 = manifest["eval_base"]["botchan"]["ppl"]
     logits = read_logits_file(demo_build / "work" / "smollm2-135m" / "eval" / "botchan" / "base.logits")
-    assert (logits.n_ctx, logits.n_chunk) == (512, 16)
+    assert (logits.n_ctx, logits.n_chunk) == (512, DEMO_TEST_CHUNKS)
     # the manifest's figure is printed to 4 decimals from the tool's float logits; the file holds them as 16 bits
     assert abs(logits.mean_ppl_base() - ppl_f16) <= 2e-4 * ppl_f16, (logits.mean_ppl_base(), ppl_f16)
     ppl_src, _ = perplexity(toolchain, source_gguf, eval_text, ctx=512, chunks=SOURCE_CHUNKS, log=tmp_path / "src.log")

@@ -16,7 +16,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import BOTCHAN, DEMO_RECIPE, ROOT, TINY_NAME
+from helpers import BOTCHAN, ROOT, TINY_NAME
 
 from pipeline.devices.check import find_device_tools, judge, measure
 from pipeline.fsutil import sha256_file
@@ -105,7 +105,7 @@ def test_a_file_that_computes_like_another_quant_fails_the_tolerance(demo_build)
     assert not verdict["passed"] and abs(verdict["delta"]["kld_mean"]) > 5 * verdict["limit"]["kld_mean"], verdict
 
 
-def test_collect_feeds_publish_and_leaves_the_manifest(demo_build, tmp_path):
+def test_collect_feeds_publish_and_leaves_the_manifest(demo_build, demo_recipe, tmp_path):
     from pipeline.cli.stage import _recipe
     from pipeline.layout import Layout
     from pipeline.stages.publish import publish, strip_volatile
@@ -121,7 +121,7 @@ def test_collect_feeds_publish_and_leaves_the_manifest(demo_build, tmp_path):
                          capture_output=True, text=True, cwd=ROOT)
     assert res.returncode == 0 and "added pi5-8g's result" in res.stdout, res.stderr
     before = _manifest(src)
-    recipe = _recipe(str(DEMO_RECIPE))
+    recipe = _recipe(str(demo_recipe))
     publish(recipe, Layout(arts, demo_build / "work"))
     assert strip_volatile(_manifest(arts / NAME)) == strip_volatile(before)  # results are shown, not part of the build
     report = (arts / NAME / "report.md").read_text()

@@ -7,7 +7,7 @@ import json
 import re
 import subprocess
 
-from helpers import GATES_NAME
+from helpers import DEMO_TEST_PROMPTS, GATES_NAME
 
 from pipeline.distribution.verify import verify
 
@@ -24,7 +24,7 @@ def test_demo_draft_checked_and_measured(demo_build):
     for p in d["pairs"]:
         assert p["compatible"] is True and p["rule"] is None and p["warnings"] == []
         a = p["acceptance"]
-        assert a["eval_text"] == "botchan.txt" and len(a["text_sha256"]) == 64 and a["prompts"] == 2
+        assert a["eval_text"] == "botchan.txt" and len(a["text_sha256"]) == 64 and a["prompts"] == DEMO_TEST_PROMPTS
         assert set(a["by_n_max"]) == {"4", "8"} and a["best_n_max"] in (4, 8)
         assert 0 < a["acceptance_rate"] < 1 and 0 < a["accepted"] < a["drafted"]
         assert a["acceptance_rate"] >= d["min_acceptance"] == 0.3

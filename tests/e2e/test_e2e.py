@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import DEMO_RECIPE, FAKE_TOKEN, snakemake
+from helpers import FAKE_TOKEN, ROOT, snakemake
 
 from pipeline.errors import PipelineError
 from pipeline.fsutil import sha256_file
@@ -43,11 +43,11 @@ def test_manifest_matches_files(demo_build):
     assert bpw["F16"] > bpw["Q8_0"] > bpw["Q5_K_M"] > bpw["Q4_K_M"]
 
 
-def test_manifest_provenance(demo_build):
+def test_manifest_provenance(demo_build, demo_recipe):
     from pipeline.demo import DEMO_COMMIT
 
     m = _manifest(demo_build)
-    assert m["recipe"]["sha256"] == sha256_file(DEMO_RECIPE)
+    assert m["recipe"]["sha256"] == sha256_file(demo_recipe)
     assert m["source"]["repo"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
     assert m["source"]["commit"] == DEMO_COMMIT
     assert m["tools"]["llama_cpp_build"] == 11312 and m["tools"]["llama_cpp_commit"] == "0c1e570"
@@ -104,26 +104,26 @@ def test_q4_k_m_perplexity_bound(demo_build):
     assert q4["metrics"]["botchan"]["ppl_q"] < 35, q4["metrics"]
 
 
-def test_rerun_runs_zero_jobs(demo_build, demo_hub):
-    res = snakemake(demo_build, DEMO_RECIPE, extra=["--dry-run"], hub=demo_hub)
+def test_rerun_runs_zero_jobs(demo_build, demo_hub, demo_recipe):
+    res = snakemake(demo_build, demo_recipe, extra=["--dry-run"], hub=demo_hub)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "Nothing to be done" in res.stdout + res.stderr
 
 
-def test_rerun_with_another_interpreter_path_runs_zero_jobs(demo_build, demo_hub, tmp_path):
+def test_rerun_with_another_interpreter_path_runs_zero_jobs(demo_build, demo_hub, demo_recipe):
     """The interpreter is not a rerun trigger: another path to the same venv (python3 vs python) finds
     nothing to do."""
     other = Path(sys.executable).with_name("python3" if Path(sys.executable).name != "python3" else "python")
     assert other.exists() and str(other) != sys.executable
-    cmd = [str(other), "-m", "snakemake", "--snakefile", str(DEMO_RECIPE.parent.parent / "Snakefile"),
-           "--directory", str(demo_build), "--cores", "2", "--dry-run", "--config", f"recipes={DEMO_RECIPE}"]
+    cmd = [str(other), "-m", "snakemake", "--snakefile", str(ROOT / "Snakefile"),
+           "--directory", str(demo_build), "--cores", "2", "--dry-run", "--config", f"recipes={demo_recipe}"]
     res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1",
                                                                    "HF_HUB_CACHE": str(demo_hub)})
     assert res.returncode == 0, res.stderr[-2000:]
     assert "Nothing to be done" in res.stdout + res.stderr, (res.stdout + res.stderr)[-2000:]
 
 
-def test_clean_logits_then_rerun(demo_build, demo_hub, tmp_path):
+def test_clean_logits_then_rerun(demo_build, demo_hub, demo_recipe, tmp_path):
     """`ggufpipe clean-logits` on a finished build (a hard-linked copy): nothing to re-run; evals that run
     again use the stub (recomputing the logits themselves), no eval-base job."""
     from pipeline.stages.evaluate import clean_logits
@@ -139,11 +139,11 @@ def test_clean_logits_then_rerun(demo_build, demo_hub, tmp_path):
     gone = clean_logits(copy / "work", [NAME])
     assert [p.name for p, _ in gone] == ["base.logits"] and gone[0][1] > 100e6
     assert logits.stat().st_size == 0 and logits.stat().st_mtime_ns == mtime
-    res = snakemake(copy, DEMO_RECIPE, extra=["--dry-run"], hub=demo_hub)
+    res = snakemake(copy, demo_recipe, extra=["--dry-run"], hub=demo_hub)
     assert res.returncode == 0 and "Nothing to be done" in res.stdout + res.stderr, (res.stdout + res.stderr)[-2000:]
     # the evals forced again (as for a quant added to the recipe, which here would need a recipe at another
     # path, itself a rerun trigger): they take the stub as it is, the base logits job does not run
-    res = snakemake(copy, DEMO_RECIPE, extra=["--dry-run", "--quiet", "rules", "--forcerun", "eval"], hub=demo_hub)
+    res = snakemake(copy, demo_recipe, extra=["--dry-run", "--quiet", "rules", "--forcerun", "eval"], hub=demo_hub)
     assert res.returncode == 0, (res.stdout + res.stderr)[-2000:]
     out = res.stdout + res.stderr
     counts = dict(re.findall(r"^(\w+)\s+(\d+)\s*$", out, re.M))

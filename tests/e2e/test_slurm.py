@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import DEMO_RECIPE, ROOT, TINY_NAME, snakemake
+from helpers import ROOT, TINY_NAME, snakemake
 from helpers.slurm_cluster import SlurmCluster, unavailable
 
 from pipeline.fsutil import sha256_file
@@ -134,13 +134,13 @@ def test_every_rule_declares_its_resources(tmp_path, demo_hub):
         assert set(resources(r)) == {"mem_mb", "disk_mb", "runtime"}, r
 
 
-def test_derived_resources_match_real_files(demo_build, demo_hub):
+def test_derived_resources_match_real_files(demo_build, demo_hub, demo_recipe):
     """The estimates that input sizes alone do not give, against the demo build's real files: the base logits
     file (from ctx, chunks and the vocabulary in the base GGUF's header) and the source snapshot's size."""
     from pipeline.stagedef import logits_bytes, size_mb
     from pipeline.workflow import Workflow
 
-    wf = Workflow({"recipes": str(DEMO_RECIPE), "hf_hub_cache": str(demo_hub)})
+    wf = Workflow({"recipes": str(demo_recipe), "hf_hub_cache": str(demo_hub)})
     es = wf.recipe(NAME).eval_sets[0]
     logits = demo_build / "work" / NAME / "eval" / es.name / "base.logits"
     assert logits.stat().st_size == logits_bytes(es.ctx, es.chunks, 49152)  # SmolLM2: 49152 tokens

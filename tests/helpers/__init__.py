@@ -50,6 +50,26 @@ def snakemake(workdir: Path, recipes: list[Path] | Path, cores: int = 2, extra: 
     return subprocess.run(cmd, capture_output=True, text=True, env=full_env, start_new_session=new_session)
 
 
+# The demo recipe as the session's shared build (conftest.demo_build) runs it: the same model, quants, gates and
+# pair, on fewer eval chunks and acceptance prompts. The full recipe is what `make demo` and the committed
+# artifacts build; the suite proves the stages, not the recipe's sample sizes.
+DEMO_TEST_CHUNKS = 9  # the fewest the recipe check allows at ctx 512 (2,048 scored tokens)
+DEMO_TEST_PROMPTS = 1
+
+
+def demo_recipe_at_test_size(folder: Path) -> Path:
+    """Write the test-sized demo recipe into ``folder`` (same file name; its text path made absolute)."""
+    data = yaml.safe_load(DEMO_RECIPE.read_text())
+    gate = data["gates"][0]
+    assert gate["text"] == "../data/botchan.txt" and gate["chunks"] > DEMO_TEST_CHUNKS, gate
+    gate.update(text=str(BOTCHAN), chunks=DEMO_TEST_CHUNKS)
+    assert data["draft"]["prompts"] > DEMO_TEST_PROMPTS, data["draft"]
+    data["draft"]["prompts"] = DEMO_TEST_PROMPTS
+    path = folder / DEMO_RECIPE.name
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
 def awq_recipe(folder: Path, source: Path, awq: str, quants: str = "[Q8_0]") -> Path:
     p = folder / "awq.yaml"
     p.write_text(textwrap.dedent(f"""\
