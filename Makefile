@@ -17,22 +17,45 @@ DEMO_ENV = HF_HUB_OFFLINE=1 HF_HUB_CACHE=$(CACHE)/demo/hub
 
 export GGUFPIPE_CACHE := $(CACHE)
 
-.PHONY: venv tools tools-build pyc setup demo demo-calib demo-mix bench-mix dvc-repro test test-fast lint docs \
+.PHONY: venv locks tools tools-build pyc setup demo demo-calib demo-mix bench-mix dvc-repro test test-fast lint docs \
 	clean-work clean-logits bench
 .DEFAULT_GOAL := demo
 
-# Virtualenv with pinned deps. torch goes first and pinned, so pip takes the local CPU wheel.
+# Virtualenv with pinned deps (the build environment: pipeline/envs.py). torch goes first and pinned, so pip takes
+# the local CPU wheel. uv comes with it: it installs the other environments from their locks.
+UV_VERSION := 0.13.9
+UV := $(BIN)/uv
 $(BIN)/.installed: pyproject.toml requirements/constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade "pip>=24"
-	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q torch==2.13.0 uv==$(UV_VERSION)
 	$(BIN)/python -m pip install -q -c requirements/constraints.txt -e '.[build,cluster,dev,lint]'
-	# AutoAWQ 0.2.9 is archived upstream: installed without its declared deps (see pyproject.toml)
-	$(BIN)/python -m pip install -q --no-deps autoawq==0.2.9
 	rm -f $(BIN)/.gguf-py-*
 	touch $@
 
 venv: $(BIN)/.installed
+
+# The environments by concern (pipeline/envs.py), each from its lock, into $(VENV)/envs/<name>: `make env-converter`,
+# `make env-autoawq`; the targets that build recipes make the ones they need. uv reads no pip.conf, so it gets this
+# machine's package sources from pip's configuration (the local CPU torch wheel lies in a find-links folder).
+ENVS_DIR := $(VENV)/envs
+UV_SOURCES = $(foreach f,$(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null),--find-links $(f))
+$(ENVS_DIR)/%/.installed: requirements/%.lock | $(BIN)/.installed
+	@$(PYTHON) -m pipeline.envs check-lock $<
+	$(UV) venv -q --allow-existing --python $(PYTHON) $(ENVS_DIR)/$*
+	$(UV) pip sync -q --python $(ENVS_DIR)/$*/bin/python $(UV_SOURCES) $<
+	touch $@
+
+env-%: $(ENVS_DIR)/%/.installed
+	@:
+.PRECIOUS: $(ENVS_DIR)/%/.installed
+
+# Re-resolve the locks from requirements/<name>.in (CPython 3.11, this machine's package sources); check the diff.
+locks: $(BIN)/.installed
+	$(UV) pip compile -q --python-version 3.11 $(UV_SOURCES) --generate-hashes requirements/converter.in \
+		-o requirements/converter.lock
+	$(UV) pip compile -q --python-version 3.11 $(UV_SOURCES) --generate-hashes requirements/autoawq.in \
+		-c requirements/constraints.txt --excludes requirements/autoawq.excludes -o requirements/autoawq.lock
 
 # The pinned llama.cpp tools into the cache (a no-op when that folder exists). pipeline/tools.py is standard
 # library only, so this runs with the system Python and needs no venv: `setup` builds both at once.
@@ -64,14 +87,16 @@ tools:
 pyc: venv
 	$(BIN)/python -m compileall -q pipeline
 
-# Everything a build or the suite needs. Progress: one [setup i/3] line per step; the tools build prints its
+# Everything a build or the suite needs. Progress: one [setup i/4] line per step; the tools build prints its
 # linked targets.
 setup:
-	@echo "[setup 1/3] Python venv ($(VENV)) and llama.cpp $(LLAMA_BUILD) tools ($(CACHE)), side by side; first run only"
+	@echo "[setup 1/4] Python venv ($(VENV)) and llama.cpp $(LLAMA_BUILD) tools ($(CACHE)), side by side; first run only"
 	@$(MAKE) --no-print-directory tools
-	@echo "[setup 2/3] bytecode of the pipeline package"
+	@echo "[setup 2/4] the converter environment ($(ENVS_DIR)/converter): every build converts"
+	@$(MAKE) --no-print-directory env-converter
+	@echo "[setup 3/4] bytecode of the pipeline package"
 	@$(MAKE) --no-print-directory pyc
-	@echo "[setup 3/3] demo snapshot: SmolLM2-135M-Instruct as a local Hugging Face cache, eval text"
+	@echo "[setup 4/4] demo snapshot: SmolLM2-135M-Instruct as a local Hugging Face cache, eval text"
 	@$(BIN)/python -m pipeline.cli setup-demo
 
 # The main demo recipe; Snakemake prints each job and "N of M steps (x%) done".
@@ -80,7 +105,7 @@ demo: setup
 	$(DEMO_ENV) $(BIN)/snakemake --cores $(CORES) --config recipes=$(DEMO_RECIPE)
 
 # The calibration demo: plain / imatrix / AWQ / AWQ+imatrix flavours (AutoAWQ on the CPU is the long pole).
-demo-calib: setup
+demo-calib: setup env-autoawq
 	@echo "[demo-calib] snakemake --cores $(CORES): $(CALIB_RECIPE) -> artifacts/"
 	$(DEMO_ENV) $(BIN)/snakemake --cores $(CORES) --config recipes=$(CALIB_RECIPE)
 
@@ -96,14 +121,14 @@ bench-mix: demo-mix
 	$(DEMO_ENV) $(BIN)/python bench/mix_bench.py $(MIX_RECIPE)
 
 # DVC over the same workflow (dvc.yaml), every recipe: each stage runs `python -m ...` from the venv
-dvc-repro: setup
+dvc-repro: setup env-autoawq
 	PATH=$(abspath $(BIN)):$$PATH $(DEMO_ENV) $(BIN)/dvc repro --keep-going
 
 # The whole suite, tiers in order (tests/unit, tests/integration, tests/e2e): what CI runs. In one process it
 # leaves one of CI's two cores mostly idle (docs/testing.md), so it runs on two workers; tests/helpers/workers.py
 # sends each shared build's tests to one worker (built once), the unit tier first. TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
-test: setup
+test: setup env-autoawq
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # The light venv: core + dev extras (pyyaml, pytest, ruff, numpy, gguf); no torch, no snakemake, no llama.cpp.

@@ -6,11 +6,17 @@ from __future__ import annotations
 import hashlib
 import json
 
+from pipeline.envs import current, env_versions
+
 WEIGHT_PACKAGES = ("torch", "transformers", "safetensors", "tokenizers", "huggingface_hub", "numpy", "gguf",
-                   "sentencepiece", "autoawq")
+                   "sentencepiece", "protobuf", "autoawq")
 
 
-def python_versions(packages=WEIGHT_PACKAGES) -> dict:
+def python_versions(packages=WEIGHT_PACKAGES, env: str | None = None) -> dict:
+    """The installed versions of ``packages`` (those installed) in environment ``env`` (pipeline/envs.py; this
+    process's own by default)."""
+    if env is not None and env != current():
+        return env_versions(env, tuple(packages))
     from importlib import metadata  # 15 ms (the email package): every stage process loads this module, few call this
 
     out = {}

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipeline.envs import lock_digest
+
 # The ``ggufpipe stage`` flag that carries each wildcard (the names ci_summary and the docs already use).
 WILDCARD_FLAGS = {"outtype": "outtype", "base": "base", "flavour": "flavour", "quant": "quant", "bkey": "quant",
                   "skey": "quant", "mkey": "quant", "dkey": "draft-quant", "es": "eval-set"}
@@ -64,7 +66,8 @@ class Stage:
     ``trigger`` param); ``resources``: mem_mb, disk_mb and runtime, constants or functions of the job's sizes
     (pipeline/devices/plan_jobs.py ``JobSizes``); ``order``: place in build order; ``output``: where the stage's own
     output goes (``console``, ``log``: the log only, ``tee``: both); ``directories``: outputs that are folders;
-    ``options``: settings passed on the command line (``quantized_by``, ``hub_cache``)."""
+    ``options``: settings passed on the command line (``quantized_by``, ``hub_cache``); ``envs``: the environments
+    besides the build's that its run needs (pipeline/envs.py; checked before a build starts)."""
 
     rule: str
     cli: str
@@ -81,6 +84,7 @@ class Stage:
     output: str = "console"
     directories: tuple[str, ...] = ()
     options: tuple[str, ...] = ()
+    envs: tuple[str, ...] = ()
 
     def __post_init__(self):
         assert self.output in OUTPUTS, self.output
@@ -97,8 +101,12 @@ class Stage:
         return {k: (v if isinstance(v, list) else str(v)) for k, v in self.inputs(recipe, wc, layout).items()}
 
     def trigger_text(self, recipe, wc: dict, settings: Settings) -> str:
-        """The rule's ``trigger`` param: the sorted JSON of the declared fields."""
-        return json.dumps(self.trigger(recipe, wc, settings), sort_keys=True, default=str)
+        """The rule's ``trigger`` param: the sorted JSON of the declared fields, and the lock of each environment the
+        stage runs (its packages can change the output)."""
+        fields = self.trigger(recipe, wc, settings)
+        if self.envs:
+            fields = {**fields, "envs": {e: lock_digest(e) for e in self.envs}}
+        return json.dumps(fields, sort_keys=True, default=str)
 
 
 # ------------------------------------------------------------------ the paths on the command line

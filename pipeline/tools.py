@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline import tools_backend as tb
+from pipeline.envs import env_python
 from pipeline.errors import PipelineError, ToolError
 from pipeline.fsutil import kill_hook, kill_now, mid_write_limit, sha256_file
 
@@ -363,10 +364,12 @@ def run_tool(tc: Toolchain, name: str, args: list[str], log: Path | None, check:
 
 
 def run_converter(tc: Toolchain, args: list[str], log: Path | None) -> ToolResult:
-    """Run convert_hf_to_gguf.py with the gguf-py that sits beside it (never PyPI's gguf)."""
+    """Run convert_hf_to_gguf.py in the converter environment (pipeline/envs.py), with the gguf-py that sits beside
+    it (never PyPI's gguf)."""
+    python = env_python("converter")
     env = tb.clean_env({"PYTHONPATH": os.pathsep.join([str(tc.gguf_py), str(tc.convert_script.parent)])})
     env.pop("NO_LOCAL_GGUF", None)  # the script then puts its own gguf-py first on sys.path
-    return _run_logged([sys.executable, str(tc.convert_script), *map(str, args)], log, env, "convert_hf_to_gguf.py")
+    return _run_logged([str(python), str(tc.convert_script), *map(str, args)], log, env, "convert_hf_to_gguf.py")
 
 
 def run_helper(tc: Toolchain, name: str, model: str | Path, requests: list, log: Path | None = None,

@@ -20,6 +20,7 @@ from pipeline.devices.plan import (
     ram_plan,
     source_facts,
 )
+from pipeline.envs import EnvError, env_python
 from pipeline.gguf import ArrayValue, read_header
 from pipeline.stagedef import LOGITS_VOCAB_BOUND, size_mb
 from pipeline.stages import registry
@@ -299,16 +300,35 @@ def check_jobs(W, jobs: list[tuple[str, dict]], local: bool = True, node_mem_mb:
     return None
 
 
+def missing_envs(rules) -> str | None:
+    """The line refusing a build whose jobs need an environment (pipeline/envs.py) that is not installed, else None."""
+    stages, needs = registry(), {}
+    for rule in rules:
+        for env in stages[rule].envs if rule in stages else ():
+            needs.setdefault(env, set()).add(rule)
+    for env, rules_ in sorted(needs.items()):
+        try:
+            env_python(env)
+        except EnvError as exc:
+            return f"{exc} (needed by {', '.join(sorted(rules_))})"
+    return None
+
+
 def preflight(smk_workflow, W) -> None:
     """The Snakefile's ``onstart`` (after the DAG is built, before any job; Snakemake calls it only when some job
     will run, never on a dry or no-op run): refuse in one line a build whose jobs this machine's disk or memory
     cannot hold (:func:`check_jobs`: the stage, the need, the free amount). Under a cluster executor the submitting
     host's memory is not judged; ``--config node_mem_mb=N`` judges each job against a node's.
-    ``--config preflight=false`` (or ``GGUFPIPE_PREFLIGHT=0``) turns it off."""
+    ``--config preflight=false`` (or ``GGUFPIPE_PREFLIGHT=0``) turns that off; a missing environment is refused
+    all the same."""
+    jobs = [(job.rule.name, dict(job.wildcards.items())) for job in smk_workflow.dag.needrun_jobs()]
+    missing = missing_envs(rule for rule, _ in jobs)
+    if missing:
+        print(f"error: {missing}", file=sys.stderr, flush=True)
+        sys.exit(1)
     off = ("0", "false", "no", "off")
     if str(W.config.get("preflight", "true")).lower() in off or os.environ.get("GGUFPIPE_PREFLIGHT", "1").lower() in off:
         return
-    jobs = [(job.rule.name, dict(job.wildcards.items())) for job in smk_workflow.dag.needrun_jobs()]
     local = bool(getattr(smk_workflow, "local_exec", True))
     problem = check_jobs(W, jobs, local=local, node_mem_mb=W.config.get("node_mem_mb"))
     if problem:

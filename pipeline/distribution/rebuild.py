@@ -162,11 +162,16 @@ def rebuild_preflight(m: dict, recipe_path: Path, hub_cache: str | None) -> tupl
     refusal = backend_refusal(m, tc.backend)
     if refusal:
         errors.append(refusal)
-    here = python_versions(tuple(want.get("python", {})))
-    for pkg, ver in sorted(want.get("python", {}).items()):
-        if here.get(pkg) != ver:
-            errors.append(f"toolchain: Python package {pkg} {here.get(pkg, 'not installed')} here, the manifest "
-                          f"records {ver}")
+    for env, recorded in sorted(want.get("python", {}).items()):
+        try:
+            here = python_versions(tuple(recorded), env=env)
+        except PipelineError as exc:  # an environment not installed here
+            errors.append(f"toolchain: {exc}")
+            continue
+        for pkg, ver in sorted(recorded.items()):
+            if here.get(pkg) != ver:
+                errors.append(f"toolchain: Python package {pkg} {here.get(pkg, 'not installed')} in the {env} "
+                              f"environment here, the manifest records {ver}")
 
     src = m["source"]
     cache = None

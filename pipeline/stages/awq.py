@@ -18,15 +18,19 @@ import contextlib
 import json
 import os
 import shutil
+import subprocess
+import sys
 import time
 import traceback
 from pathlib import Path
 
+from pipeline.envs import current, env_python, env_vars
 from pipeline.errors import PipelineError
 from pipeline.fsutil import atomic_output, sha256_file
 from pipeline.recipe import Recipe
 from pipeline.records import AwqRecord
 from pipeline.stagedef import Stage, mem_mb
+from pipeline.tools import find_toolchain
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt")
 WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
@@ -34,6 +38,7 @@ WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json"
 # _compute_best_clip) and skips the query/key projections.
 CLIP_BATCH = 64
 CLIP_SKIPPED = ("q_", "k_", "query", "key", "Wqkv")
+ERROR_PREFIX = "ggufpipe-awq-error: "  # the line that carries a PipelineError out of the autoawq environment
 
 
 def import_awq():
@@ -138,7 +143,10 @@ def _copy_non_weights(src: Path, dest: Path) -> list[str]:
 
 
 def run_awq(recipe: Recipe, hf_dir: str | Path, out_dir: str | Path, record: str | Path, threads: int = 2) -> dict:
-    """Entry function: AWQ-calibrate the HF folder ``hf_dir`` into ``out_dir`` (a clean HF folder)."""
+    """Entry function: AWQ-calibrate the HF folder ``hf_dir`` into ``out_dir`` (a clean HF folder), in the autoawq
+    environment (pipeline/envs.py): this function runs itself there when called from another."""
+    if current() != "autoawq":
+        return _run_in_env(recipe, hf_dir, out_dir, record, threads)
     # torch: only the AWQ stage loads it
     import torch
 
@@ -207,6 +215,26 @@ def run_awq(recipe: Recipe, hf_dir: str | Path, out_dir: str | Path, record: str
     return rec.to_dict()
 
 
+def _run_in_env(recipe: Recipe, hf_dir, out_dir, record, threads: int) -> dict:
+    """:func:`run_awq` in a process of the autoawq environment, its output passed through; its one-line error, if
+    any, raised here as it was there."""
+    args = [str(env_python("autoawq")), "-m", "pipeline.stages.awq", str(recipe.path), recipe.name, str(hf_dir),
+            str(out_dir), str(record), str(threads)]
+    # the pinned tree's gguf-py too: loading the recipe there checks its quant types against it
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, **env_vars("autoawq", (find_toolchain().gguf_py,))})
+    last_error = None
+    for line in proc.stdout:
+        if line.startswith(ERROR_PREFIX):
+            last_error = line[len(ERROR_PREFIX):].strip()
+        else:
+            print(line, end="", flush=True)
+    if proc.wait() != 0:
+        raise PipelineError(last_error or f"{recipe.path}: awq: the autoawq environment's process exited "
+                                          f"{proc.returncode} (its output is above, in the stage log)")
+    return json.loads(Path(record).read_text())
+
+
 def _save_weights(model, hf_dir: Path, dest: Path) -> None:
     """The model's weights under the names the source checkpoint used, one tensor each. (A tied
     embedding is one tensor under two names; safetensors' save_model keeps whichever name it likes,
@@ -246,7 +274,7 @@ def _version(dist: str) -> str | None:
 
 
 STAGE = Stage(
-    "awq", "awq", order=30, log="awq", output="log", threads="calib_threads", directories=("hf",),
+    "awq", "awq", order=30, log="awq", output="log", threads="calib_threads", directories=("hf",), envs=("autoawq",),
     run=lambda j: run_awq(j.recipe, j.input["hf"], j.output["hf"], j.output["record"], threads=j.threads),
     inputs=lambda r, wc, L: {"hf": L.hf(r.name), "text": r.awq.calibration},
     outputs=lambda L: {"hf": L.hf_awq("{name}"), "record": L.awq_record("{name}")},
@@ -255,3 +283,17 @@ STAGE = Stage(
     resources={"mem_mb": lambda s: mem_mb(s.total, 3.5, 2048), "disk_mb": lambda s: mem_mb(s.total, 2),
                "runtime": lambda s: int(30 + s.total / 5)},
 )
+
+
+if __name__ == "__main__":  # run_awq in the autoawq environment: RECIPE NAME HF OUT RECORD THREADS
+    from pipeline.recipe import load_recipe
+
+    path, name, hf, out, rec, n = sys.argv[1:]
+    try:
+        loaded = load_recipe(path)
+        if loaded.name != name:
+            raise PipelineError(f"{path}: awq: the recipe is named {loaded.name!r}, not {name!r}")
+        run_awq(loaded, hf, out, rec, threads=int(n))
+    except PipelineError as exc:
+        print(ERROR_PREFIX + str(exc), flush=True)
+        sys.exit(1)

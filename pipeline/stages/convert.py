@@ -152,7 +152,7 @@ def convert(recipe: Recipe, hf_dir: str | Path, out_gguf: str | Path, record: st
 
     meta, seconds = _run(recipe, hf_dir, out_gguf, extra, log, quantized_by, tc, finish)
     rec = ConvertRecord(outtype=recipe.outtype, tool="convert_hf_to_gguf.py", toolchain=tc.describe(),
-                        python=python_versions(), gguf_metadata=meta, seconds=round(seconds, 1))
+                        python=python_versions(env="converter"), gguf_metadata=meta, seconds=round(seconds, 1))
     if recipe.mtp != "keep":
         rec.mtp = {"mode": recipe.mtp, "converter_args": extra}
     if overrides:
@@ -181,7 +181,7 @@ def convert_mtp(recipe: Recipe, hf_dir: str | Path, out_gguf: str | Path, record
 
     meta, seconds = _run(recipe, hf_dir, out_gguf, DRAFT_MTP_ARGS, log, quantized_by, tc, has_heads)
     rec = MtpConvertRecord(outtype=recipe.outtype, tool="convert_hf_to_gguf.py", converter_args=DRAFT_MTP_ARGS,
-                           toolchain=tc.describe(), python=python_versions(), gguf_metadata=meta,
+                           toolchain=tc.describe(), python=python_versions(env="converter"), gguf_metadata=meta,
                            mtp={k: facts[k] for k in MTP_KEYS}, seconds=round(seconds, 1))
     rec.write(record)
     return rec.to_dict()
@@ -205,18 +205,18 @@ CONVERT = Stage(
     "convert", "convert", order=20, log="convert-{outtype}", wildcards=("outtype",), options=("quantized_by",),
     run=lambda j: _convert(j, convert), inputs=lambda r, wc, L: {"hf": L.hf(r.name)},
     outputs=lambda L: {"gguf": L.gguf("{name}", "{outtype}"), "record": L.convert_record_at("{name}", "{outtype}")},
-    trigger=_trigger, resources=_resources(2.5),
+    trigger=_trigger, resources=_resources(2.5), envs=("converter",),
 )
 CONVERT_MTP = Stage(
     "convert_mtp", "convert-mtp", order=21, log="convert-mtp-{outtype}", wildcards=("outtype",),
     options=("quantized_by",), run=lambda j: _convert(j, convert_mtp), inputs=lambda r, wc, L: {"hf": L.hf(r.name)},
     outputs=lambda L: {"gguf": L.mtp_gguf_at("{name}", "{outtype}"), "record": L.mtp_record_at("{name}", "{outtype}")},
-    trigger=_trigger, resources=_resources(1.5),
+    trigger=_trigger, resources=_resources(1.5), envs=("converter",),
 )
 CONVERT_AWQ = Stage(
     "convert_awq", "convert-awq", order=31, log="convert-{outtype}-awq", wildcards=("outtype",),
     options=("quantized_by",), run=lambda j: _convert(j, convert), inputs=lambda r, wc, L: {"hf": L.hf_awq(r.name)},
     outputs=lambda L: {"gguf": L.awq_gguf_at("{name}", "{outtype}"),
                        "record": L.awq_convert_record_at("{name}", "{outtype}")},
-    trigger=_trigger, resources=_resources(2.5),
+    trigger=_trigger, resources=_resources(2.5), envs=("converter",),
 )

@@ -31,13 +31,15 @@ import time
 from pathlib import Path
 
 from pipeline import tools_backend as tb
+from pipeline.envs import converter_deviations
 from pipeline.errors import ArtifactError, GateFailure, PipelineError
 from pipeline.fsutil import atomic_output, hashing_ahead, sha256_file, write_json_atomic, write_text_atomic
 from pipeline.gguf import general_metadata, read_facts
 from pipeline.layout import Layout, plain_name
-from pipeline.provenance import source_files_digest
+from pipeline.provenance import python_versions, source_files_digest
 from pipeline.recipe import Recipe
 from pipeline.records import (
+    AwqRecord,
     BenchRecord,
     ConvertRecord,
     EvalBaseRecord,
@@ -67,7 +69,7 @@ from pipeline.stages.report import write_report
 from pipeline.stages.split import SHARD_RE, model_path
 
 # The manifest schema; what each version added: docs/reproducibility.md, "Schema history".
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 
 def _canonical(obj) -> bytes:
@@ -195,11 +197,22 @@ def _source_and_tools(recipe: Recipe, layout: Layout) -> tuple[dict, dict, Conve
     converted = ConvertRecord.read(layout.convert_record(recipe))
     source = dict(fetched.source)
     source["files_sha256"] = source_files_digest(fetched.files)
-    tools = {**converted.toolchain, "python": converted.get("python", {})}
+    tools = {**converted.toolchain, "python": python_by_env(recipe, layout, converted),
+             "converter_unmet": converter_deviations(converted.get("python", {}))}
     for k in ("origin", "backend", "ngl"):  # the convert stage runs no llama.cpp tool: the backend is this run's
         tools.pop(k, None)
     tools.update(offload())
     return source, tools, converted
+
+
+def python_by_env(recipe: Recipe, layout: Layout, converted: ConvertRecord) -> dict:
+    """The manifest's ``tools.python``: per environment (pipeline/envs.py), the versions of the packages that touch
+    the weights or the checks: the converter's from its record, AutoAWQ's from the AWQ record, the build's here."""
+    out = {"build": python_versions(), "converter": converted.get("python", {})}
+    if recipe.awq is not None and layout.awq_record(recipe.name).is_file():
+        a = AwqRecord.read(layout.awq_record(recipe.name))
+        out["autoawq"] = {"autoawq": a.autoawq, "torch": a.torch, "transformers": a.transformers}
+    return out
 
 
 def _eval_sets(recipe: Recipe, layout: Layout) -> tuple[list[dict], dict, dict]:
@@ -380,7 +393,8 @@ PUBLISH = Stage(
     run=lambda j: publish(j.recipe, j.layout), inputs=lambda r, wc, L: L.publish_inputs(r),
     outputs=lambda L: {"manifest": L.manifest("{name}"), "metrics": L.metrics("{name}"), "report": L.report("{name}"),
                        "plot": L.plot("{name}"), "card": L.card("{name}")},
-    trigger=lambda r, wc, s: {"recipe": r.sha256},  # thresholds, eval sets, bench...: any recipe change re-publishes
+    # thresholds, eval sets, bench...: any recipe change re-publishes; so does a new manifest schema
+    trigger=lambda r, wc, s: {"recipe": r.sha256, "schema": SCHEMA_VERSION},
     resources={"mem_mb": 1024, "disk_mb": lambda s: mem_mb(s.total, 1.0), "runtime": lambda s: int(30 + s.total / 5000)},
 )
 GATE = Stage(

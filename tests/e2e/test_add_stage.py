@@ -10,14 +10,14 @@ import shutil
 import subprocess
 import sys
 
-from helpers import ROOT, TINY_NAME
+from helpers import LOCK_FILES, ROOT, TINY_NAME
 
 
 def test_a_stage_added_by_one_file_builds(tmp_path, tiny_hub):
     hub, recipe = tiny_hub
     proj = tmp_path / "proj"
     shutil.copytree(ROOT / "pipeline", proj / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
-    for f in ("Snakefile", "envs/ggufpipe.yaml"):
+    for f in ("Snakefile", "envs/ggufpipe.yaml", *LOCK_FILES):
         (proj / f).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(ROOT / f, proj / f)
     shutil.copy(ROOT / "tests" / "data" / "stages" / "tensor_count.py", proj / "pipeline" / "stages")

@@ -51,7 +51,11 @@ def test_manifest_provenance(demo_build, demo_recipe):
     assert m["source"]["repo"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
     assert m["source"]["commit"] == DEMO_COMMIT
     assert m["tools"]["llama_cpp_build"] == 11312 and m["tools"]["llama_cpp_commit"] == "0c1e570"
-    assert {"torch", "transformers", "gguf", "safetensors"} <= set(m["tools"]["python"])
+    py = m["tools"]["python"]  # per environment (pipeline/envs.py)
+    assert set(py) == {"build", "converter"} and "autoawq" not in py["build"], py
+    assert {"torch", "transformers", "safetensors", "numpy"} <= set(py["converter"]) and "gguf" not in py["converter"]
+    assert py["converter"]["transformers"] == "4.57.6" and py["build"]["torch"] == py["converter"]["torch"], py
+    assert m["tools"]["converter_unmet"] == {"torch": {"required": "==2.11.0", "installed": py["converter"]["torch"]}}
     assert m["build_id"].startswith(NAME + "-") and len(m["build_id"]) == len(NAME) + 13
     assert set(m["build"]) == {"timestamp", "bench", "bench_label", "draft_decode_tokens_per_s", "eval_threads",
                                "conformance_seconds", "device"}
@@ -60,6 +64,15 @@ def test_manifest_provenance(demo_build, demo_recipe):
     assert all("threads" not in es for es in m["eval_sets"])
     q4 = next(e for e in m["artifacts"] if e["quant_type"] == "Q4_K_M")
     assert q4["requested"] == {"type": "Q4_K_M"} and q4["role"] == "quant"
+
+
+def test_converter_environment_writes_the_committed_bytes(demo_build):
+    """The converter environment (transformers 4.57.6, numpy 2.2) writes the F16 the build environment's
+    transformers 4.56.2 wrote for the committed demo artifacts: byte for byte (the test-sized recipe differs in eval
+    sample sizes only)."""
+    committed = json.loads((ROOT / "artifacts" / NAME / "manifest.json").read_text())
+    want = next(e["sha256"] for e in committed["artifacts"] if e["quant_type"] == "F16")
+    assert sha256_file(demo_build / "artifacts" / NAME / f"{NAME}-F16.gguf") == want
 
 
 def test_manifest_tensor_types(demo_build):

@@ -71,7 +71,7 @@ def test_rebuild_check_mismatch_and_refusals(tiny_hub, tiny_build, tmp_path, cap
 
     m = _manifest(tiny_build)
     m["tools"]["llama_cpp_commit"] = "1234567"
-    m["tools"]["python"]["torch"] = "9.9.9"
+    m["tools"]["python"]["converter"]["torch"] = "9.9.9"
     m["recipe"]["sha256"] = "f" * 64
     (folder / "manifest.json").write_text(json.dumps(m))
     code = rebuild_check(folder / "manifest.json", recipe=str(recipe), keep=str(tmp_path / "never"),
@@ -79,7 +79,8 @@ def test_rebuild_check_mismatch_and_refusals(tiny_hub, tiny_build, tmp_path, cap
     lines = capsys.readouterr().out.splitlines()
     assert code == 1 and len(lines) == 3, lines
     assert "toolchain: llama.cpp b11312 (commit 0c1e570) here, the manifest records b11312 (commit 1234567)" in lines[0]
-    assert "toolchain: Python package torch 2.13.0+cpu here, the manifest records 9.9.9" in lines[1]
+    assert ("toolchain: Python package torch 2.13.0+cpu in the converter environment here, the manifest records "
+            "9.9.9") in lines[1]
     assert f"recipe: {recipe} has SHA256 " in lines[2] and "(edited since the build)" in lines[2]
     m = _manifest(tiny_build)
     m["source"]["commit"] = "ab" * 20

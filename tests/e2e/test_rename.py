@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from helpers import DVC_NAME as NAME
-from helpers import GIT_ENV, PROJECT_DIRS, PROJECT_FILES, ROOT, Repo, project_repo
+from helpers import GIT_ENV, LOCK_FILES, PROJECT_DIRS, PROJECT_FILES, ROOT, Repo, project_repo
 from helpers import dvc_jobs_run as jobs_run
 from helpers import dvc_recipe as recipe
 
@@ -31,7 +31,8 @@ def old_workflow(path: Path) -> None:
     """Replace the box's workflow files (PROJECT_FILES, pipeline/) with those of OLD_RULE (a one-file Snakefile)."""
     for d in PROJECT_DIRS:
         shutil.rmtree(path / d, ignore_errors=True)
-    cmd = ["git", "-C", str(ROOT), "archive", OLD_RULE, *PROJECT_FILES, "pipeline"]
+    old_files = [f for f in PROJECT_FILES if f not in LOCK_FILES]  # OLD_RULE predates the environments' locks
+    cmd = ["git", "-C", str(ROOT), "archive", OLD_RULE, *old_files, "pipeline"]
     archive = subprocess.run(cmd, capture_output=True, check=True)
     subprocess.run(["tar", "-x", "-C", str(path)], input=archive.stdout, check=True)
 

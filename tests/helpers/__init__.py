@@ -29,7 +29,9 @@ TINY_REPO = "ggufpipe-test/tiny-llama"
 TINY_COMMIT = "fa17ed0000000000000000000000000000c0ffee"
 GATES_NAME = "tiny-gates"  # the tiny model's build that must fail (tests/conftest.py: failing_build)
 # Files a project repository needs to run this workflow (besides pipeline/ and its recipes)
-PROJECT_FILES = ["Snakefile", "dvc.yaml", ".dvcignore", ".dvc/config", "envs/ggufpipe.yaml", "data/botchan.txt"]
+LOCK_FILES = ["requirements/converter.lock", "requirements/autoawq.lock"]  # part of convert's and awq's triggers
+PROJECT_FILES = ["Snakefile", "dvc.yaml", ".dvcignore", ".dvc/config", "envs/ggufpipe.yaml", "data/botchan.txt",
+                 *LOCK_FILES]
 PROJECT_DIRS = ["pipeline"]  # the package (its stages declare the Snakefile's rules)
 
 

@@ -83,9 +83,9 @@ def test_awq_folds_scales_and_converts(tmp_path, tiny_hf, quantize_exe):
 
 def test_calibration_reproducible_at_fixed_threads(tmp_path, tiny_hf, quantize_exe):
     """Two processes at the same settings (2 threads, the workflow's calib_threads) give bit-identical AWQ
-    weights (scale search) and a bit-identical importance matrix: one AWQ run here, one
-    through `ggufpipe stage awq` in a new process; llama-imatrix twice. torch's deterministic mode is
-    switched back off after the stage."""
+    weights (scale search) and a bit-identical importance matrix: one AWQ run from here, one
+    through `ggufpipe stage awq` in a new process (each starts its own process of the autoawq environment);
+    llama-imatrix twice."""
     import subprocess
     import sys
 
@@ -103,7 +103,6 @@ def test_calibration_reproducible_at_fixed_threads(tmp_path, tiny_hf, quantize_e
     r = load_recipe(recipe, quantize_exe)
     assert r.imatrix.chunks == 4  # clipping off to keep the test short (measured deterministic too: bench/)
     run_awq(r, tiny_hf, tmp_path / "a1", tmp_path / "a1.json", threads=2)
-    assert not torch.are_deterministic_algorithms_enabled()
     (tmp_path / "work" / "tiny-awq").mkdir(parents=True)
     (tmp_path / "work" / "tiny-awq" / "hf").symlink_to(tiny_hf)
     res = subprocess.run([sys.executable, "-m", "pipeline.cli", "stage", "awq", "--recipe", str(recipe), "--work",
