@@ -87,12 +87,13 @@ def env_python(name: str) -> Path:
     return python
 
 
-def env_vars(name: str, path_first: tuple = ()) -> dict:
-    """What a process of environment ``name`` started by the pipeline gets on top of a clean environment: the
-    pipeline package (and ``path_first``) on its path, since the environments hold only their own packages, and its
-    own name."""
-    path = [*map(str, path_first), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
-    return {"PYTHONPATH": os.pathsep.join(path), "GGUFPIPE_ENV": name}
+def env_environ(name: str, path_first: tuple = (), base: dict | None = None) -> dict:
+    """The environment variables of a process of environment ``name`` started by the pipeline: ``base`` (this
+    process's by default) with the pipeline package (and ``path_first``) first on the path, since the environments
+    hold only their own packages, and the environment's name."""
+    base = os.environ if base is None else base
+    path = [*map(str, path_first), str(ROOT), *filter(None, [base.get("PYTHONPATH")])]
+    return {**base, "PYTHONPATH": os.pathsep.join(path), "GGUFPIPE_ENV": name}
 
 
 def current() -> str:
@@ -100,38 +101,30 @@ def current() -> str:
     return os.environ.get("GGUFPIPE_ENV", BUILD)
 
 
-_VERSIONS = """
-import json, sys
-from importlib import metadata
-out = {}
-for name in sys.argv[1:]:
-    try:
-        out[name] = metadata.version(name)
-    except metadata.PackageNotFoundError:
-        pass
-print(json.dumps(out))
-"""
-
-
 @cache
 def env_versions(name: str, packages: tuple[str, ...]) -> dict:
-    """The installed versions of ``packages`` in environment ``name`` (those installed)."""
-    res = subprocess.run([str(env_python(name)), "-c", _VERSIONS, *packages], capture_output=True, text=True,
-                         env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    """The installed versions of ``packages`` in environment ``name`` (those installed), as
+    :func:`pipeline.provenance.python_versions` reads them there (with none of this process's PYTHONPATH)."""
+    code = ("import json, sys; from pipeline.provenance import python_versions; "
+            "print(json.dumps(python_versions(tuple(sys.argv[1:]))))")
+    clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    res = subprocess.run([str(env_python(name)), "-c", code, *packages], capture_output=True, text=True,
+                         env=env_environ(name, base=clean))
     if res.returncode != 0:
         raise PipelineError(f"the {name} environment ({envs_dir() / name}) cannot report its packages: "
                             f"{(res.stderr.strip().splitlines() or ['no output'])[-1]}")
     return json.loads(res.stdout)
 
 
+def lock_pins(lock: Path) -> dict[str, str]:
+    """The distributions a lock installs: {name (lower case): version}."""
+    return dict(line.split(" ", 1)[0].lower().split("==", 1) for line in lock.read_text().splitlines()
+                if "==" in line and not line.startswith((" ", "#")))
+
+
 def cuda_wheels(lock: Path) -> list[str]:
     """The NVIDIA CUDA wheels a lock would install (``nvidia-*`` distributions): none may, on a CPU build box."""
-    names = []
-    for line in lock.read_text().splitlines():
-        name = line.split("==", 1)[0].strip().lower()
-        if "==" in line and not line.startswith((" ", "#")) and name.startswith("nvidia-"):
-            names.append(name)
-    return names
+    return [name for name in lock_pins(lock) if name.startswith("nvidia-")]
 
 
 def _release(version: str) -> tuple[int, ...]:

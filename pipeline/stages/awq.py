@@ -24,9 +24,10 @@ import time
 import traceback
 from pathlib import Path
 
-from pipeline.envs import current, env_python, env_vars
+from pipeline.envs import current, env_environ, env_python
 from pipeline.errors import PipelineError
 from pipeline.fsutil import atomic_output, sha256_file
+from pipeline.provenance import python_versions
 from pipeline.recipe import Recipe
 from pipeline.records import AwqRecord
 from pipeline.stagedef import Stage, mem_mb
@@ -206,9 +207,10 @@ def run_awq(recipe: Recipe, hf_dir: str | Path, out_dir: str | Path, record: str
         tmp.mkdir()
         _save_weights(model.model, hf_dir, tmp / "model.safetensors")
         copied = _copy_non_weights(hf_dir, tmp)
+    versions = python_versions(("autoawq", "transformers"))
     rec = AwqRecord(params=cfg.describe(), calibration_sha256=sha256_file(cfg.calibration),
                     device="cuda" if cuda else "cpu", threads=None if cuda else threads, torch=torch.__version__,
-                    autoawq=_version("autoawq"), transformers=_version("transformers"), copied_from_source=copied,
+                    autoawq=versions.get("autoawq"), transformers=versions.get("transformers"), copied_from_source=copied,
                     seconds=round(seconds, 1))
     rec.write(record)
     print(f"awq: done in {seconds:.0f} s", flush=True)
@@ -222,7 +224,7 @@ def _run_in_env(recipe: Recipe, hf_dir, out_dir, record, threads: int) -> dict:
             str(out_dir), str(record), str(threads)]
     # the pinned tree's gguf-py too: loading the recipe there checks its quant types against it
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, **env_vars("autoawq", (find_toolchain().gguf_py,))})
+                            env=env_environ("autoawq", (find_toolchain().gguf_py,)))
     last_error = None
     for line in proc.stdout:
         if line.startswith(ERROR_PREFIX):
@@ -232,7 +234,7 @@ def _run_in_env(recipe: Recipe, hf_dir, out_dir, record, threads: int) -> dict:
     if proc.wait() != 0:
         raise PipelineError(last_error or f"{recipe.path}: awq: the autoawq environment's process exited "
                                           f"{proc.returncode} (its output is above, in the stage log)")
-    return json.loads(Path(record).read_text())
+    return AwqRecord.read(record).to_dict()
 
 
 def _save_weights(model, hf_dir: Path, dest: Path) -> None:
@@ -259,18 +261,6 @@ def _save_weights(model, hf_dir: Path, dest: Path) -> None:
         save_file({k: state[k].detach().to("cpu").contiguous().clone() for k in sorted(names)}, str(dest),
                   metadata={"format": "pt"})
     dest.chmod(0o644)
-
-
-def _version(dist: str) -> str | None:
-    from importlib.metadata import (  # 15 ms: the Snakefile and every stage load this module
-        PackageNotFoundError,
-        version,
-    )
-
-    try:
-        return version(dist)
-    except PackageNotFoundError:
-        return None
 
 
 STAGE = Stage(

@@ -10,13 +10,8 @@ import pytest
 from helpers import ROOT
 
 from pipeline.devices.plan_jobs import missing_envs
-from pipeline.envs import CONVERTER_PINS, ENVS, EnvError, converter_deviations, cuda_wheels, env_python
+from pipeline.envs import CONVERTER_PINS, ENVS, EnvError, converter_deviations, cuda_wheels, env_python, lock_pins
 from pipeline.stages import registry
-
-
-def lock_pins(lock) -> dict[str, str]:
-    return dict(line.split(" ", 1)[0].split("==", 1) for line in lock.read_text().splitlines()
-                if "==" in line and not line.startswith((" ", "#")))
 
 
 @pytest.mark.parametrize("name", sorted(ENVS))
