@@ -21,25 +21,27 @@ export GGUFPIPE_CACHE := $(CACHE)
 	clean-work clean-logits bench
 .DEFAULT_GOAL := demo
 
-# Virtualenv with pinned deps (the build environment: pipeline/envs.py). torch goes first and pinned, so pip takes
-# the local CPU wheel. uv comes with it: it installs the other environments from their locks.
+# The build environment (pipeline/envs.py): Snakemake, DVC, the stages and the reference side, from its lock
+# (requirements/build.lock, resolved from pyproject.toml's extras), then this checkout, editable. pip only fetches
+# uv, which installs every environment. uv reads no pip.conf, so it gets this machine's package sources from pip's
+# configuration (the local CPU torch wheel lies in a find-links folder).
 UV_VERSION := 0.13.9
 UV := $(BIN)/uv
-$(BIN)/.installed: pyproject.toml requirements/constraints.txt
+UV_SOURCES = $(foreach f,$(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null),--find-links $(f))
+$(BIN)/.installed: pyproject.toml requirements/build.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade "pip>=24"
-	$(BIN)/python -m pip install -q torch==2.13.0 uv==$(UV_VERSION)
-	$(BIN)/python -m pip install -q -c requirements/constraints.txt -e '.[build,cluster,dev,lint]'
+	$(BIN)/python -m pip install -q uv==$(UV_VERSION)
+	@$(PYTHON) -m pipeline.envs check-lock requirements/build.lock
+	$(UV) pip sync -q --python $(BIN)/python $(UV_SOURCES) requirements/build.lock
+	$(UV) pip install -q --python $(BIN)/python --no-deps -e .
 	rm -f $(BIN)/.gguf-py-*
 	touch $@
 
 venv: $(BIN)/.installed
 
 # The environments by concern (pipeline/envs.py), each from its lock, into $(VENV)/envs/<name>: `make env-converter`,
-# `make env-autoawq`; the targets that build recipes make the ones they need. uv reads no pip.conf, so it gets this
-# machine's package sources from pip's configuration (the local CPU torch wheel lies in a find-links folder).
+# `make env-autoawq`; the targets that build recipes make the ones they need.
 ENVS_DIR := $(VENV)/envs
-UV_SOURCES = $(foreach f,$(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null),--find-links $(f))
 $(ENVS_DIR)/%/.installed: requirements/%.lock | $(BIN)/.installed
 	@$(PYTHON) -m pipeline.envs check-lock $<
 	$(UV) venv -q --allow-existing --python $(PYTHON) $(ENVS_DIR)/$*
@@ -51,7 +53,10 @@ env-%: $(ENVS_DIR)/%/.installed
 .PRECIOUS: $(ENVS_DIR)/%/.installed
 
 # Re-resolve the locks from requirements/<name>.in (CPython 3.11, this machine's package sources); check the diff.
+# build.excludes: llm-compressor's nvidia-ml-py (NVML bindings, unused on the CPU).
 locks: $(BIN)/.installed
+	$(UV) pip compile -q --python-version 3.11 $(UV_SOURCES) --generate-hashes pyproject.toml --extra build \
+		--extra cluster --extra dev --extra lint --excludes requirements/build.excludes -o requirements/build.lock
 	$(UV) pip compile -q --python-version 3.11 $(UV_SOURCES) --generate-hashes requirements/converter.in \
 		-o requirements/converter.lock
 	$(UV) pip compile -q --python-version 3.11 $(UV_SOURCES) --generate-hashes requirements/autoawq.in \
@@ -69,7 +74,7 @@ tools-build:
 # tools come with (PyPI's gguf lacks newer types).
 $(BIN)/.gguf-py-$(LLAMA_BUILD): $(BIN)/.installed
 	$(MAKE) --no-print-directory tools-build
-	$(BIN)/python -m pip install -q --no-deps --force-reinstall "$$($(BIN)/python -m pipeline.tools gguf-py)"
+	$(UV) pip install -q --python $(BIN)/python --no-deps --reinstall "$$($(BIN)/python -m pipeline.tools gguf-py)"
 	touch $@
 
 # venv and llama.cpp build side by side (pip waits on the network and unpacks while cmake compiles)

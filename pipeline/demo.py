@@ -148,33 +148,73 @@ def write_tokenizer(gguf_path: Path, out_dir: Path) -> dict:
 # --------------------------------------------------------------------------- weights
 
 
-def gguf_to_hf(gguf_path: Path, out_dir: Path) -> None:
-    """Dequantize a GGUF with transformers and save it as an HF safetensors folder (float16)."""
-    # torch, transformers: only the demo's dequantization needs them
-    import torch
-    from transformers import AutoModelForCausalLM
+# The fixture's config files are those transformers 4.56.2 wrote when it was defined (its GGUF loader and
+# save_pretrained); transformers 5 cannot save a model loaded from a GGUF, so they are written here, byte for byte.
+FIXTURE_TRANSFORMERS = "4.56.2"
+_HF_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+             "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+             "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm"}
 
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(
-        str(gguf_path.parent), gguf_file=gguf_path.name, torch_dtype=torch.float16
-    )
-    cfg = model.config
-    if hasattr(cfg, "quantization_config"):
-        del cfg.quantization_config
-    meta = _gguf_tokenizer_meta(gguf_path)
-    cfg.bos_token_id, cfg.eos_token_id, cfg.pad_token_id = meta["bos"], meta["eos"], meta["pad"]
-    cfg.torch_dtype = torch.float16
-    gen = model.generation_config
-    gen.bos_token_id, gen.eos_token_id, gen.pad_token_id = meta["bos"], meta["eos"], meta["pad"]
-    model.save_pretrained(str(out_dir), safe_serialization=True)
+
+def _unpermute(w, n_head: int):
+    """Undo the q/k row order llama.cpp's converter writes for its rope layout (``LlamaModel.permute``)."""
+    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _dequantized_state(gguf_path: Path) -> tuple[dict, dict]:
+    """The Llama GGUF's tensors dequantized (gguf-py) to float16 under their HF names, and its llama.* metadata."""
+    # numpy, gguf-py: only the demo's dequantization needs them
+    import gguf
+    import numpy as np
+
+    r = gguf.GGUFReader(gguf_path)
+    meta = {k: v.contents() for k, v in r.fields.items() if k.startswith("llama.")}
+    heads = {"attn_q": meta["llama.attention.head_count"], "attn_k": meta["llama.attention.head_count_kv"]}
+    state = {}
+    for t in r.tensors:
+        w = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)
+        w = w.reshape([int(x) for x in reversed(t.shape)])
+        if t.name in ("token_embd.weight", "output_norm.weight"):
+            name = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight"}[t.name]
+        else:
+            _, block, kind, _ = t.name.split(".")
+            name = f"model.layers.{block}.{_HF_NAMES[kind]}.weight"
+            w = _unpermute(w, heads[kind]) if kind in heads else w
+        state[name] = w.astype(np.float16)
+    return state, meta
+
+
+def gguf_to_hf(gguf_path: Path, out_dir: Path) -> None:
+    """Dequantize the demo's Llama GGUF and save it as an HF safetensors folder (float16), the same bytes
+    transformers 4.56.2's GGUF loader and save_pretrained wrote (tied embeddings: no lm_head)."""
+    # torch, safetensors: only the demo's dequantization needs them
+    import torch
+    from safetensors.torch import save_file
+
+    state, m = _dequantized_state(gguf_path)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_file({k: torch.from_numpy(v) for k, v in state.items()}, str(out_dir / "model.safetensors"),
+              metadata={"format": "pt"})
+    tok = _gguf_tokenizer_meta(gguf_path)
+    n_head = m["llama.attention.head_count"]
+    config = {"architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+              "bos_token_id": tok["bos"], "dtype": "float16", "eos_token_id": tok["eos"],
+              "head_dim": m["llama.embedding_length"] // n_head, "hidden_act": "silu",
+              "hidden_size": m["llama.embedding_length"], "initializer_range": 0.02,
+              "intermediate_size": m["llama.feed_forward_length"],
+              "max_position_embeddings": m["llama.context_length"], "mlp_bias": False, "model_type": "llama",
+              "num_attention_heads": n_head, "num_hidden_layers": m["llama.block_count"],
+              "num_key_value_heads": m["llama.attention.head_count_kv"], "pad_token_id": tok["pad"],
+              "pretraining_tp": 1, "rms_norm_eps": float(m["llama.attention.layer_norm_rms_epsilon"]),
+              "rope_scaling": None, "rope_theta": float(m["llama.rope.freq_base"]), "tie_word_embeddings": True,
+              "transformers_version": FIXTURE_TRANSFORMERS, "unk_token_id": tok["unk"], "use_cache": True,
+              "vocab_size": m["llama.vocab_size"]}
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    gen = {"_from_model_config": True, "bos_token_id": tok["bos"], "eos_token_id": tok["eos"],
+           "pad_token_id": tok["pad"], "transformers_version": FIXTURE_TRANSFORMERS}
+    (out_dir / "generation_config.json").write_text(json.dumps(gen, indent=2, sort_keys=True) + "\n")
     write_tokenizer(gguf_path, out_dir)
     _write_model_card(gguf_path, out_dir)
-    cfg_path = out_dir / "config.json"
-    data = json.loads(cfg_path.read_text())
-    data.pop("quantization_config", None)
-    data.pop("_name_or_path", None)
-    data.pop("_model_name_or_path", None)
-    cfg_path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def _write_model_card(gguf_path: Path, out_dir: Path) -> None:

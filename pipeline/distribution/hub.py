@@ -177,6 +177,7 @@ def upload(plan: list[dict], repo: str, *, build_id: str, revision: str = "main"
     The record (repo, commit, files and SHA256s) is written to ``record`` only after the commit
     succeeded; on any failure one PipelineError line is raised and nothing is written."""
     # huggingface_hub (slow): only an upload needs it
+    import httpx  # huggingface_hub 1.x's HTTP client: its connection errors are not OSErrors
     from huggingface_hub import CommitOperationAdd, HfApi, get_token
 
     if not plan:
@@ -203,7 +204,7 @@ def upload(plan: list[dict], repo: str, *, build_id: str, revision: str = "main"
         info = api.create_commit(repo, ops, repo_type="model", revision=revision, token=token,
                                  commit_message=commit_message or f"ggufpipe: publish {build_id}",
                                  commit_description=commit_description)
-    except (OSError, ValueError) as exc:  # requests / huggingface_hub errors (offline mode, HTTP, connection)
+    except (OSError, ValueError, httpx.HTTPError) as exc:  # huggingface_hub errors (offline mode, HTTP, connection)
         raise PipelineError(f"hub-publish {build_id}: upload to {repo} (branch {revision}) failed, no commit was made "
                             f"or confirmed and no record written: {_one_line(exc, secrets)}") from None
     rec = {"repo": repo, "revision": revision, "build_id": build_id, "commit_oid": info.oid,

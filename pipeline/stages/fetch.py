@@ -41,7 +41,8 @@ def _wanted(rel: str, patterns: list[str]) -> bool:
 
 def _snapshot(recipe: Recipe, hub_cache: str | None) -> Path:
     # huggingface_hub (slow): only a Hub download needs it
-    from huggingface_hub import snapshot_download
+    import httpx  # huggingface_hub 1.x's HTTP client: its connection errors are not OSErrors
+    from huggingface_hub import constants, snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,
         LocalEntryNotFoundError,
@@ -57,6 +58,8 @@ def _snapshot(recipe: Recipe, hub_cache: str | None) -> Path:
             revision=src.revision,
             allow_patterns=allow_patterns(recipe),
             cache_dir=hub_cache,
+            # huggingface_hub 1.x lists a commit's files on the Hub even offline unless told to stay local
+            local_files_only=constants.is_offline_mode(),
         )
     except GatedRepoError:
         raise PipelineError(f"{where}: the repo is gated: accept its terms on the Hub and set HF_TOKEN") from None
@@ -68,8 +71,8 @@ def _snapshot(recipe: Recipe, hub_cache: str | None) -> Path:
         offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
         hint = "HF_HUB_OFFLINE is set and it is not in the local hub cache" if offline else "the Hub cannot be reached and it is not in the local hub cache"
         raise PipelineError(f"{where}: cannot fetch: {hint}") from None
-    except OSError as exc:
-        raise PipelineError(f"{where}: download failed: {exc}") from None
+    except (OSError, httpx.HTTPError) as exc:
+        raise PipelineError(f"{where}: download failed: {type(exc).__name__}: {' '.join(str(exc).split())}") from None
     return Path(path)
 
 

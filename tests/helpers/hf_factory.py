@@ -12,21 +12,38 @@ from . import CALIB
 
 GLM_SPECIAL = ["[gMASK]", "<|user|>", "<|observation|>"]  # <|endoftext|> is in the SmolLM2 vocab already
 
+def spm_tokenizer_folder(dest: Path, sp_model: Path | bytes, extra_config: dict | None = None):
+    """``tokenizer.model`` and a LlamaTokenizer ``tokenizer_config.json`` (legacy, BOS added) in ``dest``, as
+    Llama-2-era repositories ship them; returns transformers' tokenizer of the folder. Both the build environment's
+    transformers 5 and the autoawq environment's 4.56 read these files (each one's own tokenizer.json would not load
+    in the other, and transformers 5's ``LlamaTokenizer(vocab_file=...)`` no longer reads the model file)."""
+    from transformers import AutoTokenizer
+
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "tokenizer.model").write_bytes(sp_model if isinstance(sp_model, bytes) else Path(sp_model).read_bytes())
+    special = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
+    (dest / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "LlamaTokenizer", "add_bos_token": True, "add_eos_token": False, "legacy": True,
+         "clean_up_tokenization_spaces": False, **special, **(extra_config or {})}, indent=2, ensure_ascii=False)
+        + "\n", encoding="utf-8")
+    (dest / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")
+    return AutoTokenizer.from_pretrained(dest)
+
+
 def make_tiny_llama(dest: Path, intermediate: int = 512) -> Path:
     """A 2-layer Llama (hidden 256, 4 heads, 1 KV head of 64: every AWQ-clipped linear has a multiple of
     64 output features; tied embeddings like SmolLM2) with random weights and a byte-fallback BPE
     SentencePiece tokenizer."""
     import sentencepiece as spm
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, LlamaTokenizer
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     dest.mkdir(parents=True)
     spm.SentencePieceTrainer.train(
         input=str(CALIB), model_prefix=str(dest / "spm"), vocab_size=768, model_type="bpe", byte_fallback=True,
         character_coverage=1.0, unk_id=0, bos_id=1, eos_id=2, pad_id=-1, num_threads=1, minloglevel=2,
         input_sentence_size=20000, shuffle_input_sentence=False)
-    tok = LlamaTokenizer(vocab_file=str(dest / "spm.model"), legacy=True, add_bos_token=True)
-    tok.save_pretrained(dest)
+    tok = spm_tokenizer_folder(dest, (dest / "spm.model").read_bytes())
     for f in ("spm.model", "spm.vocab"):
         (dest / f).unlink()
     cfg = LlamaConfig(vocab_size=tok.vocab_size, hidden_size=256, intermediate_size=intermediate, num_hidden_layers=2,

@@ -96,15 +96,9 @@ def mistral_tokenizer_model(dest: Path) -> Path:
 def write_tokenizer(dest: Path, sp_model: Path) -> None:
     """The HF tokenizer files of a MiniCPM 1/2 repository: ``tokenizer.model`` with a LlamaTokenizer
     ``tokenizer_config.json`` (chat template inside, as those repositories have it) and ``special_tokens_map.json``."""
-    from transformers import LlamaTokenizer
+    from helpers.hf_factory import spm_tokenizer_folder
 
-    tok = LlamaTokenizer(vocab_file=str(sp_model), legacy=True, add_bos_token=True, add_eos_token=False)
-    tok.save_pretrained(dest)
-    cfg_file = dest / "tokenizer_config.json"
-    cfg = json.loads(cfg_file.read_text(encoding="utf-8"))
-    cfg["chat_template"] = CHAT_TEMPLATE
-    cfg_file.write_text(json.dumps(cfg, ensure_ascii=False, indent=2), encoding="utf-8")
-    (dest / "chat_template.jinja").unlink(missing_ok=True)
+    tok = spm_tokenizer_folder(dest, sp_model, {"chat_template": CHAT_TEMPLATE})
     assert tok.vocab_size == N_VOCAB, tok.vocab_size
 
 

@@ -206,7 +206,7 @@ def test_broken_hf_folder_fails_in_one_line_each(built, toolchain, tmp_path):
     assert not rec["passed"]
     assert all("\n" not in f and f.startswith("conformance: recipe smollm2-135m: ") for f in rec["failures"])
     tk = [f for f in rec["failures"] if ": tokenizer parity (a: " in f]
-    assert any("probe french: cause nfd (the HF normalizer NFD of tokenizer.json (GPT2TokenizerFast), which "
+    assert any("probe french: cause nfd (the HF normalizer NFD of tokenizer.json (TokenizersBackend), which "
                "llama.cpp's BPE tokenizer does not apply): first difference at token" in f for f in tk), tk
     assert "french" in rec["details"]["tokenizer"]["modes"]["a"]["probes_failed"]
     causes = rec["details"]["tokenizer"]["causes"]
@@ -443,7 +443,8 @@ def test_real_registry_tokenizers_agree(toolchain, tmp_path):
     import zipfile
 
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM, LlamaTokenizer
+    from helpers.hf_factory import spm_tokenizer_folder
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     from pipeline.tools import cache_root, pip_fetch
 
@@ -454,9 +455,7 @@ def test_real_registry_tokenizers_agree(toolchain, tmp_path):
         hf = tmp_path / name
         hf.mkdir()
         with zipfile.ZipFile(wheel) as zf:
-            (tmp_path / f"{name}.model").write_bytes(zf.read(MISTRAL_TOKENIZERS[name]))
-        tok = LlamaTokenizer(vocab_file=str(tmp_path / f"{name}.model"), legacy=True, add_bos_token=True)
-        tok.save_pretrained(hf)
+            tok = spm_tokenizer_folder(hf, zf.read(MISTRAL_TOKENIZERS[name]))
         cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=1,
                           num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
                           bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
@@ -474,7 +473,7 @@ def test_real_registry_tokenizers_agree(toolchain, tmp_path):
     with ThreadPoolExecutor(2) as pool:
         for name, rec in pool.map(build, MISTRAL_TOKENIZERS):
             show(f"{name} (mistral-common {MISTRAL_COMMON[1]})", rec)
-            assert rec["vocab"]["type"] == "spm" and rec["checks"]["tokenizer"]["hf_tokenizer"] == "LlamaTokenizer"
+            assert rec["vocab"]["type"] == "spm" and rec["checks"]["tokenizer"]["hf_tokenizer"] == "SentencePieceBackend"
             assert rec["passed"], rec["failures"]
             assert rec["checks"]["tokenizer"]["mismatches"] == {"a": 0, "b": 0, "c": 0}
             # a config transformers wrote (not one written from a GGUF, as the demo's): every key the converter
@@ -562,7 +561,7 @@ def test_rope_freq_base_scaled_fails_logit_fidelity(built, toolchain, tmp_path):
     bad = [r for r in hp["compared"] if not r["equal"]]
     assert [r["key"] for r in bad] == ["llama.rope.freq_base"] and bad[0]["relative_difference"] > 1e4 * hp["tolerance"]
     assert ("conformance: recipe smollm2-135m: hyperparameters: llama.rope.freq_base = 110000 in the GGUF, "
-            "rope_theta = 100000 in the HF config (relative difference 0.1, tolerance 1e-06)") in rec["failures"]
+            "rope_parameters.rope_theta = 100000 in the HF config (relative difference 0.1, tolerance 1e-06)") in rec["failures"]
 
 
 def test_missing_generation_config_falls_back_and_passes(built, toolchain, tmp_path):

@@ -33,7 +33,7 @@ def test_float32_storage_is_equal_and_a_scaled_rope_base_is_not(tmp_path):
     assert max(r["relative_difference"] for r in ok["compared"]) < REL_TOL / 10  # float32 rounding: 2.5e-8
     bad = check_hparams("r", _md(**{"rope.freq_base": 550000.0}), hf)
     assert not bad["passed"] and bad["failures"] == [
-        "conformance: recipe r: hyperparameters: llama.rope.freq_base = 550000 in the GGUF, rope_theta = 500000 in "
+        "conformance: recipe r: hyperparameters: llama.rope.freq_base = 550000 in the GGUF, rope_parameters.rope_theta = 500000 in "
         "the HF config (relative difference 0.1, tolerance 1e-06)"]
 
 
@@ -47,14 +47,14 @@ def test_each_key_that_changes_the_computation_fails(tmp_path, key, value):
 def test_context_length_is_a_warning_and_missing_keys_are_listed(tmp_path):
     rec = check_hparams("r", _md(**{"context_length": 4096, "rope.freq_base": None}), _llama(tmp_path))
     assert rec["passed"] and len(rec["warnings"]) == 1 and "llama.context_length = 4096" in rec["warnings"][0]
-    assert {"key": "llama.rope.freq_base", "hf": "rope_theta", "why": "not in the GGUF"} in rec["not_compared"]
+    assert {"key": "llama.rope.freq_base", "hf": "rope_parameters.rope_theta", "why": "not in the GGUF"} in rec["not_compared"]
 
 
 def test_linear_rope_scaling_factor(tmp_path):
     hf = _llama(tmp_path, rope_scaling={"rope_type": "linear", "factor": 4.0})
     assert check_hparams("r", _md(**{"rope.scaling.factor": 4.0}), hf)["passed"]
     rec = check_hparams("r", _md(**{"rope.scaling.factor": 2.0}), hf)
-    assert not rec["passed"] and "llama.rope.scaling.factor = 2 in the GGUF, rope_scaling.factor = 4" in rec["failures"][0]
+    assert not rec["passed"] and "llama.rope.scaling.factor = 2 in the GGUF, rope_parameters.factor = 4" in rec["failures"][0]
 
 
 def test_unknown_architecture_reads_config_json_per_layer_type_and_text_config(tmp_path):
