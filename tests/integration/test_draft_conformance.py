@@ -34,7 +34,7 @@ CHUNKS = 2
 PUBLISHED_PAGES = {"manifest.json", "metrics.json", "report.md", "report.svg", "README.md"}
 FIRST_FAILURE = (
     f"conformance: recipe {DRAFT}: tokenizer parity (a: no specials added, special text parsed): "
-    "probe french: cause nfd (the HF normalizer NFD of tokenizer.json (GPT2TokenizerFast), which llama.cpp's BPE "
+    "probe french: cause nfd (the HF normalizer NFD of tokenizer.json (TokenizersBackend), which llama.cpp's BPE "
     "tokenizer does not apply): first difference at token 1"
 )
 

@@ -27,7 +27,7 @@ def test_qwen35_example_recipe_validates_offline():
         "qwen3.5-4b", "Qwen/Qwen3.5-4B", "main", "bf16", "keep")
     assert [q.key for q in r.quants] == ["Q8_0", "Q4_K_M", "Q4_K_M_MTPQ"]
     assert r.quant("Q4_K_M_MTPQ").quantize_args() == ["--tensor-type", r"blk\.32\.=q8_0"]
-    assert not r.conformance.enabled and r.draft_recipe() is None
+    assert r.conformance.enabled and r.draft_recipe() is None  # transformers 5.17 has qwen3_5
     d = r.draft
     assert d.mtp and d.source is None and d.gguf is None and d.n_max == (1, 2, 3)
     assert d.pairs == (("BF16", "mtp"), ("Q8_0", "mtp"), ("Q4_K_M", "mtp"), ("Q4_K_M_MTPQ", "mtp"))

@@ -148,12 +148,18 @@ def _summarise(parts: list[dict], clamped) -> dict:
     return out
 
 
+def hf_class_name(model) -> str:
+    """The dotted name of the class transformers loaded (what the logit check ran)."""
+    return f"{type(model).__module__}.{type(model).__qualname__}"
+
+
 def check_logits(recipe_name: str, hf_dir: str | os.PathLike, logits_file: str | os.PathLike, add_bos: bool,
                  bos_id: int | None, chunks: int = DEFAULT_CHUNKS, trust_remote_code: bool = False,
                  awq_dir: str | os.PathLike | None = None, base_ppl: float | None = None,
-                 available: int | None = None, n_tokens: int | None = None) -> dict:
+                 available: int | None = None, n_tokens: int | None = None, outside: list[str] | None = None) -> dict:
     """HF float32 against the GGUF's base logits (and, with ``awq_dir``, the AWQ-folded folder against the HF
-    model: recorded, not gated). See the module doc."""
+    model: recorded, not gated). ``outside``: what the GGUF holds that neither side's logits run (recorded as is).
+    See the module doc."""
     # numpy (and logitsfile's): only the conformance run loads it
     import numpy as np
 
@@ -178,6 +184,8 @@ def check_logits(recipe_name: str, hf_dir: str | os.PathLike, logits_file: str |
     out: dict[str, Any] = {"chunks": n, "chunks_asked": chunks, "n_ctx": lf.n_ctx, "n_vocab": lf.n_vocab, "parameters": params,
                            "needs_bytes": need, "available_bytes": available, "thresholds": dict(THRESHOLDS),
                            "bos_substituted": bool(add_bos and bos_id is not None), "failures": [], "warnings": []}
+    if outside:
+        out["outside"] = list(outside)
     if need > available:
         note = (f"not run: needs {need / GIB:.1f} GiB (4 x {params / 1e9:.2f}B parameters + 2 GiB), "
                 f"{available / GIB:.1f} GiB available")
@@ -186,6 +194,7 @@ def check_logits(recipe_name: str, hf_dir: str | os.PathLike, logits_file: str |
         return out
     bos = bos_id if add_bos else None
     model = _load_hf_model(hf_dir, trust_remote_code, what)
+    out["hf_class"] = hf_class_name(model)
     out["load_seconds"] = round(time.monotonic() - t0, 3)
     keep_dir = tempfile.TemporaryDirectory(prefix="ggufpipe-conformance-") if awq_dir else None
     try:

@@ -33,11 +33,13 @@ from pipeline.stages.conformance.common import (
     tokenizer_requests,
 )
 from pipeline.stages.conformance.eog import check_eog, turn_end_token
+from pipeline.stages.conformance.hf_tokenizer import load_hf_tokenizer
 from pipeline.stages.conformance.hparams import check_hparams
 from pipeline.stages.conformance.logits import check_logits
 from pipeline.stages.conformance.template import check_chat_template, plan_chat_template
 from pipeline.stages.conformance.tokenizer import cause_status, check_tokenizer, residual_requests
 from pipeline.stages.evaluate import eval_base, restore_base_logits
+from pipeline.stages.mtp import mtp_facts
 from pipeline.tools import Toolchain, find_toolchain
 
 # --------------------------------------------------------------------------- the stage
@@ -76,24 +78,6 @@ def _log(log: Path | None, line: str) -> None:
             fh.write(line.rstrip("\n") + "\n")
 
 
-def load_hf_tokenizer(hf_dir: Path, trust_remote_code: bool, what: str):
-    # transformers: only the conformance run loads it
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(str(hf_dir), trust_remote_code=trust_remote_code)
-    except Exception as exc:  # one line for whatever the loader raises
-        first = exc
-    # a folder without tokenizer.json whose fast tokenizer must be converted from the slow one, and the conversion
-    # fails here (transformers 4.56's sentencepiece protobuf wants a newer protobuf than the pinned one): the slow
-    # tokenizer is HF's reference implementation as well
-    try:
-        return AutoTokenizer.from_pretrained(str(hf_dir), trust_remote_code=trust_remote_code, use_fast=False)
-    except Exception:
-        raise PipelineError(f"{what}: the HF tokenizer in {hf_dir} cannot be loaded: {type(first).__name__}: "
-                            f"{' '.join(str(first).split())[:300]}") from None
-
-
 def _sig(x: float | None, digits: int = 6) -> float | None:
     """``x`` to ``digits`` significant digits: the record's compact numbers do not change with the last bits of a
     float32 sum (threads); the exact values are in ``details``."""
@@ -119,6 +103,10 @@ def _compact_tokenizer(c: dict, out: dict) -> None:
 
 
 def _compact_logits(c: dict, out: dict) -> None:
+    if c.get("outside"):
+        out["outside"] = c["outside"]
+    if c.get("hf_class"):
+        out["hf_class"] = c["hf_class"]
     if not c.get("run"):
         out["not_run"] = c.get("note", "not run")
         return
@@ -127,7 +115,7 @@ def _compact_logits(c: dict, out: dict) -> None:
                clamped_targets=c["clamped_targets"], thresholds=dict(THRESHOLDS))
     out["summary"] = (f"top-1 {c['top1']:.4f}, mean KLD {c['kld_mean']:.3g}, p99 KLD {c['kld_p99']:.3g}, "
                       f"ln(PPL HF / PPL llama.cpp) {c['ln_ppl_ratio']:+.2g} on {c['positions']} positions "
-                      f"of {c['chunks']} chunks (HF float32 vs the GGUF)")
+                      f"of {c['chunks']} chunks (HF float32 {c['hf_class'].rsplit('.', 1)[-1]} vs the GGUF)")
     if "awq" in c:
         a = c["awq"]
         out["awq"] = {k: _sig(a[k]) for k in ("top1", "kld_mean", "kld_p99", "ln_ppl_ratio")}
@@ -292,14 +280,27 @@ def _run_checks(recipe, settings: dict, hf_dir: Path, trust: bool, hf: _HfSide, 
     return details
 
 
+def outside_logits(header) -> list[str]:
+    """What the base GGUF holds that the logit check does not run: the MTP layers (llama.cpp's main-model logits,
+    which eval-base wrote, skip them; so does the HF class's forward). Their drafting is the acceptance stage's."""
+    m = mtp_facts(header)
+    if not m["tensors"]:
+        return []
+    blocks = ", ".join(f"blk.{n}" for n in m["layers"])
+    return [f"the MTP layer{'s' if len(m['layers']) > 1 else ''} {blocks} ({m['tensors']} nextn tensors, "
+            f"nextn_predict_layers {m['nextn_predict_layers']}): neither llama.cpp's main-model logits nor the HF "
+            "forward runs them; the acceptance stage measures their drafts"]
+
+
 def _logits_details(name: str, settings: dict, hf_dir: Path, trust: bool, vocab: dict, logits_file, base_record,
-                    awq_base) -> dict:
+                    awq_base, header) -> dict:
     """The logit check against eval-base's logits (not run without them)."""
     if logits_file is None:
         return _not_run("not run: the recipe has no eval text")
     base_ppl = EvalBaseRecord.read(base_record, "conformance").get("ppl") if base_record else None
     return check_logits(name, hf_dir, logits_file, bool(vocab.get("add_bos")), vocab.get("bos"),
-                        settings["chunks"], trust, awq_base, base_ppl, n_tokens=vocab.get("n_tokens"))
+                        settings["chunks"], trust, awq_base, base_ppl, n_tokens=vocab.get("n_tokens"),
+                        outside=outside_logits(header))
 
 
 def _gate(details: dict[str, dict]) -> tuple[list[str], list[str]]:
@@ -387,7 +388,8 @@ def run(recipe, base_gguf, hf_dir, logits_file, base_record, out_record, log=Non
     hf = _hf_side(recipe, settings, base_gguf, hf_dir, trust, what)
     ll = _helper_side(tc, base_gguf, hf, log, what)
     details = _run_checks(recipe, settings, hf_dir, trust, hf, ll)
-    details["logits"] = _logits_details(name, settings, hf_dir, trust, ll.vocab, logits_file, base_record, awq_base)
+    details["logits"] = _logits_details(name, settings, hf_dir, trust, ll.vocab, logits_file, base_record, awq_base,
+                                        hf.header)
     failures, warnings = _gate(details)
     seconds = _seconds(details, hf.seconds, ll.seconds, t0)
     rec = _record(name, settings, base_gguf, tc, ll, details, failures, warnings, seconds)
@@ -401,8 +403,8 @@ def run_stage(recipe, layout, threads: int = 2, tc: Toolchain | None = None, log
     """The Snakemake stage (``ggufpipe stage conformance``): :func:`run` on the recipe's paths (``paths``: those
     Snakemake resolved, named as ``Layout.conformance_inputs`` names them, and ``record``; default: the layout's). The
     base logits are eval-base's of the first eval set (recomputed first when ``ggufpipe clean-logits`` emptied them); a
-    recipe without eval sets (a built draft) gets its own, from ``conformance.text`` at ctx 512, in its scratch folder,
-    removed afterwards. ``log``: the job log (default ``layout.log(name, "conformance")``)."""
+    recipe with ``conformance.text`` (or a built draft, given its main's) gets its own, on that text at ctx 512, in its
+    scratch folder, removed afterwards. ``log``: the job log (default ``layout.log(name, "conformance")``)."""
     name = recipe.name
     p = paths or {**layout.conformance_inputs(recipe), "record": layout.conformance_record(name)}
     log = Path(log or layout.log(name, "conformance"))
@@ -418,7 +420,7 @@ def run_stage(recipe, layout, threads: int = 2, tc: Toolchain | None = None, log
     torch.set_num_threads(threads)  # fixed (eval_threads), not --cores: the numbers stay bit-identical
     awq = p.get("awq")
     es = recipe.first_eval_set
-    if es:
+    if es and settings.get("text") is None:
         logits, base_record = p["logits"], p["base_record"]
         if Path(logits).is_file():
             restore_base_logits(tc, es, base, logits, base_record, threads, log, f"{name}: conformance")
