@@ -26,13 +26,13 @@ from pipeline.errors import PipelineError
 from pipeline.memory import components
 from pipeline.recipe.devices import Device
 from pipeline.recipe.load import load_recipe
+from pipeline.stages.convert import converter_architectures
 from pipeline.stages.fetch import PICKLE_PATTERNS, _wanted, check_safetensors, hub_snapshot_dir, read_config
 
 # Stock quants a device suggestion chooses from, largest first (no IQ types: they need an importance matrix).
 STOCK_QUANTS = ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q3_K_M", "Q2_K")
 DEFAULT_QUANTS = ("Q8_0", "Q4_K_M")
 MTP_CONFIG_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_layers", "mtp_num_layers")
-_REGISTER = re.compile(r"@ModelBase\.register\(([^)]*)\)", re.S)
 _SAFETENSORS_DTYPES = {"F32": 4, "F16": 2, "BF16": 2, "F64": 8, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
                        "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
 
@@ -61,22 +61,6 @@ class CheckpointFacts:
 
 
 # ------------------------------------------------------------------ the pinned converter's architectures
-
-def converter_architectures(convert_script: Path) -> set[str]:
-    """The HF architecture names ``convert_hf_to_gguf.py`` (and its ``conversion/`` package) registers."""
-    files = [convert_script, *sorted((convert_script.parent / "conversion").glob("*.py"))]
-    names: set[str] = set()
-    for f in files:
-        try:
-            text = f.read_text(encoding="utf-8")
-        except OSError:
-            continue
-        for m in _REGISTER.finditer(text):
-            names.update(re.findall(r"[\"']([^\"']+)[\"']", m.group(1)))
-    if not names:
-        raise PipelineError(f"{convert_script}: no @ModelBase.register(...) found: not a llama.cpp converter")
-    return names
-
 
 def model_architecture(config: dict) -> str:
     """The architecture the converter looks up (conversion/base.py get_model_architecture, text model)."""

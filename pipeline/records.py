@@ -143,6 +143,7 @@ class ConvertRecord(StageRecord):
     seconds: float
     mtp: dict = ABSENT  # recipe mtp: strip / separate: {mode, converter_args}
     vocab_overrides: dict = ABSENT  # the fix path's keys
+    convert_as: dict = ABSENT  # source.convert_as: {class, architectures (config.json's)}
 
 
 @record

@@ -30,6 +30,7 @@ from pipeline.layout import Layout
 from pipeline.recipe import Recipe, load_recipe, load_recipes
 from pipeline.stagedef import WILDCARD_FLAGS, Settings, Stage, io_args, size_mb
 from pipeline.stages import registry
+from pipeline.stages.convert import check_convert_as
 from pipeline.stages.fetch import hub_snapshot_dir
 from pipeline.tools import find_toolchain
 
@@ -55,6 +56,7 @@ class Workflow:
                     if rr.name in self.recipes:
                         raise RecipeError(rr.path, "name", f"{rr.name!r} is already used by {self.recipes[rr.name].path}")
                     self.recipes[rr.name] = rr
+        self._check_convert_as()
         self.layout = Layout(Path(config.get("artifacts", "artifacts")), Path(config.get("work", "work")))
         for name in self.recipes:  # before Snakemake removes any output: never through a link out of artifacts/
             self.layout.check_art_dir(name)
@@ -65,6 +67,11 @@ class Workflow:
         self.hub_cache = config.get("hf_hub_cache") or os.environ.get("HF_HUB_CACHE") or ""
 
     # wildcard constraints: only declared names, quant keys and eval sets match
+    def _check_convert_as(self) -> None:
+        """Refuse, before any job, a ``source.convert_as`` the pinned converter does not register."""
+        for r in self.recipes.values():
+            check_convert_as(r, self.toolchain)
+
     def name_regex(self) -> str:
         return "|".join(re.escape(n) for n in sorted(self.recipes)) or "(?!)"
 

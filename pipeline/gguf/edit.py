@@ -18,6 +18,7 @@ CHAT_TEMPLATE = "tokenizer.chat_template"
 # llama.cpp puts each of these ids into its end-of-generation set (src/llama-vocab.cpp:2944-2958 of b11312)
 END_KEYS = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
 ADD_BOS = "tokenizer.ggml.add_bos_token"
+PRE = "tokenizer.ggml.pre"
 
 
 def override_changes(overrides: dict, n_tokens: int, where: str) -> dict[str, tuple[Any, str]]:
@@ -34,6 +35,8 @@ def override_changes(overrides: dict, n_tokens: int, where: str) -> dict[str, tu
             changes[key] = (token, "UINT32")
     if "add_bos" in overrides:
         changes[ADD_BOS] = (bool(overrides["add_bos"]), "BOOL")
+    if "tokenizer_pre" in overrides:
+        changes[PRE] = (overrides["tokenizer_pre"], "STRING")
     return changes
 
 

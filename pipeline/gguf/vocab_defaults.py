@@ -44,7 +44,7 @@ from typing import Any
 from pipeline.gguf import ArrayValue, GGUFHeader, read_header
 from pipeline.gguf.types import ARRAY, BOOL, FLOAT32, INT8, INT32, STRING, UINT8, UINT32, VALUE_TYPE_NAMES
 
-__all__ = ["VOCAB_TYPES", "BPE_PRE_TOKENIZERS", "EogSet", "UndeterminedEog", "effective_vocab", "eog_ids", "eog_set"]
+__all__ = ["VOCAB_TYPES", "BPE_PRE_TOKENIZERS", "BPE_PRE_NAMES", "EogSet", "UndeterminedEog", "effective_vocab", "eog_ids", "eog_set"]
 
 # enum llama_vocab_type (include/llama.h), in enum order: LLAMA_VOCAB_TYPE_NONE = 0 ... LLAMA_VOCAB_TYPE_TEST = 7.
 VOCAB_TYPES = ("none", "spm", "bpe", "wpm", "ugm", "rwkv", "plamo2", "test")
@@ -162,6 +162,7 @@ BPE_PRE_TOKENIZERS: tuple[tuple[str, tuple[str, ...], Mapping[str, Any]], ...] =
 _PRE_BY_NAME: dict[str, tuple[str, Mapping[str, Any]]] = {
     name: (pre_type, flags) for pre_type, names, flags in BPE_PRE_TOKENIZERS for name in names
 }
+BPE_PRE_NAMES = frozenset(_PRE_BY_NAME)  # every tokenizer.ggml.pre value a BPE vocabulary may carry
 # After tokenizer.ggml.add_bos_token is read: "workaround for Gemma 4" (llama.cpp PR 21500).
 _FORCE_ADD_BOS_PRE_TYPES = ("gemma4",)
 

@@ -6,6 +6,7 @@ import hashlib
 from pathlib import Path
 
 from pipeline.errors import RecipeError
+from pipeline.gguf.vocab_defaults import BPE_PRE_NAMES
 from pipeline.recipe import naming
 from pipeline.recipe.devices import parse_devices
 from pipeline.recipe.model import MTP_MODES, NAME_RE, OUTTYPES, TOP_KEYS, Conformance, Recipe
@@ -117,13 +118,19 @@ def _parse_other_fields(ctx: _Ctx, d: dict, eval_sets: tuple) -> dict:
                 if d.get("chat_template_override") is not None else None)
     eos_ids = _parse_eos_token_ids(ctx, d)
     add_bos = ctx.boolean(d["add_bos"], "add_bos") if d.get("add_bos") is not None else None
+    pre = None
+    if d.get("tokenizer_pre") is not None:
+        pre = ctx.string(d["tokenizer_pre"], "tokenizer_pre")
+        if pre not in BPE_PRE_NAMES:
+            ctx.fail("tokenizer_pre", f"{pre!r} is not a BPE pre-tokenizer llama.cpp b11312 knows "
+                                      "(src/llama-vocab.cpp; e.g. llama-bpe, qwen2, minicpm5)")
     devices = parse_devices(ctx, d.get("devices"))
     device_slice = _parse_device_slice(ctx, d, eval_sets)
     for key in ("description", "license"):
         if key in d and d[key] is not None:
             ctx.string(d[key], key)
     return {"publish": publish, "conformance": conformance, "chat_template_override": template,
-            "eos_token_ids": eos_ids, "add_bos": add_bos, "devices": devices, "device_slice": device_slice,
+            "eos_token_ids": eos_ids, "add_bos": add_bos, "tokenizer_pre": pre, "devices": devices, "device_slice": device_slice,
             "description": d.get("description"), "license": d.get("license")}
 
 

@@ -18,6 +18,7 @@ NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 VARIANT_RE = naming.VARIANT_RE  # letters only: the Hub label `_[A-Z]+` stops at a digit
 REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 REVISION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")
+ARCH_CLASS_RE = re.compile(r"^[A-Z][A-Za-z0-9_]{0,99}$")  # a transformers / converter model class name
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 TENSOR_TYPE_RE = re.compile(r"^[A-Za-z0-9_.*+?\\\[\]()|^$-]+=[A-Za-z0-9_]+$")
 OUTTYPES = ("f16", "bf16")
@@ -115,6 +116,7 @@ class Source:
     path: str | None = None
     allow_pickle: bool = False
     trust_remote_code: bool = False
+    convert_as: str | None = None
 
     def describe(self) -> dict:
         if self.repo:
@@ -341,6 +343,7 @@ class Recipe:
     chat_template_override: Path | None = None
     eos_token_ids: tuple[int, ...] | None = None
     add_bos: bool | None = None
+    tokenizer_pre: str | None = None
     device_slice: int = 0  # chunks of the first eval set published for `ggufpipe device-check` (0: none)
     devices: tuple[Device, ...] = ()  # target devices the publish stage predicts memory on (pipeline/recipe/devices.py)
     raw: dict = field(default_factory=dict, compare=False, repr=False)
@@ -355,6 +358,8 @@ class Recipe:
             out["eos_token_ids"] = list(self.eos_token_ids)
         if self.add_bos is not None:
             out["add_bos"] = self.add_bos
+        if self.tokenizer_pre is not None:
+            out["tokenizer_pre"] = self.tokenizer_pre
         return out
 
     @property
@@ -385,11 +390,13 @@ class Recipe:
         d = self.draft
         if d is None or d.source is None:
             return None
-        text = self.first_eval_set.text if self.eval_sets else None
+        text = self.first_eval_set.text if self.eval_sets else self.conformance.text
         return Recipe(path=self.path, sha256=self.sha256, name=self.draft_name, source=d.source, outtype=d.outtype,
                       quants=d.quants, description=f"draft model of {self.name}", license=self.license,
                       eval_sets=(), bench=False, draft=None, raw={},
-                      conformance=replace(self.conformance, text=text))
+                      conformance=replace(self.conformance, text=text),
+                      # the pre-tokenizer is part of the shared vocabulary (the vocab rule compares it)
+                      tokenizer_pre=self.tokenizer_pre)
 
     def eval_set(self, name: str) -> EvalSet:
         for es in self.eval_sets:

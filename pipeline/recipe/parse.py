@@ -12,6 +12,7 @@ from pipeline.gguf import read_header
 from pipeline.recipe import naming
 from pipeline.recipe.model import (
     ACCEPTABLE_CAUSES,
+    ARCH_CLASS_RE,
     AWQ_KEYS,
     AWQ_VERSIONS,
     COMMIT_RE,
@@ -182,6 +183,8 @@ def _parse_source(ctx: _Ctx, value, where: str) -> Source:
         path=local,
         allow_pickle=ctx.boolean(s.get("allow_pickle", False), f"{where}.allow_pickle"),
         trust_remote_code=ctx.boolean(s.get("trust_remote_code", False), f"{where}.trust_remote_code"),
+        convert_as=(ctx.string(s["convert_as"], f"{where}.convert_as", ARCH_CLASS_RE,
+                               "a model class name such as LlamaForCausalLM") if "convert_as" in s else None),
     )
 
 
@@ -396,5 +399,6 @@ def _parse_conformance(ctx: _Ctx, value) -> Conformance:
     if not enabled and (strict or accept):
         ctx.fail("conformance.strict" if strict else "conformance.accept",
                  "has no effect with conformance off (enabled: false): remove one of them")
+    text = _text_path(ctx, c["text"], "conformance.text", "conformance text") if "text" in c else None
     return Conformance(enabled=enabled, chunks=_integer(ctx, c.get("chunks", 4), "conformance.chunks", 1),
-                       accept=tuple(sorted(set(accept))), strict=strict)
+                       text=text, accept=tuple(sorted(set(accept))), strict=strict)

@@ -146,6 +146,10 @@ TOP = Section("", "Top level", (
     Field("add_bos", "bool", None,
           "Written into the base GGUF as `tokenizer.ggml.add_bos_token`: whether llama.cpp adds BOS to its "
           "input; recorded in the manifest.", True),
+    Field("tokenizer_pre", "a BPE pre-tokenizer name of llama.cpp", None,
+          "Written into the base GGUF as `tokenizer.ggml.pre` when the converter's hash of the tokenizer picks "
+          "another pre-tokenizer than the model's (a vocabulary it does not know under a pre-tokenizer it does); "
+          "recorded in the manifest. Conformance's tokenizer parity proves the choice.", "minicpm5"),
 ))
 
 CONFORMANCE = Section("conformance", "`conformance:`", (
@@ -158,6 +162,10 @@ CONFORMANCE = Section("conformance", "`conformance:`", (
           "Chunks of the first eval set (each `ctx` tokens) on which the HF model's logits are compared with "
           "the base GGUF's.", 2),
     Field("enabled", "bool", True, "`false` is `conformance: false` written as a map.", True),
+    Field("text", "path (relative to the recipe)", None,
+          "The logit check's own text, at ctx 512 (`chunks` chunks), its base logits made by the stage. Without it "
+          "the check reuses the first eval set's base logits, and a recipe without `gates` gets no logit check "
+          "(a built draft takes its main's first eval text).", "../data/botchan.txt"),
     Field("accept", "list of cause names", [],
           "Tokenizer mismatch causes published as known differences instead of failing the build: HF normalizer "
           "members llama.cpp does not apply (`nfd`, `nfkc`, `nfkd`, `precompiled`, `lowercase`, `strip-accents`, "
@@ -184,6 +192,11 @@ _SOURCE_FIELDS = (
     Field("allow_pickle", "bool", False, "Accept `*.bin` / `*.pt` (pickled) weights; refused by default.", True),
     Field("trust_remote_code", "bool", False,
           "Accept repositories whose config needs custom code; refused by default.", True),
+    Field("convert_as", "string: a model class the pinned converter registers", None,
+          "Convert as this class instead of `config.json`'s `architectures` (a checkpoint naming a class the "
+          "converter does not register, with a layout it does). Conformance makes it safe: its logit check runs "
+          "transformers' class for the config's `model_type` against the GGUF and fails a wrong class "
+          "(docs/models.md).", "LlamaForCausalLM"),
 )
 
 SOURCE = Section("source", "`source:`", (

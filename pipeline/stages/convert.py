@@ -21,9 +21,10 @@ from __future__ import annotations
 import json
 import re
 import tempfile
+from functools import cache
 from pathlib import Path
 
-from pipeline.errors import PipelineError, ToolError
+from pipeline.errors import PipelineError, RecipeError, ToolError
 from pipeline.fsutil import atomic_output
 from pipeline.gguf import read_header
 from pipeline.gguf.edit import override_changes, rewrite_metadata
@@ -39,7 +40,9 @@ KNOWN_FAILURES = [
     (re.compile(r"BPE pre-tokenizer was not recognized"),
      "the tokenizer's BPE pre-tokenizer is unknown to llama.cpp b{build}; point LLAMA_CPP_DIR at a newer llama.cpp build"),
     (re.compile(r"Model (\S+) is not supported"),
-     "architecture {0} is not supported by llama.cpp b{build}'s converter; point LLAMA_CPP_DIR at a newer llama.cpp build"),
+     "architecture {0} is not supported by llama.cpp b{build}'s converter; if its layout is one the converter "
+     "knows, set source.convert_as to that class (conformance then proves it), else point LLAMA_CPP_DIR at a newer "
+     "llama.cpp build"),
     (re.compile(r"(?:SafetensorError|Error while deserializing header|incomplete metadata|header too large|"
                 r"MetadataIncompleteBuffer|InvalidHeader\w*|Could not read complete metadata|"
                 r"mmap length is greater than file size)"),
@@ -80,19 +83,67 @@ def gguf_metadata(recipe: Recipe, quantized_by: str) -> dict:
     return meta
 
 
-def _model_view(hf_dir: Path, view: Path, license: str | None) -> Path:
-    """The folder the converter reads: ``hf_dir`` itself, or (when the recipe sets ``license``) a view
-    of symlinks to its files with a model card whose front matter carries that license. The
-    converter takes ``general.license`` only from the model card, not from --metadata."""
-    if not license:
+_REGISTER = re.compile(r"@ModelBase\.register\(([^)]*)\)", re.S)
+
+
+@cache
+def converter_architectures(convert_script: Path) -> frozenset[str]:
+    """The HF architecture names ``convert_hf_to_gguf.py`` (and its ``conversion/`` package) registers."""
+    files = [convert_script, *sorted((convert_script.parent / "conversion").glob("*.py"))]
+    names: set[str] = set()
+    for f in files:
+        try:
+            text = f.read_text(encoding="utf-8")
+        except OSError:
+            continue
+        for m in _REGISTER.finditer(text):
+            names.update(re.findall(r"[\"']([^\"']+)[\"']", m.group(1)))
+    if not names:
+        raise PipelineError(f"{convert_script}: no @ModelBase.register(...) found: not a llama.cpp converter")
+    return frozenset(names)
+
+
+def check_convert_as(recipe: Recipe, tc: Toolchain) -> None:
+    """Refuse, in one line naming the recipe and the field, a ``source.convert_as`` that the pinned converter does not
+    register (the workflow checks every recipe before any job; the stage again, run by hand)."""
+    name = recipe.source.convert_as
+    if name is not None and name not in converter_architectures(tc.convert_script):
+        raise RecipeError(recipe.path, "source.convert_as", f"{name!r} is not a model class the pinned converter "
+                          f"(llama.cpp b{tc.build_number}) registers (@ModelBase.register in conversion/)")
+
+
+def convert_as(recipe: Recipe, hf_dir: Path, tc: Toolchain) -> dict | None:
+    """``source.convert_as``: {"class": the class the converter is told, "architectures": config.json's}; None
+    without it."""
+    name = recipe.source.convert_as
+    if name is None:
+        return None
+    check_convert_as(recipe, tc)
+    config = json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))
+    return {"class": name, "architectures": config.get("architectures")}
+
+
+def _model_view(hf_dir: Path, view: Path, license: str | None, arch: dict | None = None) -> Path:
+    """The folder the converter reads: ``hf_dir`` itself, or a view of symlinks to its files with what the recipe
+    changes: a model card whose front matter carries ``license`` (the converter takes ``general.license`` only from
+    the card, not from --metadata), a config.json whose ``architectures`` is ``arch["class"]`` (convert_as)."""
+    if not license and not arch:
         return hf_dir
+    view.mkdir()
+    replaced = {"README.md"} if license else set()
+    if arch:
+        replaced.add("config.json")
+        config = json.loads((hf_dir / "config.json").read_text(encoding="utf-8"))
+        (view / "config.json").write_text(json.dumps({**config, "architectures": [arch["class"]]}, indent=2),
+                                          encoding="utf-8")
+    for item in hf_dir.iterdir():
+        if item.name not in replaced and not item.name.startswith("."):
+            (view / item.name).symlink_to(item.resolve())
+    if not license:
+        return view
     # yaml (slow): every CLI start loads this module, on devices too; only a license card needs it
     import yaml
 
-    view.mkdir()
-    for item in hf_dir.iterdir():
-        if item.name != "README.md" and not item.name.startswith("."):
-            (view / item.name).symlink_to(item.resolve())
     card = hf_dir / "README.md"
     body = card.read_text(encoding="utf-8", errors="replace") if card.is_file() else ""
     front: dict = {}
@@ -110,16 +161,17 @@ def _model_view(hf_dir: Path, view: Path, license: str | None) -> Path:
 
 
 def _run(recipe: Recipe, hf_dir: Path, out_gguf: Path, extra: list[str], log: Path | None, quantized_by: str,
-         tc: Toolchain, check=None) -> tuple[dict, float]:
+         tc: Toolchain, check=None) -> tuple[dict, float, dict | None]:
     """One converter pass into ``out_gguf`` (atomically); ``check(tmp_gguf)`` may refuse the result
-    before it is renamed into place. Returns (general.* metadata written, seconds)."""
+    before it is renamed into place. Returns (general.* metadata written, seconds, :func:`convert_as`)."""
     if not (hf_dir / "config.json").is_file():
         raise PipelineError(f"{recipe.path}: convert: {hf_dir} has no config.json (run the fetch stage first)")
     meta = gguf_metadata(recipe, quantized_by)
+    arch = convert_as(recipe, hf_dir, tc)
     with tempfile.TemporaryDirectory(prefix="ggufpipe-convert-") as tmpd, atomic_output(out_gguf) as tmp:
         meta_file = Path(tmpd) / "metadata.json"
         meta_file.write_text(json.dumps(meta))
-        model_dir = _model_view(hf_dir, Path(tmpd) / "model", recipe.license)
+        model_dir = _model_view(hf_dir, Path(tmpd) / "model", recipe.license, arch)
         args = [str(model_dir), "--outfile", str(tmp), "--outtype", recipe.outtype, "--metadata", str(meta_file), *extra]
         res = run_converter(tc, args, log)
         if res.returncode != 0 or not tmp.is_file():
@@ -127,7 +179,7 @@ def _run(recipe: Recipe, hf_dir: Path, out_gguf: Path, extra: list[str], log: Pa
                             f"{explain_failure(res.output, tc.build_number, recipe.mtp)}" + (f" [log: {log}]" if log else ""))
         if check:
             check(tmp)
-    return meta, res.seconds
+    return meta, res.seconds, arch
 
 
 def convert(recipe: Recipe, hf_dir: str | Path, out_gguf: str | Path, record: str | Path,
@@ -150,9 +202,11 @@ def convert(recipe: Recipe, hf_dir: str | Path, out_gguf: str | Path, record: st
             tokens = read_header(tmp).metadata.get("tokenizer.ggml.tokens")
             rewrite_metadata(tmp, override_changes(overrides, getattr(tokens, "count", 0), str(recipe.path)))
 
-    meta, seconds = _run(recipe, hf_dir, out_gguf, extra, log, quantized_by, tc, finish)
+    meta, seconds, arch = _run(recipe, hf_dir, out_gguf, extra, log, quantized_by, tc, finish)
     rec = ConvertRecord(outtype=recipe.outtype, tool="convert_hf_to_gguf.py", toolchain=tc.describe(),
                         python=python_versions(env="converter"), gguf_metadata=meta, seconds=round(seconds, 1))
+    if arch:
+        rec.convert_as = arch
     if recipe.mtp != "keep":
         rec.mtp = {"mode": recipe.mtp, "converter_args": extra}
     if overrides:
@@ -178,8 +232,12 @@ def convert_mtp(recipe: Recipe, hf_dir: str | Path, out_gguf: str | Path, record
         if not facts["tensors"]:
             raise PipelineError(f"{recipe.path}: convert: mtp: separate: the model has no multi-token-prediction heads "
                                 "(the converter's --mtp export holds no nextn tensors); set `mtp: keep`")
+        if recipe.vocab_overrides:  # the draft carries the model's vocabulary: the same fix-path keys
+            tokens = read_header(tmp).metadata.get("tokenizer.ggml.tokens")
+            rewrite_metadata(tmp, override_changes(recipe.vocab_overrides, getattr(tokens, "count", 0),
+                                                   str(recipe.path)))
 
-    meta, seconds = _run(recipe, hf_dir, out_gguf, DRAFT_MTP_ARGS, log, quantized_by, tc, has_heads)
+    meta, seconds, _ = _run(recipe, hf_dir, out_gguf, DRAFT_MTP_ARGS, log, quantized_by, tc, has_heads)
     rec = MtpConvertRecord(outtype=recipe.outtype, tool="convert_hf_to_gguf.py", converter_args=DRAFT_MTP_ARGS,
                            toolchain=tc.describe(), python=python_versions(env="converter"), gguf_metadata=meta,
                            mtp={k: facts[k] for k in MTP_KEYS}, seconds=round(seconds, 1))
@@ -188,7 +246,9 @@ def convert_mtp(recipe: Recipe, hf_dir: str | Path, out_gguf: str | Path, record
 
 
 def _trigger(r, wc, s) -> dict:
-    return {"outtype": r.outtype, "license": r.license, "mtp": r.mtp, "quantized_by": s.quantized_by,
+    # convert_as only when set: a recipe without it keeps its trigger
+    extra = {"convert_as": r.source.convert_as} if r.source.convert_as else {}
+    return {"outtype": r.outtype, "license": r.license, "mtp": r.mtp, **extra, "quantized_by": s.quantized_by,
             "build": s.build_number, "commit": s.commit, "vocab_overrides": r.vocab_overrides}
 
 

@@ -197,6 +197,8 @@ def _source_and_tools(recipe: Recipe, layout: Layout) -> tuple[dict, dict, Conve
     converted = ConvertRecord.read(layout.convert_record(recipe))
     source = dict(fetched.source)
     source["files_sha256"] = source_files_digest(fetched.files)
+    if converted.get("convert_as"):
+        source["convert_as"] = converted.convert_as
     tools = {**converted.toolchain, "python": python_by_env(recipe, layout, converted),
              "converter_unmet": converter_deviations(converted.get("python", {}))}
     for k in ("origin", "backend", "ngl"):  # the convert stage runs no llama.cpp tool: the backend is this run's

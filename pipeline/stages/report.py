@@ -298,6 +298,7 @@ def conformance_text(manifest: dict) -> str:
         parts = [f"chat template (SHA256 {overrides['chat_template']['sha256'][:16]}…)"] if "chat_template" in overrides else []
         parts += [f"end-of-generation ids {overrides['eos_token_ids']}"] if "eos_token_ids" in overrides else []
         parts += [f"add_bos {str(overrides['add_bos']).lower()}"] if "add_bos" in overrides else []
+        parts += [f"pre-tokenizer {overrides['tokenizer_pre']}"] if "tokenizer_pre" in overrides else []
         lines += ["", f"Written into every file by the recipe (fix path): {', '.join(parts)}."]
     return "\n".join(lines)
 

@@ -30,12 +30,17 @@ HEADS = {"tensors": 4, "layers": [4], "nextn_predict_layers": 1}  # blk.4.nextn.
 N_MAX = 2
 
 
-def write_recipe(folder, src, name: str, mtp: str, quants: list, pairs: list):
+def write_recipe(folder, src, name: str, mtp: str, quants: list, pairs: list, conformance: bool = False):
     import yaml
 
     folder.mkdir(parents=True, exist_ok=True)
+    # conformance on one recipe (the keep build: the heads inside the base GGUF) is enough: the three share the
+    # converter path; its logit check runs on its own chunk of botchan (the recipes have no eval sets).
+    # tokenizer_pre: the substitute vocabulary hashes to qwen2 (helpers.hf_qwen35); Qwen3.5's own selects qwen35,
+    # whose regex keeps combining marks in words (conformance's khmer-thai probe fails under qwen2)
     data = {"name": name, "source": {"path": str(src)}, "mtp": mtp, "quants": quants, "bench": False,
-            "conformance": False,  # transformers 4.56.2 has no qwen3_5: the HF forward cannot run
+            "tokenizer_pre": "qwen35",
+            "conformance": {"text": str(BOTCHAN), "chunks": 1} if conformance else False,
             "draft": {"mtp": True, "n_max": [N_MAX], "prompts": 1, "n_predict": 16, "eval_text": str(BOTCHAN),
                       "pairs": pairs}}
     path = folder / f"{name}.yaml"
@@ -53,7 +58,7 @@ def qwen_build(tmp_path_factory, toolchain):
     echo = tiny_qwen35(root / "hf-echo", src, echo=True)
     keep_quants = ["Q4_0", {"type": "Q4_0", "variant": "mtpq", "tensor_types": [r"blk\.4\.=q8_0"]}]
     keep_pairs = [["F16", "mtp"], ["Q4_0", "mtp"], ["Q4_0_MTPQ", "mtp"]]
-    recipes = [write_recipe(root / "recipes", src, "q35-keep", "keep", keep_quants, keep_pairs),
+    recipes = [write_recipe(root / "recipes", src, "q35-keep", "keep", keep_quants, keep_pairs, conformance=True),
                write_recipe(root / "recipes", src, "q35-sep", "separate", ["Q4_0"], [["F16", "mtp"], ["Q4_0", "mtp"]]),
                write_recipe(root / "recipes", echo, "q35-echo", "keep", ["Q4_0"], [["Q4_0", "mtp"]])]
     res = snakemake(root, recipes)
@@ -88,7 +93,18 @@ def test_keep_build_publishes_heads_and_measures_mtp_acceptance_random_weights(q
     assert [(e["file"], e["role"]) for e in m["artifacts"]] == [
         ("q35-keep-F16.gguf", "base"), ("q35-keep-Q4_0.gguf", "quant"), ("q35-keep-Q4_0_MTPQ.gguf", "quant")]
     assert all(e["mtp"] == HEADS for e in m["artifacts"]) and "mtp" not in m and not m["failures"]
-    assert m["conformance"] == {"skipped": "the recipe opts out (conformance: false)"}
+    # conformance on transformers 5 (models/qwen3_5): every check passed, the logit check ran on the class
+    # AutoModelForCausalLM maps qwen3_5 to, and the record says that the MTP layer is outside it
+    c = m["conformance"]
+    assert c["passed"] and set(c["checks"]) == {"tokenizer", "chat_template", "eog", "hparams", "logits"}, c
+    lg = c["checks"]["logits"]
+    assert lg["passed"] and lg["positions"] == 255 and "not_run" not in lg, lg
+    assert lg["hf_class"] == "transformers.models.qwen3_5.modeling_qwen3_5.Qwen3_5ForCausalLM"
+    assert lg["outside"] == ["the MTP layer blk.4 (4 nextn tensors, nextn_predict_layers 1): neither llama.cpp's "
+                             "main-model logits nor the HF forward runs them; the acceptance stage measures their "
+                             "drafts"]
+    assert "conformance" in manifest(qwen_build, "q35-sep") and manifest(qwen_build, "q35-sep")["conformance"] == {
+        "skipped": "the recipe opts out (conformance: false)"}
     check_pairs(m, {f: f"llama-server -m {f} --spec-type draft-mtp --spec-draft-n-max {N_MAX}"
                     for f in ("q35-keep-F16.gguf", "q35-keep-Q4_0.gguf", "q35-keep-Q4_0_MTPQ.gguf")})
     # the comparison: the MTP layer at the quant's type vs at Q8_0, everything else equal

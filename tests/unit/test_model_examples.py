@@ -15,7 +15,7 @@ MINICPM = sorted(EXAMPLES.glob("minicpm*.yaml"))
 
 
 def test_minicpm_examples_exist_and_are_linked():
-    assert [p.name for p in MINICPM] == ["minicpm4-8b.yaml"]
+    assert [p.name for p in MINICPM] == ["minicpm4-8b.yaml", "minicpm5-2b.yaml"]
     models = (ROOT / "docs" / "models.md").read_text(encoding="utf-8")
     assert all(f"examples/{p.name}" in models for p in MINICPM)
 
@@ -24,14 +24,16 @@ def test_minicpm_examples_exist_and_are_linked():
 def test_minicpm_example_validates_offline(path):
     r = load_recipe(path)
     assert r.name == path.stem and r.source.repo.startswith("openbmb/MiniCPM")
-    # MiniCPM's config.json names remote code (auto_map): the fetch refuses it without the explicit opt-in
-    assert r.source.trust_remote_code is True and r.draft.source.trust_remote_code is True
+    # MiniCPM 1-4 name remote code (auto_map): the fetch refuses it without the explicit opt-in; MiniCPM5 is a
+    # stock LlamaForCausalLM and needs none
+    remote = not r.name.startswith("minicpm5")
+    assert r.source.trust_remote_code is remote and r.draft.source.trust_remote_code is remote
     assert r.draft.source.repo.startswith("openbmb/MiniCPM") and r.draft.source.repo != r.source.repo
     d = r.draft_recipe()
     assert d.name == f"{r.name}-draft" and [q.key for q in d.quants] == ["Q8_0"]
     assert r.draft.pairs == (("Q4_K_M", "Q8_0"), ("Q8_0", "Q8_0"))
     assert r.eval_sets and r.first_eval_set is r.eval_sets[0] and r.first_eval_set.text.is_file()
-    assert r.conformance.enabled and r.conformance.chunks == 2
+    assert r.conformance.enabled and r.conformance.chunks == (2 if remote else 4)
     # the revision lookup is the one step left to the Hub: CI refuses the recipe until both sources are pinned
     assert r.source.revision == r.draft.source.revision == "main"
     assert [line.split(": ", 1)[1] for line in pin_problems(r, path.name)] == [
