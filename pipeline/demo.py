@@ -267,7 +267,27 @@ def place_in_hub_cache(folder: Path, hub_cache: Path, repo_id: str, commit: str,
             link.symlink_to(os.path.relpath(blob_path, link.parent))
         (tmp / "refs").mkdir(exist_ok=True)
         (tmp / "refs" / ref).write_text(commit)
+        write_tree_listing(tmp, commit)
     return repo_dir / "snapshots" / commit
+
+
+def write_tree_listing(repo_dir: Path, commit: str) -> None:
+    """The commit's file listing, as huggingface_hub 1.x caches the Hub's ``/tree`` answer (``trees/<commit>.json``):
+    with it a pinned commit resolves offline even where ``local_files_only`` is not passed (a build box running an
+    older workflow). Written with the library's own writer; huggingface_hub 0.x keeps no listing and needs none."""
+    try:
+        from huggingface_hub._tree_cache import TreeCacheEntry, read_tree_cache, write_tree_cache
+    except ImportError:
+        return
+    if read_tree_cache(str(repo_dir), commit) is not None:
+        return
+    snap = repo_dir / "snapshots" / commit
+    entries = {}
+    for path in sorted(p for p in snap.rglob("*") if p.is_file()):
+        data = path.read_bytes()  # git's blob id: what the Hub lists for a file
+        blob = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+        entries[path.relative_to(snap).as_posix()] = TreeCacheEntry(size=len(data), blob_id=blob)
+    write_tree_cache(str(repo_dir), commit, entries)
 
 
 def setup_demo(hub_cache: Path | None = None) -> Path:
@@ -277,6 +297,7 @@ def setup_demo(hub_cache: Path | None = None) -> Path:
     snap = repo_dir / "snapshots" / DEMO_COMMIT
     eval_text()
     if all((snap / f).exists() for f in FIXTURE_FILES):
+        write_tree_listing(snap.parent.parent, snap.name)  # a snapshot placed before the listing was written
         return snap
     gguf_path = source_gguf()
     print(f"[demo] converting {gguf_path.name} into an HF safetensors folder", flush=True)
@@ -309,6 +330,7 @@ def setup_rotated_demo(hub_cache: Path | None = None) -> Path:
     source = setup_demo(hub_cache)
     snap = hub_cache / ("models--" + ROTATED_REPO.replace("/", "--")) / "snapshots" / ROTATED_COMMIT
     if all((snap / f).exists() for f in FIXTURE_FILES):
+        write_tree_listing(snap.parent.parent, snap.name)  # a snapshot placed before the listing was written
         return snap
     print(f"[demo] rotating {DEMO_REPO}@{DEMO_COMMIT} (seed {ROTATION_SEED})", flush=True)
     with tempfile.TemporaryDirectory(dir=cache_root()) as tmp:

@@ -44,7 +44,8 @@ from typing import Any
 from pipeline.gguf import ArrayValue, GGUFHeader, read_header
 from pipeline.gguf.types import ARRAY, BOOL, FLOAT32, INT8, INT32, STRING, UINT8, UINT32, VALUE_TYPE_NAMES
 
-__all__ = ["VOCAB_TYPES", "BPE_PRE_TOKENIZERS", "BPE_PRE_NAMES", "EogSet", "UndeterminedEog", "effective_vocab", "eog_ids", "eog_set"]
+__all__ = ["VOCAB_TYPES", "BPE_PRE_TOKENIZERS", "BPE_PRE_NAMES", "EogSet", "UndeterminedEog", "effective_vocab",
+           "eog_ids", "eog_set"]
 
 # enum llama_vocab_type (include/llama.h), in enum order: LLAMA_VOCAB_TYPE_NONE = 0 ... LLAMA_VOCAB_TYPE_TEST = 7.
 VOCAB_TYPES = ("none", "spm", "bpe", "wpm", "ugm", "rwkv", "plamo2", "test")

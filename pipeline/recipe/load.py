@@ -130,8 +130,8 @@ def _parse_other_fields(ctx: _Ctx, d: dict, eval_sets: tuple) -> dict:
         if key in d and d[key] is not None:
             ctx.string(d[key], key)
     return {"publish": publish, "conformance": conformance, "chat_template_override": template,
-            "eos_token_ids": eos_ids, "add_bos": add_bos, "tokenizer_pre": pre, "devices": devices, "device_slice": device_slice,
-            "description": d.get("description"), "license": d.get("license")}
+            "eos_token_ids": eos_ids, "add_bos": add_bos, "tokenizer_pre": pre, "devices": devices,
+            "device_slice": device_slice, "description": d.get("description"), "license": d.get("license")}
 
 
 def _parse_eos_token_ids(ctx: _Ctx, d: dict) -> tuple[int, ...] | None:

@@ -39,6 +39,12 @@ def _wanted(rel: str, patterns: list[str]) -> bool:
     return any(fnmatch.fnmatch(rel, p) or fnmatch.fnmatch(Path(rel).name, p) for p in patterns)
 
 
+def _env_offline() -> bool:
+    """HF_HUB_OFFLINE as set now (huggingface_hub reads it once, at import)."""
+    return any(os.environ.get(k, "").upper() in ("1", "ON", "YES", "TRUE") for k in ("HF_HUB_OFFLINE",
+                                                                                    "TRANSFORMERS_OFFLINE"))
+
+
 def _snapshot(recipe: Recipe, hub_cache: str | None) -> Path:
     # huggingface_hub (slow): only a Hub download needs it
     import httpx  # huggingface_hub 1.x's HTTP client: its connection errors are not OSErrors
@@ -59,7 +65,7 @@ def _snapshot(recipe: Recipe, hub_cache: str | None) -> Path:
             allow_patterns=allow_patterns(recipe),
             cache_dir=hub_cache,
             # huggingface_hub 1.x lists a commit's files on the Hub even offline unless told to stay local
-            local_files_only=constants.is_offline_mode(),
+            local_files_only=constants.is_offline_mode() or _env_offline(),
         )
     except GatedRepoError:
         raise PipelineError(f"{where}: the repo is gated: accept its terms on the Hub and set HF_TOKEN") from None
@@ -68,7 +74,7 @@ def _snapshot(recipe: Recipe, hub_cache: str | None) -> Path:
     except RevisionNotFoundError:
         raise PipelineError(f"{where}: revision not found in the repo") from None
     except LocalEntryNotFoundError:
-        offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0")
+        offline = _env_offline()
         hint = "HF_HUB_OFFLINE is set and it is not in the local hub cache" if offline else "the Hub cannot be reached and it is not in the local hub cache"
         raise PipelineError(f"{where}: cannot fetch: {hint}") from None
     except (OSError, httpx.HTTPError) as exc:
