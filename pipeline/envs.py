@@ -122,6 +122,14 @@ def lock_pins(lock: Path) -> dict[str, str]:
                 if "==" in line and not line.startswith((" ", "#")))
 
 
+@cache
+def build_pins(packages: tuple[str, ...]) -> dict[str, str | None]:
+    """The versions requirements/build.lock pins for ``packages``: part of the rerun trigger of a stage whose output
+    they shape in the build environment (the lock as a whole changes with every tool bump)."""
+    pins = lock_pins(ROOT / "requirements" / "build.lock")
+    return {p: pins.get(p) for p in packages}
+
+
 def cuda_wheels(lock: Path) -> list[str]:
     """The NVIDIA CUDA wheels a lock would install (``nvidia-*`` distributions): none may, on a CPU build box."""
     return [name for name in lock_pins(lock) if name.startswith("nvidia-")]

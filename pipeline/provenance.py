@@ -9,7 +9,7 @@ import json
 from pipeline.envs import current, env_versions
 
 WEIGHT_PACKAGES = ("torch", "transformers", "safetensors", "tokenizers", "huggingface_hub", "numpy", "gguf",
-                   "sentencepiece", "protobuf", "autoawq")
+                   "sentencepiece", "protobuf", "autoawq", "llmcompressor", "compressed-tensors")
 
 
 def python_versions(packages=WEIGHT_PACKAGES, env: str | None = None) -> dict:

@@ -168,7 +168,9 @@ class AwqRecord(StageRecord):
     device: str
     threads: int | None  # None on CUDA; absent from records older than the key
     torch: str
+    engine: str = ABSENT  # autoawq | llmcompressor; absent from records older than the key (autoawq)
     autoawq: str | None
+    llmcompressor: str | None = ABSENT
     transformers: str | None
     copied_from_source: list
     seconds: float

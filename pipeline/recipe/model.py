@@ -56,7 +56,7 @@ PUBLISH_KEYS = _schema.keys("publish")
 # A folder inside a Hub repo: segments of [A-Za-z0-9._-] not starting with a dot (no "..", no hidden names).
 REPO_PATH_RE = re.compile(r"^[A-Za-z0-9_-][A-Za-z0-9._-]*(/[A-Za-z0-9_-][A-Za-z0-9._-]*)*$")
 AWQ_KEYS = _schema.keys("awq")
-AWQ_VERSIONS = ("gemm", "gemv", "gemv_fast")
+AWQ_VERSIONS, AWQ_ENGINES = ("gemm", "gemv", "gemv_fast"), ("autoawq", "llmcompressor")
 IMATRIX_KEYS = _schema.keys("imatrix")
 DRAFT_KEYS = _schema.keys("draft")
 SOURCE_KEYS = _schema.keys("source")  # also draft.source (the same fields)
@@ -139,21 +139,26 @@ class EvalSet:
 
 @dataclass(frozen=True)
 class AwqConfig:
-    """``awq:``: AutoAWQ scale search folded into the FP weights before convert."""
+    """``awq:``: AWQ scale search folded into the FP weights; ``engine``/``apply_clip`` ``None``: the stage's choice."""
 
     calibration: Path
+    engine: str | None = None
     w_bit: int = 4
     q_group_size: int = 128
     zero_point: bool = True
     version: str = "gemm"
     n_samples: int = 64
     seq_len: int = 256
-    apply_clip: bool = True
+    apply_clip: bool | None = None
 
-    def describe(self) -> dict:
-        return {"calibration": self.calibration.name, "w_bit": self.w_bit, "q_group_size": self.q_group_size,
-                "zero_point": self.zero_point, "version": self.version, "n_samples": self.n_samples,
-                "seq_len": self.seq_len, "apply_clip": self.apply_clip}
+    def clip(self, engine: str) -> bool:  # a clipping search after the scale search, with ``engine``
+        return self.apply_clip if self.apply_clip is not None else engine == "autoawq"
+
+    def describe(self) -> dict:  # the engine only where named: older recipes keep their keys (and rerun trigger)
+        return {"calibration": self.calibration.name, **({"engine": self.engine} if self.engine else {}),
+                "w_bit": self.w_bit, "q_group_size": self.q_group_size, "zero_point": self.zero_point,
+                "version": self.version, "n_samples": self.n_samples, "seq_len": self.seq_len,
+                "apply_clip": self.clip(self.engine or "autoawq")}
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from pipeline.recipe import naming
 from pipeline.recipe.model import (
     ACCEPTABLE_CAUSES,
     ARCH_CLASS_RE,
+    AWQ_ENGINES,
     AWQ_KEYS,
     AWQ_VERSIONS,
     COMMIT_RE,
@@ -256,11 +257,17 @@ def _parse_awq(ctx: _Ctx, value, eval_sets) -> AwqConfig:
     version = d.get("version", "gemm")
     if not isinstance(version, str) or version.lower() not in AWQ_VERSIONS:
         ctx.fail("awq.version", f"must be one of {', '.join(AWQ_VERSIONS)}, got {version!r}")
-    return AwqConfig(calibration=cal, w_bit=w_bit, q_group_size=group,
+    engine = d.get("engine")
+    if engine is not None and engine not in AWQ_ENGINES:
+        ctx.fail("awq.engine", f"must be one of {', '.join(AWQ_ENGINES)}, got {engine!r}")
+    clip = ctx.boolean(d["apply_clip"], "awq.apply_clip") if "apply_clip" in d else None
+    if clip and engine == "llmcompressor":
+        ctx.fail("awq.apply_clip", "llmcompressor has no clipping search: remove apply_clip or use engine: autoawq")
+    return AwqConfig(calibration=cal, engine=engine, w_bit=w_bit, q_group_size=group,
                      zero_point=ctx.boolean(d.get("zero_point", True), "awq.zero_point"), version=version.lower(),
                      n_samples=_integer(ctx, d.get("n_samples", 64), "awq.n_samples", 1),
                      seq_len=_integer(ctx, d.get("seq_len", 256), "awq.seq_len", 16),
-                     apply_clip=ctx.boolean(d.get("apply_clip", True), "awq.apply_clip"))
+                     apply_clip=clip)
 
 
 def _parse_publish(ctx: _Ctx, value) -> Publish:

@@ -326,14 +326,19 @@ CALIBRATION_SHA256 = Field("calibration_sha256", "string: SHA256, 64 lowercase h
                            "Pin of the calibration text: a different SHA256 is refused.")
 
 AWQ = Section("awq", "`awq:`", (
-    "AutoAWQ scale search (and optionally clipping) on a calibration text, folded into the floating-point "
-    "weights before convert. The published base file stays the unmodified model: every quant, AWQ ones "
+    "AWQ scale search (and, with AutoAWQ, optionally clipping) on a calibration text, folded into the "
+    "floating-point weights before convert. The published base file stays the unmodified model: every quant, AWQ ones "
     "included, is gated against it; the AWQ-scaled base is an intermediate under `work/`."
 ), (
     Field("calibration", "path to a text file", REQUIRED,
           "Calibration text (relative paths: to the recipe file); refused if it has the same SHA256 as a gates "
           "text.", "../data/botchan-calib.txt"),
     CALIBRATION_SHA256,
+    Field("engine", "`autoawq` | `llmcompressor`", Note("autoawq where AutoAWQ 0.2.9 supports the model_type, else "
+                                                      "llmcompressor"),
+          "Which AWQ implementation searches the scales: AutoAWQ 0.2.9 in its own environment, or llm-compressor's "
+          "AWQModifier in the build environment (the 2026 architectures, Qwen3.5 among them). An architecture "
+          "neither maps is refused.", "llmcompressor"),
     Field("w_bit", "`2` | `3` | `4` | `8`", 4, "Bit width of the grid the scales are searched for.", 3),
     Field("q_group_size", "`32` | `64` | `128` | `256` | `-1`", 128,
           "Group size of the search grid (`-1`: per channel); must divide every linear layer's input size.", 64),
@@ -344,8 +349,9 @@ AWQ = Section("awq", "`awq:`", (
           "Calibration windows, taken from the start of the text; the text must hold `n_samples x seq_len` "
           "tokens.", 16),
     Field("seq_len", "int >= 16", 256, "Tokens per calibration window.", 128),
-    Field("apply_clip", "bool", True,
-          "Also search weight clipping (needs every linear's output size to be a multiple of 64).", False),
+    Field("apply_clip", "bool", Note("`true` with AutoAWQ; llm-compressor has no clipping search"),
+          "Also search weight clipping (AutoAWQ only; needs every linear's output size to be a multiple of 64).",
+          False),
 ))
 
 IMATRIX = Section("imatrix", "`imatrix:`", (

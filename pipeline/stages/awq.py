@@ -1,10 +1,11 @@
-"""Stage awq: AutoAWQ activation-aware scaling, folded into FP weights, as a clean HF folder.
+"""Stage awq: activation-aware scaling, folded into FP weights, as a clean HF folder.
 
-AutoAWQ runs with ``export_compatible=True``: it searches per-channel scales (and, with
-``apply_clip``, weight clipping ranges) on the calibration text and folds them into the weights,
-without packing them to int4. The result is an ordinary HF checkpoint that llama.cpp's converter
-reads; llama-quantize then quantizes it like any other model. The folder written here is the
-source folder with its weights replaced: the source's own ``config.json`` (so no
+Two engines (``awq.engine``, pipeline/stages/awq_llmc.py for the second): AutoAWQ 0.2.9 in its own environment, for
+the architectures it supports, and llm-compressor's AWQModifier in the build environment for the rest. AutoAWQ runs
+with ``export_compatible=True``: it searches per-channel scales (and, with ``apply_clip``, weight clipping ranges) on
+the calibration text and folds them into the weights, without packing them to int4. Either way the result is an
+ordinary HF checkpoint that llama.cpp's converter reads; llama-quantize then quantizes it like any other model. The
+folder written is the source folder with its weights replaced: the source's own ``config.json`` (so no
 ``quantization_config: awq``), tokenizer files, chat template, generation config and model card.
 
 Calibration runs on CUDA when torch sees a GPU, otherwise on the CPU (float32, fixed thread count
@@ -17,29 +18,34 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
 import traceback
 from pathlib import Path
 
-from pipeline.envs import current, env_environ, env_python
+from pipeline.envs import build_pins, current, env_environ, env_python
 from pipeline.errors import PipelineError
 from pipeline.fsutil import atomic_output, sha256_file
 from pipeline.provenance import python_versions
 from pipeline.recipe import Recipe
 from pipeline.records import AwqRecord
 from pipeline.stagedef import Stage, mem_mb
+from pipeline.stages.awq_files import awq_fail, calibration_samples, copy_non_weights, save_weights
 from pipeline.tools import find_toolchain
 
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt")
-WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
 # AutoAWQ's clipping processes output channels in batches of 64 (awq/quantize/quantizer.py,
 # _compute_best_clip) and skips the query/key projections.
 CLIP_BATCH = 64
 CLIP_SKIPPED = ("q_", "k_", "query", "key", "Wqkv")
 ERROR_PREFIX = "ggufpipe-awq-error: "  # the line that carries a PipelineError out of the autoawq environment
+# AutoAWQ 0.2.9's AWQ_CAUSAL_LM_MODEL_MAP (awq/models/auto.py), read here without its environment to choose the
+# engine; tests/integration/test_awq.py checks it against the installed map
+AUTOAWQ_MODEL_TYPES = frozenset({
+    "Yi", "RefinedWeb", "RefinedWebModel", "aquila", "baichuan", "bloom", "cohere", "deepseek_v2", "deepseek_v3",
+    "exaone", "falcon", "gemma", "gemma2", "gpt_bigcode", "gpt_neox", "gptj", "internlm2", "llama", "llava",
+    "llava_next", "minicpm", "minicpm3", "mistral", "mixtral", "mpt", "opt", "phi3", "phi3_v", "qwen", "qwen2",
+    "qwen2_5_omni", "qwen2_5_vl", "qwen2_vl", "qwen3", "qwen3_moe", "stablelm", "starcoder2"})
 
 
 def import_awq():
@@ -101,21 +107,6 @@ def deterministic_torch(cuda: bool):
         torch.use_deterministic_algorithms(before[0], warn_only=before[1])
 
 
-def _fail(recipe: Recipe, msg: str) -> PipelineError:
-    return PipelineError(f"{recipe.path}: awq: {msg}")
-
-
-def calibration_samples(recipe: Recipe, tokenizer, text_path: Path, n_samples: int, seq_len: int) -> list[list[int]]:
-    """``n_samples`` consecutive windows of ``seq_len`` tokens from the start of the text."""
-    text = text_path.read_text(encoding="utf-8", errors="replace").lstrip("\ufeff")
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    need = n_samples * seq_len
-    if len(ids) < need:
-        raise _fail(recipe, f"calibration text {text_path.name} has {len(ids)} tokens, fewer than n_samples x seq_len "
-                            f"= {n_samples} x {seq_len} = {need}; use a longer text or lower awq.n_samples / awq.seq_len")
-    return [ids[i * seq_len:(i + 1) * seq_len] for i in range(n_samples)]
-
-
 def check_shapes(recipe: Recipe, model, group_size: int, apply_clip: bool) -> None:
     """Refuse, before the hour-long search starts, the layer shapes AutoAWQ cannot handle."""
     # torch: only the AWQ stage loads it
@@ -125,46 +116,68 @@ def check_shapes(recipe: Recipe, model, group_size: int, apply_clip: bool) -> No
         if not isinstance(mod, nn.Linear) or ".layers." not in f".{name}":
             continue
         if group_size > 0 and mod.in_features % group_size:
-            raise _fail(recipe, f"q_group_size: layer {name} has {mod.in_features} input features, not a multiple of "
-                                f"{group_size}; choose a q_group_size that divides it")
+            raise awq_fail(recipe, f"q_group_size: layer {name} has {mod.in_features} input features, not a multiple of "
+                                    f"{group_size}; choose a q_group_size that divides it")
         if apply_clip and mod.out_features % CLIP_BATCH and not any(s in name for s in CLIP_SKIPPED):
-            raise _fail(recipe, f"apply_clip: layer {name} has {mod.out_features} output features, not a multiple of "
-                                f"{CLIP_BATCH} (AutoAWQ's clipping needs that); set awq.apply_clip: false")
+            raise awq_fail(recipe, f"apply_clip: layer {name} has {mod.out_features} output features, not a multiple of "
+                                    f"{CLIP_BATCH} (AutoAWQ's clipping needs that); set awq.apply_clip: false")
 
 
-def _copy_non_weights(src: Path, dest: Path) -> list[str]:
-    copied = []
-    for item in sorted(src.iterdir()):
-        if item.name.startswith(".") or item.name in WEIGHT_INDEXES or item.suffix in WEIGHT_SUFFIXES:
-            continue
-        if item.is_file():
-            shutil.copyfile(item, dest / item.name)
-            copied.append(item.name)
-    return copied
+def _not_autoawq(recipe: Recipe, config: dict, supported) -> PipelineError:
+    arch, model_type = (config.get("architectures") or ["?"])[0], config.get("model_type")
+    return awq_fail(recipe, f"architecture {arch} (model_type {model_type!r}) is not supported by AutoAWQ 0.2.9 (it "
+                            f"supports: {', '.join(sorted(supported))}); use engine: llmcompressor or remove the awq "
+                            "section")
+
+
+def choose_engine(recipe: Recipe, config: dict) -> str:
+    """The engine that calibrates a model of ``config`` (its config.json): the recipe's, or AutoAWQ where it supports
+    the model_type and llm-compressor otherwise; one line naming engine and architecture where the one asked for (or
+    neither) maps it."""
+    model_type, asked = config.get("model_type"), recipe.awq.engine
+    engine = asked or ("autoawq" if model_type in AUTOAWQ_MODEL_TYPES else "llmcompressor")
+    if engine == "autoawq":
+        if model_type not in AUTOAWQ_MODEL_TYPES:
+            raise _not_autoawq(recipe, config, AUTOAWQ_MODEL_TYPES)
+        return engine
+    from pipeline.stages.awq_llmc import mapped_architectures
+
+    archs = config.get("architectures") or ["?"]
+    if not set(archs) & mapped_architectures():
+        who = "engine llmcompressor" if asked else "neither engine (autoawq, llmcompressor)"
+        raise awq_fail(recipe, f"{who} maps architecture {archs[0]} (model_type {model_type!r}): llm-compressor's AWQ "
+                               f"has no mappings for it{'' if asked else ' and AutoAWQ 0.2.9 no model class'}; remove "
+                               "the awq section")
+    if recipe.awq.apply_clip:
+        raise awq_fail(recipe, f"apply_clip: llm-compressor has no clipping search, and AutoAWQ does not support "
+                               f"model_type {model_type!r}; set awq.apply_clip: false")
+    return engine
 
 
 def run_awq(recipe: Recipe, hf_dir: str | Path, out_dir: str | Path, record: str | Path, threads: int = 2) -> dict:
-    """Entry function: AWQ-calibrate the HF folder ``hf_dir`` into ``out_dir`` (a clean HF folder), in the autoawq
-    environment (pipeline/envs.py): this function runs itself there when called from another."""
-    if current() != "autoawq":
-        return _run_in_env(recipe, hf_dir, out_dir, record, threads)
-    # torch: only the AWQ stage loads it
-    import torch
-
+    """Entry function: AWQ-calibrate the HF folder ``hf_dir`` into ``out_dir`` (a clean HF folder) with the engine
+    :func:`choose_engine` picks: llm-compressor in this process, AutoAWQ in the autoawq environment (pipeline/envs.py),
+    where this function runs itself."""
     cfg = recipe.awq
     if cfg is None:
         raise PipelineError(f"{recipe.path}: awq: the recipe has no awq section")
     hf_dir, out_dir, record = Path(hf_dir), Path(out_dir), Path(record)
     config_file = hf_dir / "config.json"
     if not config_file.is_file():
-        raise _fail(recipe, f"{hf_dir} has no config.json (run the fetch stage first)")
+        raise awq_fail(recipe, f"{hf_dir} has no config.json (run the fetch stage first)")
     config = json.loads(config_file.read_text())
+    if current() != "autoawq":
+        if choose_engine(recipe, config) == "autoawq":
+            return _run_in_env(recipe, hf_dir, out_dir, record, threads)
+        from pipeline.stages.awq_llmc import run_llmcompressor
+
+        return run_llmcompressor(recipe, hf_dir, out_dir, record, threads, (config.get("architectures") or ["?"])[0])
+    # torch: only the AWQ stage loads it
+    import torch
+
     _, supported = import_awq()
-    model_type = config.get("model_type")
-    if model_type not in supported:
-        raise _fail(recipe, f"architecture {config.get('architectures', ['?'])[0]} (model_type {model_type!r}) is not "
-                            f"supported by AutoAWQ 0.2.9 (it supports: {', '.join(sorted(supported))}); remove the awq "
-                            "section")
+    if config.get("model_type") not in supported:
+        raise _not_autoawq(recipe, config, supported)
     # awq, transformers: only the AWQ stage; after import_awq()'s fix-ups
     from awq import AutoAWQForCausalLM
     from transformers import AutoTokenizer
@@ -183,7 +196,7 @@ def run_awq(recipe: Recipe, hf_dir: str | Path, out_dir: str | Path, record: str
     model = AutoAWQForCausalLM.from_pretrained(
         str(hf_dir), safetensors=not recipe.source.allow_pickle, trust_remote_code=trust,
         torch_dtype=torch.float16 if cuda else torch.float32, device_map=None, low_cpu_mem_usage=True)
-    check_shapes(recipe, model.model, cfg.q_group_size, cfg.apply_clip)
+    check_shapes(recipe, model.model, cfg.q_group_size, cfg.clip("autoawq"))
     quant_config = {"w_bit": cfg.w_bit, "q_group_size": cfg.q_group_size, "zero_point": cfg.zero_point,
                     "version": cfg.version.upper()}
     print(f"awq: {hf_dir} -> {out_dir} on {'cuda' if cuda else f'cpu ({threads} threads)'}: {quant_config}, "
@@ -191,13 +204,13 @@ def run_awq(recipe: Recipe, hf_dir: str | Path, out_dir: str | Path, record: str
     try:
         with deterministic_torch(cuda):
             model.quantize(tokenizer, quant_config=quant_config, calib_data=samples, export_compatible=True,
-                           apply_clip=cfg.apply_clip, max_calib_samples=cfg.n_samples, max_calib_seq_len=cfg.seq_len,
+                           apply_clip=cfg.clip("autoawq"), max_calib_samples=cfg.n_samples, max_calib_seq_len=cfg.seq_len,
                            # all samples in one batch: 0.2.9's n_parallel_calib_samples reuses the attention
                            # mask of the full batch for each part and fails in SDPA
                            n_parallel_calib_samples=None)
     except (RuntimeError, AssertionError, ValueError, KeyError, IndexError) as exc:
         traceback.print_exc()
-        raise _fail(recipe, f"AutoAWQ failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''} "
+        raise awq_fail(recipe, f"AutoAWQ failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''} "
                             "(traceback in the stage log)") from exc
     seconds = time.monotonic() - start
     dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}.get(
@@ -205,12 +218,12 @@ def run_awq(recipe: Recipe, hf_dir: str | Path, out_dir: str | Path, record: str
     model.model.to(dtype)
     with atomic_output(out_dir) as tmp:
         tmp.mkdir()
-        _save_weights(model.model, hf_dir, tmp / "model.safetensors")
-        copied = _copy_non_weights(hf_dir, tmp)
+        save_weights(model.model, hf_dir, tmp / "model.safetensors")
+        copied = copy_non_weights(hf_dir, tmp)
     versions = python_versions(("autoawq", "transformers"))
-    rec = AwqRecord(params=cfg.describe(), calibration_sha256=sha256_file(cfg.calibration),
+    rec = AwqRecord(params={**cfg.describe(), "engine": "autoawq"}, calibration_sha256=sha256_file(cfg.calibration),
                     device="cuda" if cuda else "cpu", threads=None if cuda else threads, torch=torch.__version__,
-                    autoawq=versions.get("autoawq"), transformers=versions.get("transformers"), copied_from_source=copied,
+                    engine="autoawq", autoawq=versions.get("autoawq"), transformers=versions.get("transformers"), copied_from_source=copied,
                     seconds=round(seconds, 1))
     rec.write(record)
     print(f"awq: done in {seconds:.0f} s", flush=True)
@@ -237,30 +250,12 @@ def _run_in_env(recipe: Recipe, hf_dir, out_dir, record, threads: int) -> dict:
     return AwqRecord.read(record).to_dict()
 
 
-def _save_weights(model, hf_dir: Path, dest: Path) -> None:
-    """The model's weights under the names the source checkpoint used, one tensor each. (A tied
-    embedding is one tensor under two names; safetensors' save_model keeps whichever name it likes,
-    and a checkpoint holding ``lm_head.weight`` but no ``model.embed_tokens.weight`` converts to a
-    GGUF without token_embd that llama.cpp cannot load.)"""
-    # safetensors (torch): only the AWQ stage loads it
-    from safetensors import safe_open
-    from safetensors.torch import save_file, save_model
-
-    names: set[str] = set()
-    for f in hf_dir.glob("*.safetensors"):
-        with safe_open(str(f), framework="pt") as fh:
-            names |= set(fh.keys())
-    state = model.state_dict()
-    if not names:  # pickled source (allow_pickle): no names to follow
-        save_model(model, str(dest))
-    else:
-        missing = sorted(names - state.keys())
-        if missing:
-            raise PipelineError(f"awq: the calibrated model lacks {len(missing)} tensor(s) of the source (first: "
-                                f"{missing[0]})")
-        save_file({k: state[k].detach().to("cpu").contiguous().clone() for k in sorted(names)}, str(dest),
-                  metadata={"format": "pt"})
-    dest.chmod(0o644)
+def _engine_pins(recipe: Recipe) -> dict:
+    """The build environment's packages that shape llm-compressor's output, where that engine may run (the autoawq
+    environment's lock is in the trigger through ``envs``)."""
+    if recipe.awq.engine == "autoawq":
+        return {}
+    return {"llmcompressor": build_pins(("llmcompressor", "compressed-tensors", "transformers", "torch"))}
 
 
 STAGE = Stage(
@@ -268,7 +263,7 @@ STAGE = Stage(
     run=lambda j: run_awq(j.recipe, j.input["hf"], j.output["hf"], j.output["record"], threads=j.threads),
     inputs=lambda r, wc, L: {"hf": L.hf(r.name), "text": r.awq.calibration},
     outputs=lambda L: {"hf": L.hf_awq("{name}"), "record": L.awq_record("{name}")},
-    trigger=lambda r, wc, s: {"awq": r.awq.describe(), "calib_threads": s.calib_threads},
+    trigger=lambda r, wc, s: {"awq": r.awq.describe(), "calib_threads": s.calib_threads, **_engine_pins(r)},
     # float32 model (2 x the FP16 folder) + the FP16 copy written + activations: 3.5 x (AutoAWQ, docs/planning.md)
     resources={"mem_mb": lambda s: mem_mb(s.total, 3.5, 2048), "disk_mb": lambda s: mem_mb(s.total, 2),
                "runtime": lambda s: int(30 + s.total / 5)},

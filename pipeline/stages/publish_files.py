@@ -61,7 +61,9 @@ def _calibration(recipe: Recipe, layout: Layout, q, gguf_path: Path, seconds: di
     if q.awq:
         a = AwqRecord.read(layout.awq_record(recipe.name))
         out["awq"] = {**a.params, "calibration_sha256": a.calibration_sha256, "device": a.device,
-                      "threads": a.get("threads"), "autoawq": a.autoawq}
+                      "threads": a.get("threads"), "autoawq": a.autoawq,
+                      **({"llmcompressor": a.llmcompressor, "kept_from_source": a.get("kept_from_source", [])}
+                         if a.get("engine") == "llmcompressor" else {})}
         seconds["awq"] = a.seconds
     meta = read_header(gguf_path).metadata
     keys = {k: meta[k] for k in IMATRIX_KEYS if k in meta}

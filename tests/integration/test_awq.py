@@ -46,6 +46,7 @@ def test_awq_folds_scales_and_converts(tmp_path, tiny_hf, quantize_exe):
     out = tmp_path / "hf-awq"
     rec = run_awq(r, tiny_hf, out, tmp_path / "awq.json", threads=2)
     assert rec["device"] == "cpu" and rec["params"]["n_samples"] == 8 and len(rec["calibration_sha256"]) == 64
+    assert rec["engine"] == "autoawq" and rec["params"]["engine"] == "autoawq"  # chosen: AutoAWQ maps llama
     cfg = json.loads((out / "config.json").read_text())
     assert "quantization_config" not in cfg and cfg == json.loads((tiny_hf / "config.json").read_text())
     assert (out / "tokenizer.model").read_bytes() == (tiny_hf / "tokenizer.model").read_bytes()
@@ -138,7 +139,8 @@ def test_awq_bad_inputs_one_line(tmp_path, tiny_hf, quantize_exe, case):
     if case == "short text":
         (tmp_path / "short.txt").write_text("A short calibration text. " * 20)
         awq = "{calibration: short.txt, n_samples: 8, seq_len: 64, q_group_size: 64}"
-    elif case == "unsupported arch":
+    elif case == "unsupported arch":  # asked of AutoAWQ (left to choose, the stage would take llmcompressor)
+        awq = f"{{calibration: {CALIB}, engine: autoawq, n_samples: 8, seq_len: 64, q_group_size: 64}}"
         src = tmp_path / "bert"
         shutil.copytree(tiny_hf, src)
         cfg = json.loads((src / "config.json").read_text())

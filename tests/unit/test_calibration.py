@@ -95,6 +95,10 @@ BAD = [
     ("bad w_bit", "[Q4_K_M]", "{calibration: calib.txt, w_bit: 5}", "", "awq.w_bit", "must be 2, 3, 4 or 8"),
     ("bad group", "[Q4_K_M]", "{calibration: calib.txt, q_group_size: 100}", "", "awq.q_group_size", "must be"),
     ("bad version", "[Q4_K_M]", "{calibration: calib.txt, version: marlin}", "", "awq.version", "must be one of"),
+    ("unknown engine", "[Q4_K_M]", "{calibration: calib.txt, engine: autogptq}", "", "awq.engine",
+     "must be one of autoawq, llmcompressor, got 'autogptq'"),
+    ("clip with llmcompressor", "[Q4_K_M]", "{calibration: calib.txt, engine: llmcompressor, apply_clip: true}", "",
+     "awq.apply_clip", "llmcompressor has no clipping search"),
     ("bad chunks", "[Q4_K_M]", "", "{calibration: calib.txt, chunks: 0}", "imatrix.chunks", "must be an integer >= 1"),
 ]
 
@@ -106,3 +110,18 @@ def test_bad_calibration_recipes(folder, label, quants, awq, imatrix, field, wha
     assert exc.field == field and exc.message.startswith(what), exc
 
 
+
+
+def test_awq_engine_and_clip_defaults(folder):
+    """Without `engine`, the described settings (the rerun trigger) are those of recipes older than the key; the
+    clipping default follows the engine, since llm-compressor has none."""
+    keys = ["calibration", "w_bit", "q_group_size", "zero_point", "version", "n_samples", "seq_len", "apply_clip"]
+    for awq, engine, clip in (("{calibration: calib.txt}", None, True),
+                              ("{calibration: calib.txt, engine: llmcompressor}", "llmcompressor", False),
+                              ("{calibration: calib.txt, engine: autoawq, apply_clip: false}", "autoawq", False)):
+        (folder / "r.yaml").write_text(recipe_text("[Q4_K_M]", awq))
+        cfg = load_recipe(folder / "r.yaml").awq
+        d = cfg.describe()
+        assert cfg.engine == engine and d["apply_clip"] is clip
+        assert list(d) == (keys if engine is None else keys[:1] + ["engine"] + keys[1:])
+    assert cfg.clip("llmcompressor") is False  # explicit false holds for either engine
