@@ -136,6 +136,25 @@ def install(jobs: int | None = None, force: bool = False, backend: str = "cpu", 
     return final
 
 
+def gguf_py_source() -> Path:
+    """The pinned tree's gguf-py, unpacked from the sdist on its own (seconds, beside the compile's lock): the venv
+    installs it while the tools compile, on a first run. The same files as the toolchain's ``convert/gguf-py``."""
+    root = cache_root() / "llama.cpp"
+    final = root / f"gguf-py-b{PINNED_BUILD}-{SDIST_SHA256[:12]}"
+    with _lock(root / ".gguf-py.lock"):
+        if not (final / "gguf" / "__init__.py").is_file():
+            sdist = pip_fetch(SDIST_NAME, SDIST_VERSION, SDIST_FILE, SDIST_SHA256, cache_root() / "downloads", sdist=True)
+            tmp = final.with_name(final.name + ".tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            with tarfile.open(sdist) as tar:
+                members = [m for m in tar.getmembers() if "/vendor/llama.cpp/gguf-py/" in m.name]
+                tar.extractall(tmp, members=members, filter="data")
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(next(tmp.glob("*/vendor/llama.cpp/gguf-py")), final)
+            shutil.rmtree(tmp)
+    return final
+
+
 def _add_helpers(src: Path) -> dict[str, str]:
     """Write each helper into the unpacked tree as examples/<target>/ and add it to examples/CMakeLists.txt
     (built because LLAMA_BUILD_EXAMPLES=ON; the tree is unpacked afresh by every install). Returns the SHA256
@@ -181,7 +200,9 @@ def main(argv: list[str] | None = None) -> int:
     p_inst.add_argument("--print-cmake", action="store_true",
                         help="print the cmake configure and build command lines and exit without building")
     sub.add_parser("where", help="print the folder of the tools in use")
-    sub.add_parser("gguf-py", help="print the folder of the gguf-py that matches the tools")
+    p_gguf = sub.add_parser("gguf-py", help="print the folder of the gguf-py that matches the tools")
+    p_gguf.add_argument("--source", action="store_true",
+                        help="the pinned tree's, unpacked from the sdist if need be: needs no compiled tools")
     args = ap.parse_args(argv)
     try:
         if args.cmd == "install" and args.print_cmake:
@@ -190,8 +211,9 @@ def main(argv: list[str] | None = None) -> int:
             install(args.jobs, args.force, args.backend, args.cuda_archs)
         elif args.cmd == "where":
             print(tools.find_toolchain().bin_dir)
-        elif args.cmd == "gguf-py":
-            print(tools.find_toolchain().gguf_py)
+        elif args.cmd == "gguf-py":  # LLAMA_CPP_DIR: the user's own tree's, compiled or not
+            use_source = args.source and not os.environ.get("LLAMA_CPP_DIR")
+            print(gguf_py_source() if use_source else tools.find_toolchain().gguf_py)
     except PipelineError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -45,6 +45,24 @@ def test_pipeline_gguf_is_the_pinned_gguf_py(toolchain):
     assert missing == set()
 
 
+def test_gguf_py_source_is_the_toolchains(toolchain):
+    """`make setup` installs gguf-py unpacked from the sdist alone, beside the compile: the files the toolchain holds."""
+    import filecmp
+
+    from pipeline.tools_install import gguf_py_source
+
+    src = gguf_py_source()
+    assert src.name.startswith(f"gguf-py-b{tools.PINNED_BUILD}-")
+    cmp = filecmp.dircmp(src, toolchain.gguf_py, ignore=["__pycache__"])
+    assert not (cmp.left_only or cmp.right_only or cmp.diff_files)
+    for sub in ("gguf",):
+        inner = cmp.subdirs[sub]
+        assert not (inner.left_only or inner.right_only or inner.diff_files), inner.report()
+    res = subprocess.run([sys.executable, "-m", "pipeline.tools", "gguf-py", "--source"], capture_output=True,
+                         text=True)
+    assert res.returncode == 0 and res.stdout.strip() == str(src)
+
+
 def test_version_read_from_tool(toolchain):
     assert tools.read_build_version(toolchain.tool("llama-perplexity")) == (11312, "0c1e570")
 
