@@ -4,14 +4,15 @@
 its logit check against transformers' class for ``model_type: llama``; and ``source.convert_as`` on the same weights
 repackaged under a class name the pinned converter does not register.
 
-One Snakemake run (``--keep-going``) builds four recipes:
+One Snakemake run (``--keep-going``) builds three recipes:
 
 * ``m5`` with its draft ``m5-draft``: ``tokenizer_pre: minicpm5``, because the substitute vocabulary (Qwen2's, the
   real one is not available offline) hashes to ``qwen2`` in the converter; the control below shows that conformance
-  fails the file without it;
-* ``m5-as``: ``architectures: [MiniCPM5ForCausalLM]`` with ``convert_as: LlamaForCausalLM``: passes conformance;
-* ``m5-wrong``: the same with ``convert_as: SmolLM3ForCausalLM``, a registered class whose llama.cpp graph skips
-  rope on every fourth layer (src/models/smollm3.cpp:5, 69): converts and loads, and fails the logit check.
+  fails the file without it. The main's weights are repackaged as ``architectures: [MiniCPM5ForCausalLM]``, a class
+  the pinned converter does not register, with ``convert_as: LlamaForCausalLM``; the draft keeps the published
+  ``LlamaForCausalLM``. Both pass conformance;
+* ``m5-wrong``: the main's folder with ``convert_as: SmolLM3ForCausalLM``, a registered class whose llama.cpp graph
+  skips rope on every fourth layer (src/models/smollm3.cpp:5, 69): converts and loads, and fails the logit check.
 
 Random weights: the acceptance rate means nothing; the logit check compares two implementations of one function,
 which random weights exercise as well as trained ones."""
@@ -39,15 +40,14 @@ def recipe(src, name: str, **extra) -> dict:
 def m5_build(tmp_path_factory, toolchain):
     root = tmp_path_factory.mktemp("minicpm5")
     vocab = toolchain.root / "vocab" / "ggml-vocab-qwen2.gguf"
-    main, draft = tiny_minicpm5(root / "hf" / "main", vocab), tiny_minicpm5(root / "hf" / "draft", vocab, DRAFT, seed=1)
-    renamed = tiny_minicpm5(root / "hf" / "renamed", vocab, architectures=["MiniCPM5ForCausalLM"])
+    renamed = tiny_minicpm5(root / "hf" / "main", vocab, architectures=["MiniCPM5ForCausalLM"])
+    draft = tiny_minicpm5(root / "hf" / "draft", vocab, DRAFT, seed=1)
     recipes = root / "recipes"
     paths = [
-        write_yaml(recipes / "m5.yaml", recipe(main, "m5", tokenizer_pre="minicpm5", quants=["Q4_0"], draft={
+        write_yaml(recipes / "m5.yaml", recipe(renamed, "m5", tokenizer_pre="minicpm5", quants=["Q4_0"],
+                                               source={"convert_as": "LlamaForCausalLM"}, draft={
             "source": {"path": str(draft)}, "quants": ["Q8_0"], "pairs": [["Q4_0", "Q8_0"]], "n_max": [N_MAX],
             "prompts": 1, "n_predict": 16, "eval_text": str(BOTCHAN)})),
-        write_yaml(recipes / "m5-as.yaml", recipe(renamed, "m5-as", tokenizer_pre="minicpm5",
-                                                  source={"convert_as": "LlamaForCausalLM"})),
         write_yaml(recipes / "m5-wrong.yaml", recipe(renamed, "m5-wrong", tokenizer_pre="minicpm5",
                                                      source={"convert_as": "SmolLM3ForCausalLM"})),
     ]
@@ -107,8 +107,9 @@ def test_minicpm5_pre_tokenizer_is_what_parity_needs(m5_build, toolchain, tmp_pa
 
 def test_convert_as_converts_an_unregistered_class_and_conformance_proves_it(m5_build):
     root, res = m5_build
-    m = manifest(root, "m5-as")
+    m = manifest(root, "m5")
     assert m["source"]["convert_as"] == {"class": "LlamaForCausalLM", "architectures": ["MiniCPM5ForCausalLM"]}
+    assert "convert_as" not in manifest(root, "m5-draft")["source"]  # the draft: the published class
     lg = m["conformance"]["checks"]["logits"]
     assert m["conformance"]["passed"] and lg["passed"], lg
     assert lg["hf_class"] == "transformers.models.llama.modeling_llama.LlamaForCausalLM"
