@@ -51,7 +51,7 @@ AUTOAWQ_MODEL_TYPES = frozenset({
 def import_awq():
     """Import AutoAWQ 0.2.9 with its compatibility fix-ups (all of them live here).
 
-    AutoAWQ is archived upstream; 0.2.9 is its last release, so its bugs stay. Two fix-ups:
+    AutoAWQ is archived upstream; 0.2.9 is its last release, so its bugs stay. Three fix-ups:
 
     1. transformers 4.57 renamed ``transformers.activations.PytorchGELUTanh`` to ``GELUTanh`` and
        AutoAWQ imports the old name at import time: the old name is restored before the import.
@@ -62,6 +62,11 @@ def import_awq():
        point. The snapshot it restores after every grid point, and so the folded model, then carries
        that first point's scales in the weights but not in the norms: the model's function changes
        (on a test model, logits moved by 5%). The fix hands the search a state_dict of copies.
+    3. Its ``init_quant`` catches the first layer's inputs by swapping in a ``Catcher`` module, which lacks the
+       layer's attributes; transformers 4.56 reads ``decoder_layer.attention_type`` before calling each layer of a
+       Qwen2, Qwen3, Gemma 2/3 or Cohere 2 model, so the run failed with an AttributeError there. The Catcher is a
+       local class of ``nn.Module`` as the quantizer module names it: that name is given a subclass that forwards
+       a missing attribute to the wrapped layer (an instance check against it still accepts every module).
     """
     # transformers, then awq after the fix-up: only the AWQ stage loads them (stage modules load at every start-up)
     import transformers.activations as act
@@ -84,8 +89,35 @@ def import_awq():
                 del module2inspect.state_dict
 
         AwqQuantizer._compute_best_scale = _compute_best_scale
+        _forwarding_catcher()
         AwqQuantizer._ggufpipe_patched = True
     return awq, AWQ_CAUSAL_LM_MODEL_MAP
+
+
+def _forwarding_catcher() -> None:
+    """Fix-up 3 of :func:`import_awq`: awq/quantize/quantizer.py's ``nn`` with a ``Module`` whose subclasses (its
+    ``Catcher``) read a missing attribute from the module they wrap."""
+    # torch, awq: only the AWQ stage loads them
+    import types
+
+    import awq.quantize.quantizer as quantizer
+    import torch.nn as nn
+
+    class _AnyModule(type(nn.Module)):
+        def __instancecheck__(cls, obj):  # the quantizer's isinstance(x, nn.Module) still means any module
+            return isinstance(obj, nn.Module)
+
+    class Module(nn.Module, metaclass=_AnyModule):
+        def __getattr__(self, name):
+            try:
+                return super().__getattr__(name)
+            except AttributeError:
+                wrapped = self._modules.get("module")
+                if wrapped is None:
+                    raise
+                return getattr(wrapped, name)
+
+    quantizer.nn = types.SimpleNamespace(**{**vars(nn), "Module": Module})
 
 
 @contextlib.contextmanager
@@ -208,7 +240,7 @@ def run_awq(recipe: Recipe, hf_dir: str | Path, out_dir: str | Path, record: str
                            # all samples in one batch: 0.2.9's n_parallel_calib_samples reuses the attention
                            # mask of the full batch for each part and fails in SDPA
                            n_parallel_calib_samples=None)
-    except (RuntimeError, AssertionError, ValueError, KeyError, IndexError) as exc:
+    except (RuntimeError, AssertionError, ValueError, KeyError, IndexError, AttributeError, TypeError) as exc:
         traceback.print_exc()
         raise awq_fail(recipe, f"AutoAWQ failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''} "
                             "(traceback in the stage log)") from exc

@@ -64,8 +64,11 @@ def max_rel_logit_diff(a: Path, b: Path, vocab: int) -> float:
     return float((logits[0] - logits[1]).abs().max() / logits[0].abs().max())
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen3", "qwen3_5"])
-def test_llmcompressor_folds_scales_keeping_the_function(tmp_path, tiny_hf, toolchain, quantize_exe, kind):
+@pytest.mark.parametrize("kind,engine", [("llama", "llmcompressor"), ("qwen3", "llmcompressor"), ("qwen3", "autoawq"),
+                                         ("qwen3_5", "llmcompressor")])
+def test_engines_fold_scales_keeping_the_function(tmp_path, tiny_hf, toolchain, quantize_exe, kind, engine):
+    """AutoAWQ on Qwen3 is the control of its third fix-up (pipeline/stages/awq.py, import_awq): without it the run
+    fails on transformers 4.56's ``decoder_layer.attention_type``."""
     from pipeline.stages.awq import run_awq
 
     if kind == "llama":
@@ -81,11 +84,12 @@ def test_llmcompressor_folds_scales_keeping_the_function(tmp_path, tiny_hf, tool
         # a full-attention layer (3) and a linear-attention one (0): both kinds of block are mapped
         folded = ("model.language_model.layers.3.self_attn.q_proj.weight",
                   "model.language_model.layers.0.mlp.down_proj.weight")
-    r = load_recipe(awq_recipe(tmp_path, src, AWQ), quantize_exe)
+    awq = AWQ if engine == "llmcompressor" else AWQ.replace("llmcompressor", "autoawq").replace("}", ", apply_clip: false}")
+    r = load_recipe(awq_recipe(tmp_path, src, awq), quantize_exe)
     out = tmp_path / "hf-awq"
     rec = run_awq(r, src, out, tmp_path / "awq.json", threads=2)
-    assert rec["engine"] == "llmcompressor" and rec["llmcompressor"] and rec["autoawq"] is None
-    assert rec["params"]["engine"] == "llmcompressor" and rec["params"]["apply_clip"] is False
+    assert rec["engine"] == engine and bool(rec.get("llmcompressor")) == (engine == "llmcompressor")
+    assert rec["params"]["engine"] == engine and rec["params"]["apply_clip"] is False
     assert json.loads((out / "config.json").read_text()) == json.loads((src / "config.json").read_text())
     before, after = tensors(src), tensors(out)
     assert before.keys() == after.keys()  # the source's names, MTP and vision tensors included
