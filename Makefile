@@ -17,7 +17,7 @@ DEMO_ENV = HF_HUB_OFFLINE=1 HF_HUB_CACHE=$(CACHE)/demo/hub
 
 export GGUFPIPE_CACHE := $(CACHE)
 
-.PHONY: venv locks tools tools-build pyc prepare setup demo demo-calib demo-mix bench-mix dvc-repro test test-fast lint docs \
+.PHONY: venv locks tools tools-build pyc setup demo demo-calib demo-mix bench-mix dvc-repro test test-fast lint docs \
 	clean-work clean-logits bench
 .DEFAULT_GOAL := demo
 
@@ -70,10 +70,11 @@ CUDA_ARCHS ?=
 tools-build:
 	$(PYTHON) -m pipeline.tools install$(if $(filter-out cpu,$(BACKEND)), --backend $(BACKEND))$(if $(CUDA_ARCHS), --cuda-archs '$(CUDA_ARCHS)')
 
-# The gguf-py of that tree into the venv: the pipeline reads GGUFs with the same gguf-py that the pinned tools come
-# with (PyPI's gguf lacks newer types). Unpacked from the sdist on its own, it needs no compiled tool.
+# Then the gguf-py of that tree into the venv: the pipeline reads GGUFs with the same gguf-py that the pinned
+# tools come with (PyPI's gguf lacks newer types).
 $(BIN)/.gguf-py-$(LLAMA_BUILD): $(BIN)/.installed
-	$(UV) pip install -q --python $(BIN)/python --no-deps --reinstall "$$($(BIN)/python -m pipeline.tools gguf-py --source)"
+	$(MAKE) --no-print-directory tools-build
+	$(UV) pip install -q --python $(BIN)/python --no-deps --reinstall "$$($(BIN)/python -m pipeline.tools gguf-py)"
 	touch $@
 
 # venv and llama.cpp build side by side (pip waits on the network and unpacks while cmake compiles)
@@ -82,7 +83,8 @@ tools: export GGUFPIPE_BACKEND := $(BACKEND)
 tools: export GGUFPIPE_CUDA_ARCHS := $(CUDA_ARCHS)
 endif
 tools:
-	@$(MAKE) --no-print-directory -j2 tools-build $(BIN)/.gguf-py-$(LLAMA_BUILD)
+	@$(MAKE) --no-print-directory -j2 venv tools-build
+	@$(MAKE) --no-print-directory $(BIN)/.gguf-py-$(LLAMA_BUILD)
 
 # Bytecode of the pipeline package, which the editable install leaves uncompiled: every stage is a fresh
 # interpreter, and under PYTHONDONTWRITEBYTECODE (set on some build boxes) each one compiled the modules
@@ -90,21 +92,17 @@ tools:
 pyc: venv
 	$(BIN)/python -m compileall -q pipeline
 
-# Everything a build or the suite needs. On a first run the llama.cpp compile (minutes) is the long pole, and only
-# the stages need its binaries: the venv, the converter environment, bytecode and the demo snapshot are made beside
-# it (docs/tools.md, First run). Progress: [setup] lines; the tools build prints its linked targets.
+# Everything a build or the suite needs. Progress: one [setup i/4] line per step; the tools build prints its
+# linked targets.
 setup:
-	@echo "[setup] llama.cpp $(LLAMA_BUILD) tools ($(CACHE)), and beside them the venv ($(VENV)), the converter \
-	environment, bytecode and the demo snapshot; first run only"
-	@$(MAKE) --no-print-directory -j2 tools-build prepare
-
-prepare:
-	@$(MAKE) --no-print-directory $(BIN)/.gguf-py-$(LLAMA_BUILD)
-	@echo "[setup] the converter environment ($(ENVS_DIR)/converter): every build converts"
+	@echo "[setup 1/4] Python venv ($(VENV)) and llama.cpp $(LLAMA_BUILD) tools ($(CACHE)), side by side; first run only"
+	@$(MAKE) --no-print-directory tools
+	@echo "[setup 2/4] the converter environment ($(ENVS_DIR)/converter): every build converts"
 	@$(MAKE) --no-print-directory env-converter
+	@echo "[setup 3/4] bytecode of the pipeline package"
 	@$(MAKE) --no-print-directory pyc
-	@echo "[setup] demo snapshot: SmolLM2-135M-Instruct as a local Hugging Face cache, eval text"
-	@$(BIN)/python -m pipeline.cli setup-demo > /dev/null
+	@echo "[setup 4/4] demo snapshot: SmolLM2-135M-Instruct as a local Hugging Face cache, eval text"
+	@$(BIN)/python -m pipeline.cli setup-demo
 
 # The main demo recipe; Snakemake prints each job and "N of M steps (x%) done".
 demo: setup
