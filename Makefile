@@ -24,7 +24,9 @@ export GGUFPIPE_CACHE := $(CACHE)
 # The build environment (pipeline/envs.py): Snakemake, DVC, the stages and the reference side, from its lock
 # (requirements/build.lock, resolved from pyproject.toml's extras), then this checkout, editable. pip only fetches
 # uv, which installs every environment. uv reads no pip.conf, so it gets this machine's package sources from pip's
-# configuration (the local CPU torch wheel lies in a find-links folder).
+# configuration (the local CPU torch wheel lies in a find-links folder). Unlike pip, uv writes no bytecode unless
+# asked: every stage and Snakemake run is a fresh interpreter, and under PYTHONDONTWRITEBYTECODE (set on some build
+# boxes) each would compile pandas, torch and transformers from source again (docs/environments.md).
 UV_VERSION := 0.13.9
 UV := $(BIN)/uv
 UV_SOURCES = $(foreach f,$(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null),--find-links $(f))
@@ -32,7 +34,7 @@ $(BIN)/.installed: pyproject.toml requirements/build.lock
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q uv==$(UV_VERSION)
 	@$(PYTHON) -m pipeline.envs check-lock requirements/build.lock
-	$(UV) pip sync -q --python $(BIN)/python $(UV_SOURCES) requirements/build.lock
+	$(UV) pip sync -q --compile-bytecode --python $(BIN)/python $(UV_SOURCES) requirements/build.lock
 	$(UV) pip install -q --python $(BIN)/python --no-deps -e .
 	rm -f $(BIN)/.gguf-py-*
 	touch $@
@@ -45,7 +47,7 @@ ENVS_DIR := $(VENV)/envs
 $(ENVS_DIR)/%/.installed: requirements/%.lock | $(BIN)/.installed
 	@$(PYTHON) -m pipeline.envs check-lock $<
 	$(UV) venv -q --allow-existing --python $(PYTHON) $(ENVS_DIR)/$*
-	$(UV) pip sync -q --python $(ENVS_DIR)/$*/bin/python $(UV_SOURCES) $<
+	$(UV) pip sync -q --compile-bytecode --python $(ENVS_DIR)/$*/bin/python $(UV_SOURCES) $<
 	touch $@
 
 env-%: $(ENVS_DIR)/%/.installed
@@ -74,7 +76,7 @@ tools-build:
 # tools come with (PyPI's gguf lacks newer types).
 $(BIN)/.gguf-py-$(LLAMA_BUILD): $(BIN)/.installed
 	$(MAKE) --no-print-directory tools-build
-	$(UV) pip install -q --python $(BIN)/python --no-deps --reinstall "$$($(BIN)/python -m pipeline.tools gguf-py)"
+	$(UV) pip install -q --compile-bytecode --python $(BIN)/python --no-deps --reinstall "$$($(BIN)/python -m pipeline.tools gguf-py)"
 	touch $@
 
 # venv and llama.cpp build side by side (pip waits on the network and unpacks while cmake compiles)
