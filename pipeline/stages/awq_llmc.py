@@ -82,7 +82,6 @@ def _strip_quantization(model) -> None:
 def run_llmcompressor(recipe: Recipe, hf_dir: Path, out_dir: Path, record: Path, threads: int, architecture: str) -> dict:
     """AWQ-calibrate ``hf_dir`` into ``out_dir`` with llm-compressor (CPU or CUDA), as
     :func:`pipeline.stages.awq.run_awq` does with AutoAWQ."""
-
     for key, value in QUIET.items():
         os.environ.setdefault(key, value)
     # torch, transformers, datasets, llmcompressor: only this engine loads them
@@ -140,7 +139,8 @@ def run_llmcompressor(recipe: Recipe, hf_dir: Path, out_dir: Path, record: Path,
         kept = save_folded(recipe, model, hf_dir, tmp / "model.safetensors")
         copied = copy_non_weights(hf_dir, tmp)
     versions = python_versions(("llmcompressor", "compressed-tensors", "transformers"))
-    rec = AwqRecord(params=cfg.describe(), calibration_sha256=sha256_file(cfg.calibration),
+    # the engine and the clipping as run, also where the recipe left them to the stage
+    rec = AwqRecord(params={**cfg.describe(), "engine": "llmcompressor", "apply_clip": False}, calibration_sha256=sha256_file(cfg.calibration),
                     device="cuda" if cuda else "cpu", threads=None if cuda else threads, torch=torch.__version__,
                     engine="llmcompressor", autoawq=None, llmcompressor=versions.get("llmcompressor"),
                     transformers=versions.get("transformers"), copied_from_source=copied, seconds=round(seconds, 1),
