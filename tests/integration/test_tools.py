@@ -46,7 +46,8 @@ def test_pipeline_gguf_is_the_pinned_gguf_py(toolchain):
 
 
 def test_gguf_py_source_is_the_toolchains(toolchain):
-    """`make setup` installs gguf-py unpacked from the sdist alone, beside the compile: the files the toolchain holds."""
+    """`pipeline.tools gguf-py --source` unpacks the pinned tree's gguf-py from the sdist alone, with no compiled tool:
+    the files the toolchain holds."""
     import filecmp
 
     from pipeline.tools_install import gguf_py_source
