@@ -50,13 +50,20 @@ def make_tiny_llama(dest: Path, intermediate: int = 512) -> Path:
                       num_attention_heads=4, num_key_value_heads=1, head_dim=64, max_position_embeddings=512,
                       tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, torch_dtype="float16")
     torch.manual_seed(0)
-    model = LlamaForCausalLM(cfg)
-    with torch.no_grad():  # trained-looking norms: not all ones, so that folded scales show
+    save_with_trained_norms(LlamaForCausalLM(cfg), dest)
+    return dest
+
+
+def save_with_trained_norms(model, dest: Path, suffix: str = "layernorm.weight") -> None:
+    """``model`` in float16 into ``dest``, its norms (parameters ending in ``suffix``) drawn from U(0.5, 1.5) first:
+    trained-looking, not all ones, so that scales folded into them show."""
+    import torch
+
+    with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("layernorm.weight"):
+            if name.endswith(suffix):
                 p.uniform_(0.5, 1.5)
     model.half().save_pretrained(dest, safe_serialization=True)
-    return dest
 
 
 def tiny_glm4_moe(dest, tokenizer_dir, n_layer: int = 2, nextn_layers: int = 1, seed: int = 0):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from helpers import CALIB, awq_recipe
-from helpers.hf_factory import make_tiny_llama
+from helpers.hf_factory import make_tiny_llama, save_with_trained_norms
 
 from pipeline.errors import PipelineError
 from pipeline.recipe import load_recipe
@@ -36,12 +36,7 @@ def tiny_qwen3(dest: Path, tokenizer_dir: Path) -> Path:
                       num_attention_heads=4, num_key_value_heads=2, head_dim=64, max_position_embeddings=512,
                       tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, dtype="float16")
     torch.manual_seed(1)
-    model = Qwen3ForCausalLM(cfg)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("layernorm.weight"):
-                p.uniform_(0.5, 1.5)
-    model.half().save_pretrained(dest)
+    save_with_trained_norms(Qwen3ForCausalLM(cfg), dest)
     return dest
 
 

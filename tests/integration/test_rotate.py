@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers.hf_factory import save_with_trained_norms
 
 from pipeline.errors import PipelineError
 from pipeline.rotate import grid_fraction, random_orthogonal, rotate_llama
@@ -34,12 +35,7 @@ def tiny(tmp_path_factory) -> Path:
                       num_key_value_heads=2, head_dim=16, max_position_embeddings=64, tie_word_embeddings=True,
                       initializer_range=0.15, torch_dtype="float16")
     torch.manual_seed(0)
-    model = LlamaForCausalLM(cfg)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.uniform_(0.5, 1.5)
-    model.half().save_pretrained(dest, safe_serialization=True)
+    save_with_trained_norms(LlamaForCausalLM(cfg), dest, suffix="norm.weight")
     (dest / "tokenizer_config.json").write_text('{"model_max_length": 64}\n')  # stands for the files copied as they are
     return dest
 
