@@ -28,16 +28,26 @@ from pipeline.stages.awq_files import calibration_samples, copy_non_weights, sav
 QUIET = {"LLM_COMPRESSOR_LOG_LEVEL": "ERROR", "TQDM_DISABLE": "1"}
 
 
+def _quiet() -> list[str]:
+    """:data:`QUIET` set where unset (llm-compressor reads its level at import); returns the keys it set."""
+    added = [key for key in QUIET if key not in os.environ]
+    os.environ.update({key: QUIET[key] for key in added})
+    return added
+
+
 def mapped_architectures() -> set[str]:
     """The model classes llm-compressor's AWQ has mappings for. It falls back to Llama's mappings for any other class
     without failing (dynamic_mappings.py, get_layer_mappings_from_model), so the stage refuses those itself."""
-    for key, value in QUIET.items():
-        os.environ.setdefault(key, value)
+    added = _quiet()
     try:
         from llmcompressor.modifiers.transform.awq import AWQ_DYNAMIC_MAPPING_REGISTRY, AWQ_MAPPING_REGISTRY
     except ImportError as exc:
         raise PipelineError(f"the llmcompressor AWQ engine needs llm-compressor in the build environment, which "
                             f"cannot import it ({exc}): run `make setup`") from None
+    finally:
+        # restored: processes started later (AutoAWQ's, a test's builds) still draw their progress
+        for key in added:
+            os.environ.pop(key, None)
     return set(AWQ_MAPPING_REGISTRY) | set(AWQ_DYNAMIC_MAPPING_REGISTRY)
 
 
@@ -82,8 +92,7 @@ def _strip_quantization(model) -> None:
 def run_llmcompressor(recipe: Recipe, hf_dir: Path, out_dir: Path, record: Path, threads: int, architecture: str) -> dict:
     """AWQ-calibrate ``hf_dir`` into ``out_dir`` with llm-compressor (CPU or CUDA), as
     :func:`pipeline.stages.awq.run_awq` does with AutoAWQ."""
-    for key, value in QUIET.items():
-        os.environ.setdefault(key, value)
+    _quiet()  # this process is the engine's run
     # torch, transformers, datasets, llmcompressor: only this engine loads them
     import torch
     from datasets import Dataset

@@ -6,6 +6,7 @@ choice and its refusals give one line."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -119,8 +120,12 @@ def test_llmcompressor_output_converts_and_runs(tmp_path, tiny_hf, quantize_exe)
 
 @pytest.mark.parametrize("case", ["neither maps", "autoawq asked, qwen3_5", "llmcompressor asked, unmapped",
                                   "clip on a model only llmcompressor maps"])
-def test_engine_refusals_one_line(tmp_path, tiny_hf, quantize_exe, case):
+def test_engine_refusals_one_line(tmp_path, tiny_hf, quantize_exe, case, monkeypatch):
     from pipeline.stages.awq import run_awq
+    from pipeline.stages.awq_llmc import QUIET
+
+    for key in QUIET:  # llm-compressor's quiet settings must not outlive its import (AutoAWQ's bars vanished)
+        monkeypatch.delenv(key, raising=False)
 
     arch, model_type, awq, expected = {
         "neither maps": ("GPT2LMHeadModel", "gpt2", "{calibration: CAL}",
@@ -145,6 +150,7 @@ def test_engine_refusals_one_line(tmp_path, tiny_hf, quantize_exe, case):
     msg = str(exc.value)
     assert "\n" not in msg and expected in msg, msg
     assert not (tmp_path / "out").exists() and not (tmp_path / "awq.json").exists()
+    assert not set(QUIET) & set(os.environ)
 
 
 def test_autoawq_model_types_match_the_installed_map():
