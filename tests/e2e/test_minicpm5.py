@@ -23,7 +23,7 @@ import json
 
 import pytest
 from helpers import BOTCHAN, snakemake, write_yaml
-from helpers.hf_minicpm5 import DRAFT, tiny_minicpm5, with_pre
+from helpers.hf_minicpm5 import DRAFT, tiny_minicpm5
 
 from pipeline.gguf import read_header
 
@@ -84,15 +84,16 @@ def test_pair_builds_with_a_logit_check_that_ran(m5_build):
     assert "head_dim" in json.loads((root / "work" / "m5" / "hf" / "config.json").read_text())
 
 
-def test_minicpm5_pre_tokenizer_is_what_parity_needs(m5_build, toolchain, tmp_path):
-    """Control: the converter's own choice for this substitute vocabulary (``qwen2``) splits a run of spaces before a
-    digit where MiniCPM5's digit-first split does not; llama.cpp's ``minicpm5`` agrees with the HF tokenizer."""
+def test_minicpm5_pre_tokenizer_is_what_parity_needs(m5_build, toolchain):
+    """Control: the converter's own choice for this substitute vocabulary (``qwen2``: the vendored vocabulary the
+    checkpoint's tokenizer is made of, as llama.cpp ships it) splits a run of spaces before a digit where MiniCPM5's
+    digit-first split does not; llama.cpp's ``minicpm5`` agrees with the HF tokenizer."""
     from pipeline.tools import run_tool
 
     root, _ = m5_build
     base = root / "artifacts" / "m5" / "m5-F16.gguf"
-    as_qwen2 = tmp_path / "qwen2.gguf"
-    with_pre(base, as_qwen2, "qwen2")
+    as_qwen2 = toolchain.root / "vocab" / "ggml-vocab-qwen2.gguf"
+    assert read_header(as_qwen2).metadata["tokenizer.ggml.pre"] == "qwen2"
     text = "Total  3 items"
     ids = {}
     for name, path in (("minicpm5", base), ("qwen2", as_qwen2)):

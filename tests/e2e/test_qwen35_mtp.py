@@ -7,10 +7,10 @@ layers, gated full attention, one MTP layer; helpers.hf_qwen35) built twice in o
 * ``mtp: separate``: model files without the layer, plus the ``<name>-mtp-F16_MTP.gguf`` draft.
 
 Both recipes have ``draft: {mtp: true}``: the acceptance stage runs ``llama-speculative-simple --spec-type draft-mtp``
-(``-md <sidecar>`` for ``separate``) on every published model file and the manifest records drafted / accepted
-tokens per pair. RANDOM WEIGHTS: the acceptance rates are meaningless (a random MTP head agrees with a random
-trunk by chance only; these runs accept nothing); the tests prove that every stage and llama.cpp accept the
-architecture and that the measurements run, not how well Qwen3.5's head drafts.
+(``-md <sidecar>`` for ``separate``) on every published quant (the F16s are not paired: they run the same path) and
+the manifest records drafted / accepted tokens per pair. RANDOM WEIGHTS: the acceptance rates are meaningless (a
+random MTP head agrees with a random trunk by chance only; these runs accept nothing); the tests prove that every
+stage and llama.cpp accept the architecture and that the measurements run, not how well Qwen3.5's head drafts.
 """
 
 from __future__ import annotations
@@ -57,9 +57,9 @@ def qwen_build(tmp_path_factory, toolchain):
     src = tiny_qwen35(root / "hf", vocab)
     echo = tiny_qwen35(root / "hf-echo", src, echo=True)
     keep_quants = ["Q4_0", {"type": "Q4_0", "variant": "mtpq", "tensor_types": [r"blk\.4\.=q8_0"]}]
-    keep_pairs = [["F16", "mtp"], ["Q4_0", "mtp"], ["Q4_0_MTPQ", "mtp"]]
+    keep_pairs = [["Q4_0", "mtp"], ["Q4_0_MTPQ", "mtp"]]
     recipes = [write_recipe(root / "recipes", src, "q35-keep", "keep", keep_quants, keep_pairs, conformance=True),
-               write_recipe(root / "recipes", src, "q35-sep", "separate", ["Q4_0"], [["F16", "mtp"], ["Q4_0", "mtp"]]),
+               write_recipe(root / "recipes", src, "q35-sep", "separate", ["Q4_0"], [["Q4_0", "mtp"]]),
                write_recipe(root / "recipes", echo, "q35-echo", "keep", ["Q4_0"], [["Q4_0", "mtp"]])]
     res = snakemake(root, recipes)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
@@ -106,7 +106,7 @@ def test_keep_build_publishes_heads_and_measures_mtp_acceptance_random_weights(q
     assert "conformance" in manifest(qwen_build, "q35-sep") and manifest(qwen_build, "q35-sep")["conformance"] == {
         "skipped": "the recipe opts out (conformance: false)"}
     check_pairs(m, {f: f"llama-server -m {f} --spec-type draft-mtp --spec-draft-n-max {N_MAX}"
-                    for f in ("q35-keep-F16.gguf", "q35-keep-Q4_0.gguf", "q35-keep-Q4_0_MTPQ.gguf")})
+                    for f in ("q35-keep-Q4_0.gguf", "q35-keep-Q4_0_MTPQ.gguf")})
     # the comparison: the MTP layer at the quant's type vs at Q8_0, everything else equal
     folder = qwen_build / "artifacts" / "q35-keep"
     types = {f: {t.name: t.type_name for t in read_header(folder / f).tensors if t.name.startswith("blk.4.")}
@@ -129,7 +129,7 @@ def test_separate_build_publishes_sidecar_and_measures_mtp_acceptance_random_wei
     assert "mtp" not in base and "mtp" not in q4 and side["mtp"] == HEADS
     sidecar = "q35-sep-mtp-F16_MTP.gguf"
     lines = {f: f"llama-server -m {f} -md {sidecar} --spec-type draft-mtp --spec-draft-n-max {N_MAX}"
-             for f in ("q35-sep-F16.gguf", "q35-sep-Q4_0.gguf")}
+             for f in ("q35-sep-Q4_0.gguf",)}
     check_pairs(m, lines)
     card = (qwen_build / "artifacts" / "q35-sep" / "README.md").read_text()
     assert all(f"`{line}`" in card for line in lines.values())

@@ -19,8 +19,8 @@ original regexes that src/llama-vocab.cpp:546-553 quotes for ``LLAMA_VOCAB_PRE_T
 no id), with MiniCPM5's special tokens added after them. The converter hashes its check text's ids: on this vocabulary
 they are Qwen2's (e636dc30..., conversion/base.py:1759-1761), so the GGUF says ``pre = qwen2``; the real MiniCPM5
 tokenizer hashes to 36f3066e... and ``minicpm5`` (conversion/base.py:1921-1923). A recipe of these checkpoints sets
-``tokenizer_pre: minicpm5`` (the fix path) to get what the real hash selects; :func:`with_pre` rewrites the key of a
-converted file for the control that shows it matters.
+``tokenizer_pre: minicpm5`` (the fix path) to get what the real hash selects; the vendored vocabulary itself (its
+``pre`` is ``qwen2``) is the control that shows it matters.
 
 The chat template is the pinned tree's ``models/templates/openbmb-MiniCPM5-1B.jinja`` (ChatML, ``{{- bos_token }}``
 first, ``<think>`` blocks, XML tool calls), shipped as ``chat_template.jinja`` as the repository ships it.
@@ -133,15 +133,3 @@ def tiny_minicpm5(dest: Path, vocab_gguf: Path, shape: dict = MAIN, architecture
          "do_sample": True, "temperature": 0.6, "top_p": 0.95}, indent=2) + "\n")
     return dest
 
-
-def with_pre(gguf: Path, dest: Path, pre: str) -> Path:
-    """A copy of ``gguf`` whose ``tokenizer.ggml.pre`` is ``pre`` (gguf-py's own metadata copier)."""
-    import gguf as gguf_py
-    from gguf.scripts.gguf_new_metadata import MetadataDetails, copy_with_new_metadata
-
-    reader = gguf_py.GGUFReader(gguf)
-    arch = reader.get_field("general.architecture").contents()
-    writer = gguf_py.GGUFWriter(dest, arch=arch, endianess=reader.endianess)
-    copy_with_new_metadata(reader, writer, {"tokenizer.ggml.pre": MetadataDetails(gguf_py.GGUFValueType.STRING,
-                                                                                  pre)}, [])
-    return dest

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import tarfile
 
-from pipeline.envs import CONVERTER_PINS, converter_deviations, env_python, env_versions
+from pipeline.envs import CONVERTER_PINS, converter_deviations, env_environ, env_python, env_versions
 from pipeline.provenance import WEIGHT_PACKAGES, python_versions
 from pipeline.tools import SDIST_FILE, SDIST_NAME, SDIST_SHA256, SDIST_VERSION, cache_root, pip_fetch
 
@@ -47,8 +47,19 @@ def test_installed_environments():
 
 
 def test_autoawq_imports_in_its_environment_only():
-    code = "import transformers, awq; from awq import AutoAWQForCausalLM; print(transformers.__version__)"
-    res = subprocess.run([str(env_python("autoawq")), "-c", code], capture_output=True, text=True)
-    assert res.returncode == 0 and res.stdout.strip().splitlines()[-1] == "4.56.2", res.stderr[-2000:]
+    """AutoAWQ imports (with the stage's fix-ups) on transformers 4.56.2 in its environment, and not in the build
+    environment; the engine choice's list of its model types (read without that environment) is the one AutoAWQ 0.2.9
+    installs. One start of the environment: its imports take seconds."""
+    import json
+
+    from pipeline.stages.awq import AUTOAWQ_MODEL_TYPES
+
+    code = ("import json, transformers; from pipeline.stages.awq import import_awq; "
+            "print(json.dumps([transformers.__version__, sorted(import_awq()[1])]))")
+    res = subprocess.run([str(env_python("autoawq")), "-c", code], capture_output=True, text=True,
+                         env=env_environ("autoawq"))
+    assert res.returncode == 0, res.stderr[-2000:]
+    version, model_types = json.loads(res.stdout.splitlines()[-1])
+    assert version == "4.56.2" and set(model_types) == AUTOAWQ_MODEL_TYPES
     res = subprocess.run([sys.executable, "-c", "import awq"], capture_output=True, text=True)
     assert res.returncode == 1 and "No module named 'awq'" in res.stderr, res.stderr[-2000:]
