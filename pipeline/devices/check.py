@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import shutil
 import time
 from pathlib import Path
@@ -41,6 +42,9 @@ from pipeline.tools import Toolchain, bin_dir_of, find_toolchain, read_build_ver
 RESULT_KIND = "ggufpipe-device-check"
 RESULT_VERSION = 1
 BENCH = {"prompt": 64, "gen": 16, "repetitions": 1}  # a short llama-bench: a speed figure, never a verdict
+# device labels land in devices.json and the card's table: the rule of a recipe `devices:` name
+# (pipeline/recipe/devices.py DEVICE_NAME_RE; not imported: a device install has no YAML)
+LABEL_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,31}$")
 
 
 def check_slice(mpath: Path, data: dict, entry: dict) -> Path:
@@ -90,8 +94,20 @@ def judge(expected: dict, measured: dict, tolerance: dict, scored_tokens: int) -
             "passed": abs(d_kld) <= kld_limit and abs(d_top) <= top_limit + 1e-9}
 
 
+def device_label(label: str | None) -> str:
+    """``--device`` as given when it is a plain label (:data:`LABEL_RE`, else one line); without one, the host name
+    made plain (lowercase, other characters as ``-``)."""
+    if label is not None:
+        if not LABEL_RE.match(label):
+            raise PipelineError(f"--device {label!r}: a device label is a-z 0-9 . _ - (starting with a letter or "
+                                "digit, at most 32), like a recipe's devices: name")
+        return label
+    host = re.sub(r"[^a-z0-9._-]+", "-", platform.node().lower()).strip("-._")[:32]
+    return host if LABEL_RE.match(host) else "device"
+
+
 def device_facts(label: str | None) -> dict:
-    """What the result says of this device: a label (``--device``, else the host name), machine, system, CPU, memory."""
+    """What the result says of this device: a label (:func:`device_label`), machine, system, CPU, memory."""
     cpu = platform.processor() or ""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -104,7 +120,7 @@ def device_facts(label: str | None) -> dict:
         mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         mem = None
-    return {"label": label or platform.node() or "device", "machine": platform.machine(), "system": platform.system(),
+    return {"label": device_label(label), "machine": platform.machine(), "system": platform.system(),
             "cpu": cpu, "memory_bytes": mem, "cpu_count": os.cpu_count()}
 
 
@@ -124,6 +140,7 @@ def measure(tc, model: Path, slice_path: Path, dc: dict, threads: int) -> dict:
 def device_check(path: str | Path, manifest: str | Path | None = None, threads: int | None = None, bench: bool = True,
                  label: str | None = None, out: str | Path | None = None, llama_cpp_dir: str | None = None) -> dict:
     """Entry function: verify ``path`` and its slice, re-measure it where llama.cpp is, judge; write ``out``."""
+    facts = device_facts(label)  # a label that is not plain fails before any work
     path, mpath, data = locate(path, manifest)  # a shard stands for its split file, as in `ggufpipe verify`
     verified = verify_located(path, data)
     entry = find_entry(data, path.name)
@@ -132,7 +149,7 @@ def device_check(path: str | Path, manifest: str | Path | None = None, threads: 
     dc = data["device_check"]
     result = {"kind": RESULT_KIND, "version": RESULT_VERSION, "name": data["name"], "build_id": data["build_id"],
               "file": entry["file"], "sha256": entry["sha256"], "quant_type": entry["quant_type"],
-              "device": device_facts(label), "verified": verified,
+              "device": facts, "verified": verified,
               "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     tc = find_device_tools(llama_cpp_dir)
     if tc is None:

@@ -5,14 +5,20 @@ show it); nothing edits report.md. A result is taken only when it is for the bui
 ``build_id``) and for a file that build publishes with the same SHA256; one device's newer result for a file replaces
 its older one. Results of files no longer published are dropped (and said so). The file is written atomically and
 sorted, so collecting the same results again changes nothing.
+
+A result is data from elsewhere, so nothing in it is trusted: every field the report and card show is checked for its
+type (a device label by the rule of a recipe ``devices:`` name), and every verdict is judged again from the measured
+numbers against the manifest's own slice values and tolerance (what the result says it expected is replaced).
 """
 
 from __future__ import annotations
 
 import json
+import math
+import re
 from pathlib import Path
 
-from pipeline.devices.check import RESULT_KIND, RESULT_VERSION
+from pipeline.devices.check import LABEL_RE, RESULT_KIND, RESULT_VERSION, judge
 from pipeline.errors import PipelineError
 from pipeline.fsutil import write_text_atomic
 from pipeline.layout import plain_name
@@ -46,6 +52,65 @@ def check_result(path: Path, r: dict, manifest: dict) -> None:
                             "publishes")
     if r["checked"] and not isinstance(r.get("slice"), dict):
         raise PipelineError(f"{path}: field slice missing from a checked result")
+    _check_shown_fields(path, r)
+
+
+_MACHINE_RE = re.compile(r"^[A-Za-z0-9._-]{1,32}$")
+
+
+def _number(path: Path, value, field: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise PipelineError(f"{path}: field {field}: must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _check_shown_fields(path: Path, r: dict) -> None:
+    """The fields devices.json carries into the report and the card, each of the type they are shown as."""
+    d = r["device"]
+    if not isinstance(d, dict):
+        raise PipelineError(f"{path}: field device: must be a mapping (label, machine, ...), got {type(d).__name__}")
+    if not isinstance(d.get("label"), str) or not LABEL_RE.match(d["label"]):
+        raise PipelineError(f"{path}: field device.label: {d.get('label')!r} is not a plain label (a-z 0-9 . _ -, "
+                            "starting with a letter or digit, at most 32: a recipe devices: name's rule)")
+    if not isinstance(d.get("machine"), str) or not _MACHINE_RE.match(d["machine"]):
+        raise PipelineError(f"{path}: field device.machine: {d.get('machine')!r} is not a machine name "
+                            "(A-Z a-z 0-9 . _ -, at most 32)")
+    for key in ("checked", "passed"):
+        if not isinstance(r[key], bool):
+            raise PipelineError(f"{path}: field {key}: must be true or false, got {r[key]!r}")
+    if not r["checked"]:
+        return
+    measured = r["slice"].get("measured")
+    if not isinstance(measured, dict):
+        raise PipelineError(f"{path}: field slice.measured missing from a checked result")
+    for key in ("kld_mean", "same_top_p"):
+        _number(path, measured.get(key), f"slice.measured.{key}")
+    build = (r.get("tools") or {}).get("llama_cpp_build") if isinstance(r.get("tools"), dict) else None
+    if isinstance(build, bool) or not isinstance(build, int):
+        raise PipelineError(f"{path}: field tools.llama_cpp_build: must be a build number, got {build!r}")
+    bench = r.get("bench")
+    if bench is not None:
+        if not isinstance(bench, dict):
+            raise PipelineError(f"{path}: field bench: must be a mapping or null, got {type(bench).__name__}")
+        if "tg_tokens_per_s" in bench:
+            _number(path, bench["tg_tokens_per_s"], "bench.tg_tokens_per_s")
+
+
+def rejudge(r: dict, manifest: dict) -> tuple[dict, str | None]:
+    """``r`` with its verdict judged again (:func:`pipeline.devices.check.judge`) from its measured numbers against the
+    manifest's slice values and tolerance; and a note when the result had said otherwise (else None)."""
+    if not r["checked"]:  # verified only: no numbers, nothing to judge
+        return {**r, "passed": True}, (None if r["passed"] else "a verified-only result cannot fail: stored as verified")
+    dc = manifest["device_check"]
+    expected = next(e for e in manifest["artifacts"] if e["file"] == r["file"])["slice"]
+    measured = {k: float(r["slice"]["measured"][k]) for k in ("kld_mean", "same_top_p")}
+    verdict = judge(expected, measured, dc["tolerance"], dc["scored_tokens"])
+    fixed = {**r, "passed": verdict["passed"], "slice": {**r["slice"], "expected": expected, **verdict}}
+    if r["passed"] != verdict["passed"]:
+        return fixed, (f"judged again: {'pass' if verdict['passed'] else 'FAIL'}, not the result's "
+                       f"{'pass' if r['passed'] else 'FAIL'} (mean KLD {measured['kld_mean']:.5f}, Δ "
+                       f"{verdict['delta']['kld_mean']:+.5f}, limit ±{verdict['limit']['kld_mean']:.5f})")
+    return fixed, None
 
 
 def collect(results: list[str | Path], artifacts: str | Path = "artifacts") -> tuple[Path, list[str]]:
@@ -61,6 +126,9 @@ def collect(results: list[str | Path], artifacts: str | Path = "artifacts") -> t
         raise PipelineError(f"{loaded[0][0]}: field name missing")
     folder = Path(artifacts) / plain_name(name, "recipe")  # never a path out of artifacts/
     manifest = _read(folder / "manifest.json", "the manifest")
+    if not isinstance(manifest.get("device_check"), dict):
+        raise PipelineError(f"{folder / 'manifest.json'}: no device_check section: this build publishes no slice to "
+                            "check devices against")
     for p, r in loaded:
         check_result(p, r, manifest)
     out = folder / "devices.json"
@@ -73,11 +141,17 @@ def collect(results: list[str | Path], artifacts: str | Path = "artifacts") -> t
         if published.get(r.get("file")) != r.get("sha256"):
             notes.append(f"dropped {r['device']['label']}'s result for {r['file']}: not a file published now")
             continue
+        _check_shown_fields(out, r)
+        r, changed = rejudge(r, manifest)  # the tolerance may be another build's
+        if changed:
+            notes.append(f"{r['device']['label']}'s result for {r['file']}: {changed}")
         merged[(r["device"]["label"], r["file"])] = r
     for p, r in loaded:
+        r, changed = rejudge(r, manifest)
         key = (r["device"]["label"], r["file"])
         notes.append(f"{'replaced' if key in merged else 'added'} {key[0]}'s result for {key[1]} from {p}: "
-                     + ("pass" if r["passed"] else "FAIL") + ("" if r["checked"] else " (verified only)"))
+                     + ("pass" if r["passed"] else "FAIL") + ("" if r["checked"] else " (verified only)")
+                     + (f" ({changed})" if changed else ""))
         merged[key] = r
     data = {"kind": RESULTS_KIND, "name": name, "build_id": manifest["build_id"],
             "results": [merged[k] for k in sorted(merged, key=lambda k: (k[1], k[0]))]}

@@ -262,6 +262,58 @@ def test_collect_refuses_a_result_of_another_build_or_file(tmp_path, over, what)
     assert not (folder / "devices.json").exists()  # nothing written
 
 
+def test_collect_judges_every_verdict_again(tmp_path):
+    """A result edited to a mean KLD of 0.9 (the build box measured 0.003 on the slice) but still saying "pass" is
+    stored as FAIL, with the delta and limit the manifest's tolerance gives; an honest FAIL stays FAIL; what a result
+    says it expected is replaced by the manifest's slice values."""
+    folder, _manifest, entry = _folder(tmp_path)
+    edited = _result(folder, entry, kld=0.9, passed=True)
+    out, notes = collect([edited], folder.parent)
+    assert notes == [f"added pi5's result for m-Q8_0.gguf from {edited}: FAIL (judged again: FAIL, not the result's "
+                     "pass (mean KLD 0.90000, Δ +0.89700, limit ±0.00200))"]
+    (r,) = json.loads(out.read_text())["results"]
+    assert r["passed"] is False and r["slice"]["delta"]["kld_mean"] == 0.897 and r["slice"]["limit"]["kld_mean"] == 0.002
+    lying = _result(folder, entry, label="laptop", kld=0.0031, passed=False,
+                    slice={"expected": {"kld_mean": 0.5, "same_top_p": 0.5, "ppl_q": 1.0},
+                           "measured": {"kld_mean": 0.0031, "same_top_p": 0.96, "ppl_q": 27.0}})
+    _, notes = collect([lying], folder.parent)
+    assert notes[-1].endswith("pass (judged again: pass, not the result's FAIL (mean KLD 0.00310, Δ +0.00010, "
+                              "limit ±0.00200))"), notes
+    by_label = {r["device"]["label"]: r for r in json.loads(out.read_text())["results"]}
+    assert by_label["laptop"]["passed"] and by_label["laptop"]["slice"]["expected"] == entry["slice"]
+    assert by_label["pi5"]["passed"] is False  # the stored FAIL, judged again on the next collect
+
+
+@pytest.mark.parametrize("over,what", [
+    ({"device": "pi5"}, "field device: must be a mapping (label, machine, ...), got str"),
+    ({"device": {"label": "evil|pipe <img src=x onerror=alert(1)>\n## injected", "machine": "aarch64"}},
+     "field device.label: 'evil|pipe <img src=x onerror=alert(1)>\\n## injected' is not a plain label"),
+    ({"device": {"label": "Pi5", "machine": "aarch64"}}, "field device.label: 'Pi5' is not a plain label"),
+    ({"device": {"label": "pi5", "machine": "arm|64"}}, "field device.machine: 'arm|64' is not a machine name"),
+    ({"passed": "yes"}, "field passed: must be true or false, got 'yes'"),
+    ({"tools": {"llama_cpp_build": "11312 | <b>"}}, "field tools.llama_cpp_build: must be a build number"),
+    ({"bench": {"tg_tokens_per_s": "fast"}}, "field bench.tg_tokens_per_s: must be a finite number, got 'fast'"),
+])
+def test_collect_refuses_fields_the_card_would_show_wrong(tmp_path, over, what):
+    folder, _manifest, entry = _folder(tmp_path)
+    bad = _result(folder, entry, **over)
+    with pytest.raises(PipelineError) as exc:
+        collect([bad], folder.parent)
+    msg = str(exc.value)
+    assert "\n" not in msg and msg.startswith(f"{bad}: ") and what in msg, msg
+    assert not (folder / "devices.json").exists()
+
+
+def test_device_labels_are_plain():
+    from pipeline.devices.check import LABEL_RE, device_label
+    from pipeline.recipe.devices import DEVICE_NAME_RE
+
+    assert LABEL_RE.pattern == DEVICE_NAME_RE.pattern  # the device install's copy of the recipe rule
+    assert device_label("pi5-8g") == "pi5-8g" and LABEL_RE.match(device_label(None))
+    with pytest.raises(PipelineError, match=r"^--device 'evil\|pipe': a device label is a-z 0-9"):
+        device_label("evil|pipe")
+
+
 def test_summary_names_the_verdict_and_the_limits():
     r = {"checked": True, "passed": False, "file": "m-Q4_K_M.gguf", "device": {"label": "pi5"}, "threads": 4,
          "tools": {"llama_cpp_build": 11312}, "bench": None,
