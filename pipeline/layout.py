@@ -251,6 +251,9 @@ class Layout:
     def spec_record(self, name: str, mkey: str, dkey: str) -> Path:
         return self.wrk(name, "draft", f"acceptance-{mkey}--{dkey}.json")
 
+    def speedup_record(self, name: str, mkey: str, dkey: str) -> Path:
+        return self.wrk(name, "draft", f"speedup-{mkey}--{dkey}.json")
+
     def agreement_record(self, name: str, dkey: str) -> Path:
         return self.wrk(name, "draft", f"agreement-{dkey}.json")
 
@@ -314,6 +317,8 @@ class Layout:
             pairs = r.draft.pairs
             out["vocab"] = [str(self.vocab_record(r.name, m, d)) for m, d in pairs]
             out["acceptance"] = [str(self.spec_record(r.name, m, d)) for m, d in pairs]
+            if r.draft.speedup is not None:
+                out["speedup"] = [str(self.speedup_record(r.name, m, d)) for m, d in pairs]
             if r.eval_sets and not r.draft.mtp:  # MTP heads have no logits of their own over a text
                 out["agreement"] = [str(self.agreement_record(r.name, d)) for d in sorted({d for _, d in pairs})]
             if r.draft.source is not None:

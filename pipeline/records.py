@@ -333,6 +333,34 @@ class AcceptanceRecord(StageRecord):
 
 
 @record
+class SpeedupRecord(StageRecord):
+    """speedup: decode speed with the draft over without, measured with llama-server (pipeline/stages/speedup.py), or
+    ``skipped``. Volatile as a whole: the manifest's ``build`` section."""
+    KIND: ClassVar[str] = "speedup"
+    eval_text: str
+    text_sha256: str
+    prompts: int
+    n_predict: int
+    threads: int
+    spec_type: str
+    rounds: int
+    ctx: int
+    skipped: str = ABSENT
+    box: str = ABSENT
+    by_n_max: dict = ABSENT
+    best_n_max: int = ABSENT
+    speedup: float = ABSENT
+    interval: list = ABSENT
+    helps: bool = ABSENT
+    verdict: str = ABSENT
+    sampled: dict = ABSENT
+    concurrent: dict = ABSENT
+    command: str = ABSENT
+    baseline: str = ABSENT
+    seconds: float = ABSENT
+
+
+@record
 class AgreementRecord(StageRecord):
     KIND: ClassVar[str] = "agreement"
     eval_set: str

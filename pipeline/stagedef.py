@@ -20,7 +20,7 @@ from pipeline.envs import lock_digest
 WILDCARD_FLAGS = {"outtype": "outtype", "base": "base", "flavour": "flavour", "quant": "quant", "bkey": "quant",
                   "skey": "quant", "mkey": "quant", "dkey": "draft-quant", "es": "eval-set"}
 OUTPUTS = ("console", "log", "tee")  # where a stage's own output goes (Stage.output)
-THREADS = ("threads", "eval_threads", "calib_threads")  # workflow config keys a stage's threads may name
+THREADS = ("threads", "eval_threads", "calib_threads", "speedup_threads")  # config keys a stage's threads may name
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,8 @@ Config keys (``--config key=value``, all optional):
   SHA256s of a ``--cores 1`` and a ``--cores 2`` build). llama-bench, acceptance and agreement keep it fixed.
 * ``calib_threads``: threads of the AWQ (CPU) and llama-imatrix runs (default 2); fixed for the same
   reason: the folded weights and the importance matrix then do not depend on ``--cores``.
+* ``speedup_threads``: threads of the speed-up stage's servers (default: every CPU of the machine), capped by
+  ``--cores``: the stage takes every core it is given, so that nothing runs beside its clock.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ class Workflow:
             self.layout.check_art_dir(name)
         self.threads = int(config.get("threads", 4))
         self.eval_threads = int(config.get("eval_threads", 2))
+        self.speedup_threads = int(config.get("speedup_threads", os.cpu_count() or 1))
         self.calib_threads = int(config.get("calib_threads", 2))
         self.quantized_by = str(config.get("quantized_by", "ggufpipe"))
         self.hub_cache = config.get("hf_hub_cache") or os.environ.get("HF_HUB_CACHE") or ""

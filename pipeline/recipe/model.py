@@ -13,6 +13,7 @@ from pipeline.recipe import naming
 from pipeline.recipe import schema as _schema
 from pipeline.recipe.devices import Device
 from pipeline.recipe.mix import Flavour, Mix, Sensitivity
+from pipeline.recipe.speedup import Speedup
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 VARIANT_RE = naming.VARIANT_RE  # letters only: the Hub label `_[A-Z]+` stops at a digit
@@ -22,16 +23,14 @@ ARCH_CLASS_RE = re.compile(r"^[A-Z][A-Za-z0-9_]{0,99}$")  # a transformers / con
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 TENSOR_TYPE_RE = re.compile(r"^[A-Za-z0-9_.*+?\\\[\]()|^$-]+=[A-Za-z0-9_]+$")
 OUTTYPES = ("f16", "bf16")
-# What to do with multi-token-prediction (nextn) heads: keep (the converter's default), strip
-# (convert with --no-mtp), separate (--no-mtp, plus a --mtp pass exporting the heads as a draft GGUF).
+# MTP (nextn) heads: keep (the converter's default), strip (--no-mtp), separate (--no-mtp, plus a --mtp draft export)
 MTP_MODES = ("keep", "strip", "separate")
 MTP_DRAFT_KEY = "mtp"  # the draft key of `draft: {mtp: true}` in pairs, records and rule wildcards
 # llama-quantize's aliases, resolved so that file names and read-back types agree.
 QUANT_ALIASES = {"Q3_K": "Q3_K_M", "Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M"}
 # Not quantization targets: the outtype file is built by convert itself.
 NOT_QUANTS = {"F16", "BF16", "F32", "COPY"}
-# Types llama.cpp refuses to make without an importance matrix (llama-quant.cpp,
-# tensor_requires_imatrix): their mixes contain IQ1/IQ2/IQ3_XXS tensors, or Q2_K in Q2_K_S.
+# Types llama.cpp refuses to make without an importance matrix (llama-quant.cpp tensor_requires_imatrix)
 NEEDS_IMATRIX = {"IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ3_XXS", "IQ3_XS", "Q2_K_S"}
 
 # The allowed keys of each section come from the declarative table in recipe_schema.py, which
@@ -48,8 +47,7 @@ NORMALIZER_CAUSES = {"NFC": "nfc", "NFD": "nfd", "NFKC": "nfkc", "NFKD": "nfkd",
                      "Prepend": "prepend", "Strip": "strip", "BertNormalizer": "bert", "ByteLevel": "byte-level"}
 CONFORMANCE_LIMITATIONS = ("control-typed", "nfc")
 ACCEPTABLE_CAUSES = tuple(sorted({*NORMALIZER_CAUSES.values(), "ignore-merges"} - set(CONFORMANCE_LIMITATIONS)))
-# llama-gguf-split --split-max-size: an integer count of M (10^6 bytes) or G (10^9 bytes); the tool reads
-# the number with %d, so it is kept well inside an int.
+# llama-gguf-split --split-max-size: a count of M (10^6 bytes) or G (10^9 bytes), read with %d: kept inside an int
 SPLIT_SIZE_RE = re.compile(r"^([1-9][0-9]{0,6})([MG])$")
 SPLIT_UNITS = {"M": 1000**2, "G": 1000**3}
 PUBLISH_KEYS = _schema.keys("publish")
@@ -301,6 +299,8 @@ class Draft:
     prompts: int = 3
     n_predict: int = 96
     mtp: bool = False  # the main model's MTP heads are the draft (llama.cpp --spec-type draft-mtp)
+    speedup: Speedup | None = Speedup()  # None: speed-up not measured (draft.speedup: false)
+    min_speedup: float | None = None
 
     @property
     def spec_type(self) -> str:

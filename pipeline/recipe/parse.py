@@ -62,6 +62,7 @@ from pipeline.recipe.parse_base import (
 )
 from pipeline.recipe.parse_mix import MIX_KEYS, _check_mix, _parse_mix
 from pipeline.recipe.quant_types import key_ref
+from pipeline.recipe.speedup import parse_speedup
 from pipeline.recipe.tensor_map import read_map
 
 # --------------------------------------------------------------------------- helpers
@@ -381,9 +382,10 @@ def _parse_draft(ctx: _Ctx, value, main_quants: tuple[Quant, ...], eval_sets, kn
         ctx.fail("draft.min_acceptance", f"must be a number between 0 and 1, got {min_acc!r}")
     prompts = _integer(ctx, d.get("prompts", 3), "draft.prompts", 1)
     n_predict = _integer(ctx, d.get("n_predict", 96), "draft.n_predict", 8)
+    speedup, min_speedup = parse_speedup(ctx, d.get("speedup", True), d.get("min_speedup"))
     return Draft(source=source, gguf=gguf, outtype=d_outtype, quants=quants, pairs=tuple(pairs),
                  n_max=tuple(sorted(set(n_max))), eval_text=text, min_acceptance=min_acc, prompts=prompts,
-                 n_predict=n_predict, mtp=mtp)
+                 n_predict=n_predict, mtp=mtp, speedup=speedup, min_speedup=min_speedup)
 
 
 def _parse_conformance(ctx: _Ctx, value) -> Conformance:

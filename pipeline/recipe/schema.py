@@ -400,6 +400,26 @@ DRAFT = Section("draft", "`draft:`", (
     Field("n_predict", "int >= 8", 96, "Tokens generated per prompt.", 64),
     Field("min_acceptance", "number 0..1", None,
           "Gate on the acceptance rate at the best draft length; none: measured, not gated.", 0.5),
+    Field("speedup", "`false`, or map (see `draft.speedup:`)", Note("on, with the defaults of `draft.speedup:`"),
+          "Decode speed with and without the draft, measured with `llama-server` on the build box in rounds; the "
+          "draft length is chosen by measured speed, and a deployment line is published only when the lower end of "
+          "its interval is above 1. `false`: not measured, and the line is published as unmeasured.", {"rounds": 5}),
+    Field("min_speedup", "number > 0", None,
+          "Gate on the measured speed-up (median over rounds) at the chosen draft length; none: not gated.", 1.2),
+))
+
+DRAFT_SPEEDUP = Section("draft.speedup", "`draft.speedup:`", (
+    "How the speed-up is measured: in each round a fresh `llama-server` per configuration (without the draft, then "
+    "each draft length) gets a warm-up request and then the prompts, one at a time, greedy; at the chosen length the "
+    "rounds are repeated sampled and with concurrent requests. The figures are the build box's and volatile (the "
+    "manifest's `build` section; docs/drafts.md#measured-speed-up)."
+), (
+    Field("rounds", "int >= 3", 3, "Rounds; the interval is the min-max over rounds of the per-round speed-up.", 5),
+    Field("temperature", "number >= 0", 0.8, "Temperature of the sampled condition (its seed: `seed`).", 1.0),
+    Field("seed", "int >= 0", 1, "Seed of every request.", 42),
+    Field("parallel", "int >= 1", 4,
+          "`-np` of every server, and the number of concurrent requests of the concurrent condition (4: what "
+          "`llama-server` gives without `-np`).", 1),
 ))
 
 DRAFT_SOURCE = Section("draft.source", "`draft.source:`", (
@@ -463,8 +483,8 @@ DEVICE = Section("devices[]", "`devices[]`: each target device", (
           "quant's need), like a failed gate.", True),
 ))
 
-SECTIONS: tuple[Section, ...] = (TOP, SOURCE, QUANT, QUANT_GATES, EVAL_SET, AWQ, IMATRIX, DRAFT, DRAFT_SOURCE,
-                                 PUBLISH, SPLIT, CONFORMANCE, SENSITIVITY, DEVICE)
+SECTIONS: tuple[Section, ...] = (TOP, SOURCE, QUANT, QUANT_GATES, EVAL_SET, AWQ, IMATRIX, DRAFT, DRAFT_SPEEDUP,
+                                 DRAFT_SOURCE, PUBLISH, SPLIT, CONFORMANCE, SENSITIVITY, DEVICE)
 
 
 def section(path: str) -> Section:

@@ -69,7 +69,7 @@ from pipeline.stages.report import write_report
 from pipeline.stages.split import SHARD_RE, model_path
 
 # The manifest schema; what each version added: docs/reproducibility.md, "Schema history".
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 
 def _canonical(obj) -> bytes:
@@ -279,7 +279,8 @@ def _build_section(recipe: Recipe, layout: Layout, tools: dict, eval_threads: di
                                                                           "pp_tokens", "tg_tokens", "threads")}
     build = {"timestamp": timestamp(), "device": tb.device_description(tools["backend"])}
     for key, value in (("eval_threads", eval_threads), ("calibration_seconds", files.calib_seconds),
-                       ("draft_decode_tokens_per_s", s.draft_timings), ("conformance_seconds", s.conformance_seconds),
+                       ("draft_decode_tokens_per_s", s.draft_timings.get("decode")),
+                       ("draft_speedup", s.draft_timings.get("speedup")), ("conformance_seconds", s.conformance_seconds),
                        ("bench", bench)):
         if value:
             build[key] = value

@@ -20,6 +20,7 @@ from pipeline.records import (
     ConformanceRecord,
     MtpConvertRecord,
     SensitivityRecord,
+    SpeedupRecord,
     VocabRecord,
     load_json,
 )
@@ -119,17 +120,20 @@ def mtp_deployment_line(main_file: str, mtp_file: str) -> str:
 def _draft_section(recipe: Recipe, layout: Layout, paths: dict[str, str] | None = None) -> tuple[dict, list[dict], dict]:
     """The manifest's ``draft`` section: files (or ``mtp: true``: the model's own MTP heads), the vocab verdict and
     measured acceptance per pair, top-1 agreement, deployment lines; plus recipe-level failures and the volatile
-    timings. ``paths``:
+    figures (``decode``: the acceptance runs' decode speeds, ``speedup``: each pair's measured speed-up and the
+    deployment line it allows). ``paths``:
     what llama.cpp is given for each main key (a split file's first shard; default: the file name)."""
     d = recipe.draft
     info, draft_file, published, why = _draft_files(recipe, layout)
     failures: list[dict] = []
-    timings: dict = {}
+    timings: dict = {"decode": {}, "speedup": {}}
     info["pairs"] = [_draft_pair(recipe, layout, mkey, dkey, (draft_file, published, why), paths or {}, failures,
                                  timings) for mkey, dkey in d.pairs]
     if recipe.eval_sets and not d.mtp:
         info["top1_agreement"] = {draft_file[k]: AgreementRecord.read(layout.agreement_record(recipe.name, k)).to_dict()
                                   for k in sorted({dk for _, dk in d.pairs})}
+    if d.speedup is None:
+        info["speedup"] = "not measured (draft.speedup: false): the deployment lines may run slower than without"
     return info, failures, timings
 
 
@@ -181,15 +185,36 @@ def _draft_pair(recipe: Recipe, layout: Layout, mkey: str, dkey: str, drafts: tu
     if not v.compatible:
         failures.append({"check": "draft_vocab", "message": v.message})
     else:
-        timings[label] = a.pop("build_box_decode_tokens_per_s", {})
+        timings["decode"][label] = a.pop("build_box_decode_tokens_per_s", {})
         pair["acceptance"] = a
-        pair["deploy"] = deployment_line(paths.get(mkey, main_file), draft_file[dkey], a["best_n_max"],
-                                         a.get("spec_type", "draft-simple"))
+        if d.speedup is None:  # unmeasured: the line of the estimated best length, said to be unmeasured
+            pair["deploy"] = deployment_line(paths.get(mkey, main_file), draft_file[dkey], a["best_n_max"],
+                                             a.get("spec_type", "draft-simple"))
+        else:
+            timings["speedup"][label] = _speedup(recipe, layout, mkey, dkey, paths.get(mkey, main_file),
+                                                 draft_file[dkey], label, failures)
         if d.min_acceptance is not None and a["acceptance_rate"] < d.min_acceptance:
             failures.append({"check": "draft_acceptance", "message": (
                 f"draft acceptance too low: recipe {name}, {label}: acceptance {a['acceptance_rate']:.4f} "
                 f"< min_acceptance {d.min_acceptance:g} (n_max {a['best_n_max']})")})
     return pair
+
+
+def _speedup(recipe: Recipe, layout: Layout, mkey: str, dkey: str, main_path: str, draft_file: str | None, label: str,
+             failures: list[dict]) -> dict:
+    """A pair's measured speed-up (pipeline/stages/speedup.py) with its decision: ``deploy``, the line at the chosen
+    draft length when the whole interval is above 1, else None (the ``verdict`` says why). Volatile: the decision
+    follows a clock, so it lives in the manifest's ``build`` section, outside ``build_id``."""
+    d = recipe.draft
+    rec = SpeedupRecord.read(layout.speedup_record(recipe.name, mkey, dkey)).to_dict()
+    if "skipped" in rec:
+        return rec
+    rec["deploy"] = (deployment_line(main_path, draft_file, rec["best_n_max"], d.spec_type) if rec["helps"] else None)
+    if d.min_speedup is not None and rec["speedup"] < d.min_speedup:
+        failures.append({"check": "draft_speedup", "message": (
+            f"draft speed-up too low: recipe {recipe.name}, {label}: {rec['speedup']:.2f}x ({rec['interval'][0]:.2f}-"
+            f"{rec['interval'][1]:.2f}) < min_speedup {d.min_speedup:g} (n_max {rec['best_n_max']}, {rec['box']})")})
+    return rec
 
 
 

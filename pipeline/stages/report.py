@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import statistics
 from pathlib import Path
 
 from pipeline.fsutil import write_text_atomic
@@ -218,17 +219,23 @@ def draft_table(manifest: dict) -> str:
     if not d:
         return ""
     agree = d.get("top1_agreement", {})
+    speed = (manifest.get("build") or {}).get("draft_speedup") or {}
     lines = [f"Draft-eval text `{d['eval_text']}`; draft lengths measured: {', '.join(map(str, d['n_max']))}.", "",
-             "| main | draft | vocab | acceptance | best n_max | top-1 agreement | deploy |", "|---|---|---|---|---|---|---|"]
+             "| main | draft | vocab | acceptance | n_max | top-1 agreement | speed-up (interval) | deploy |",
+             "|---|---|---|---|---|---|---|---|"]
     for p in d["pairs"]:
         a = p.get("acceptance") or {}
         ag = agree.get(p["draft"], {})
+        sp = speed.get(f"{p['main']} + {p['draft']}") or {}
         vocab = "compatible" + (f" ({len(p['warnings'])} warning(s))" if p["warnings"] else "") if p["compatible"] \
             else f"INCOMPATIBLE ({p['rule']}): {p['reason']}"
         lines.append(f"| `{p['main']}` | `{p['draft']}` | {vocab} | "
                      f"{_fmt(a.get('acceptance_rate'), '.3f')} ({a.get('accepted', '–')}/{a.get('drafted', '–')}) | "
-                     f"{a.get('best_n_max', '–')} | {_fmt(ag.get('top1_agreement'), '.4f')} | "
-                     f"`{p.get('deploy', '–')}` |")
+                     f"{sp.get('best_n_max', a.get('best_n_max', '–'))} | {_fmt(ag.get('top1_agreement'), '.4f')} | "
+                     f"{_speedup_cell(sp)} | {_deploy_cell(p, sp)} |")
+    if d.get("speedup"):  # draft.speedup: false
+        lines += ["", f"Speed-up {d['speedup']}."]
+    lines += speedup_lines(speed)
     run = [p["acceptance"]["command"] for p in d["pairs"] if (p.get("acceptance") or {}).get("command")]
     if run:  # each deploy line is the leading arguments of the command the acceptance stage ran
         lines += ["", "Measured with (greedy, at each pair's best draft length; llama-server takes the same "
@@ -243,12 +250,59 @@ def draft_table(manifest: dict) -> str:
     return "\n".join(lines)
 
 
+def _speedup_cell(sp: dict) -> str:
+    if not sp:
+        return "–"
+    if "skipped" in sp:
+        return sp["skipped"]
+    lo, hi = sp["interval"]
+    return f"{sp['speedup']:.2f}x ({lo:.2f}-{hi:.2f})"
+
+
+def _deploy_cell(p: dict, sp: dict) -> str:
+    """The measured decision: the line where the whole interval is above 1, else the verdict; an unmeasured line says
+    so."""
+    if sp.get("deploy"):
+        return f"`{sp['deploy']}`"
+    if sp.get("verdict"):
+        return sp["verdict"]
+    return f"`{p['deploy']}` (speed-up not measured)" if p.get("deploy") else "–"
+
+
+def speedup_lines(speed: dict) -> list[str]:
+    """Per pair: decode t/s without and with the draft, and the speed-up (median, min-max over rounds), against the
+    draft length; then the chosen length sampled and with concurrent requests."""
+    out = []
+    for label, sp in speed.items():
+        if "by_n_max" not in sp:
+            continue
+        out += ["", f"Speed-up of `{label}` on {sp['box']} (llama-server, {sp['rounds']} rounds alternating with and "
+                    f"without the draft, {sp['prompts']} prompt(s) x {sp['n_predict']} tokens, -t {sp['threads']}; "
+                    "build-box figures, volatile):", "",
+                "| condition | n_max | t/s without | t/s with | speed-up (min-max) | acceptance |", "|---|---|---|---|---|---|"]
+        rows = [(f"greedy{' (chosen)' if int(n) == sp['best_n_max'] else ''}", n, c) for n, c in sp["by_n_max"].items()]
+        rows += [(f"sampled, temperature {sp['sampled']['temperature']:g}, seed {sp['sampled']['seed']}",
+                  sp["best_n_max"], sp["sampled"]),
+                 (f"{sp['concurrent']['parallel']} concurrent requests", sp["best_n_max"], sp["concurrent"])]
+        for what, n, c in rows:
+            med = statistics.median
+            out.append(f"| {what} | {n} | {med(c['baseline_tokens_per_s']):.1f} | {med(c['tokens_per_s']):.1f} | "
+                       f"{c['speedup']:.2f}x ({c['interval'][0]:.2f}-{c['interval'][1]:.2f}) | "
+                       f"{c['acceptance_rate']:.3f} |")
+        out += ["", f"Baseline: `{sp['baseline']}`; with the draft: `{sp['command']}`."]
+    return out
+
+
 def _mtp_lines(manifest: dict) -> list[str]:
-    """The MTP draft's deploy lines: the measured ones (with their best draft length) when the recipe measures the
-    heads (``draft: {mtp: true}``), else the manifest's ``mtp.deploy``."""
+    """The MTP draft's deploy lines: when the recipe measures the heads (``draft: {mtp: true}``), the measured ones
+    (a measured speed-up's only where it helps: maybe none), else the manifest's ``mtp.deploy``."""
     d = manifest.get("draft") or {}
-    measured = [p["deploy"] for p in d.get("pairs", []) if d.get("mtp") and p.get("deploy")]
-    return measured or manifest["mtp"]["deploy"]
+    if not d.get("mtp"):
+        return manifest["mtp"]["deploy"]
+    speed = (manifest.get("build") or {}).get("draft_speedup") or {}
+    if speed:
+        return [sp["deploy"] for sp in speed.values() if sp.get("deploy")]
+    return [p["deploy"] for p in d.get("pairs", []) if p.get("deploy")] or manifest["mtp"]["deploy"]
 
 
 def mtp_text(manifest: dict) -> str:
@@ -262,7 +316,11 @@ def mtp_text(manifest: dict) -> str:
     lines = [f"The multi-token-prediction (MTP) heads are not in the model files: they are published alone as "
              f"{_file_cell(d)} ({d['quant_type']}, {d['size_bytes'] / MIB:.1f} MiB, {d['mtp']['tensors']} nextn tensors "
              f"on layer(s) {', '.join(map(str, d['mtp']['layers']))}), a draft for llama.cpp's speculative decoding "
-             "with any of the files above:", "", "```sh", *_mtp_lines(manifest), "```"]
+             "with any of the files above:", ""]
+    run = _mtp_lines(manifest)
+    lines += ["```sh", *run, "```"] if run else [
+        "No deploy line: with the heads the files decoded no faster than without on the build box (the speed-ups "
+        "below)."]
     return "\n".join(lines)
 
 

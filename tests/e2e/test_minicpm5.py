@@ -47,7 +47,7 @@ def m5_build(tmp_path_factory, toolchain):
         write_yaml(recipes / "m5.yaml", recipe(renamed, "m5", tokenizer_pre="minicpm5", quants=["Q4_0"],
                                                source={"convert_as": "LlamaForCausalLM"}, draft={
             "source": {"path": str(draft)}, "quants": ["Q8_0"], "pairs": [["Q4_0", "Q8_0"]], "n_max": [N_MAX],
-            "prompts": 1, "n_predict": 16, "eval_text": str(BOTCHAN)})),
+            "prompts": 1, "n_predict": 16, "eval_text": str(BOTCHAN), "speedup": False})),
         write_yaml(recipes / "m5-wrong.yaml", recipe(renamed, "m5-wrong", tokenizer_pre="minicpm5",
                                                      source={"convert_as": "SmolLM3ForCausalLM"})),
     ]

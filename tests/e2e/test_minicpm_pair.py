@@ -154,12 +154,28 @@ def test_random_weights_acceptance_is_measured_not_meaningful(pair_build):
         assert 0 <= v["accepted"] <= v["drafted"] and v["acceptance_rate"] == round(v["accepted"] / v["drafted"], 4)
     best = max(a["by_n_max"], key=lambda k: (a["by_n_max"][k]["est_speedup"], -int(k)))
     assert a["best_n_max"] == int(best) and a["acceptance_rate"] == a["by_n_max"][best]["acceptance_rate"]
-    assert p["deploy"] == (f"llama-server -m {NAME}-Q4_K_M.gguf -md {DRAFT_NAME}-Q8_0.gguf --spec-type draft-simple "
-                           f"--spec-draft-n-max {best}")
     agree = d["top1_agreement"][f"{DRAFT_NAME}-Q8_0.gguf"]
     assert agree["scored_tokens"] == 2159 and 0 <= agree["top1_agreement"] <= 1
-    card = (pair_build.root / "artifacts" / NAME / "README.md").read_text()
-    assert p["deploy"] in card and "## Speculative decoding with the draft model" in card
+
+
+def test_zero_acceptance_control_has_no_speedup_and_no_deploy_line(pair_build):
+    """The no-speed-up control of the speed-up stage (pipeline/stages/speedup.py): a draft that is never accepted only
+    adds work, so every round is slower with it, whatever the clock's noise; the build publishes no deploy line and
+    says why in the manifest's volatile build section, the report and the card."""
+    [p] = pair_build.manifest["draft"]["pairs"]
+    label = f"{NAME}-Q4_K_M.gguf + {DRAFT_NAME}-Q8_0.gguf"
+    sp = pair_build.manifest["build"]["draft_speedup"][label]
+    assert "deploy" not in p and sp["deploy"] is None and sp["helps"] is False, sp
+    assert sorted(sp["by_n_max"]) == [str(n) for n in N_MAX] and sp["rounds"] == 3
+    for c in [*sp["by_n_max"].values(), sp["sampled"], sp["concurrent"]]:
+        assert c["drafted"] > 0 and c["accepted"] == 0 and len(c["speedup_by_round"]) == 3, c
+    assert sp["verdict"].startswith("no speed-up on ") and f"at n_max {sp['best_n_max']}" in sp["verdict"]
+    assert sp["baseline"] == f"llama-server -m {NAME}-Q4_K_M.gguf --spec-type none -c 4096 -t 2 -np 4"
+    assert sp["command"].startswith(f"llama-server -m {NAME}-Q4_K_M.gguf -md {DRAFT_NAME}-Q8_0.gguf --spec-type "
+                                    f"draft-simple --spec-draft-n-max {sp['best_n_max']} ")
+    for page in ("README.md", "report.md"):
+        text = (pair_build.root / "artifacts" / NAME / page).read_text()
+        assert f"| {sp['verdict']} |" in text, page  # the deploy column gives the verdict, not a line
 
 
 def test_random_weights_control_own_quant_as_draft_is_accepted(pair_build, toolchain, tmp_path):
@@ -178,20 +194,22 @@ def test_random_weights_control_own_quant_as_draft_is_accepted(pair_build, toolc
 
 def test_llama_cpp_runs_published_files_with_deploy_line(pair_build, toolchain, tmp_path):
     """The published pair as a device has it (both files downloaded into one folder), served by llama-server with
-    the published deployment line, word for word: it loads both and drafts (random weights: the count of accepted
-    drafts says nothing). The acceptance stage ran the same line (its ``served`` record, in the manifest)."""
+    the speed-up stage's line (no deploy line is published: it measured slower), word for word: it loads both and
+    drafts (random weights: the count of accepted drafts says nothing). The acceptance stage ran the same line (its
+    ``served`` record, in the manifest)."""
     from pipeline.stages.draft import serve_completion
 
     [p] = pair_build.manifest["draft"]["pairs"]
-    argv = shlex.split(p["deploy"])
-    assert argv[0] == "llama-server" and p["acceptance"]["served"]["command"].startswith(p["deploy"] + " ")
+    [sp] = pair_build.manifest["build"]["draft_speedup"].values()
+    argv = shlex.split(sp["command"])[:-6]  # the measured line without its -c -t -np
+    assert argv[0] == "llama-server" and p["acceptance"]["served"]["command"].startswith(" ".join(argv) + " ")
     assert p["acceptance"]["served"]["draft_n"] > 0, p["acceptance"]
     device = tmp_path / "device"
     device.mkdir()
     for name, file in ((NAME, p["main"]), (DRAFT_NAME, p["draft"])):
         os.link(pair_build.root / "artifacts" / name / file, device / file)
     t = serve_completion(toolchain, [*argv[1:], "-c", "512", "-np", "1", "-t", "2"],
-                         "The quick brown fox jumps over the lazy dog. " * 4, 8, tmp_path / "serve.log", p["deploy"],
+                         "The quick brown fox jumps over the lazy dog. " * 4, 8, tmp_path / "serve.log", sp["command"],
                          cwd=device)
     log = (tmp_path / "serve.log").read_text()
     assert "vocabs are not compatible" not in log

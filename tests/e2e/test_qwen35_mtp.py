@@ -42,7 +42,7 @@ def write_recipe(folder, src, name: str, mtp: str, quants: list, pairs: list, co
             "tokenizer_pre": "qwen35",
             "conformance": {"text": str(BOTCHAN), "chunks": 1} if conformance else False,
             "draft": {"mtp": True, "n_max": [N_MAX], "prompts": 1, "n_predict": 16, "eval_text": str(BOTCHAN),
-                      "pairs": pairs}}
+                      "pairs": pairs, "speedup": False}}
     path = folder / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path

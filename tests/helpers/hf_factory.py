@@ -121,3 +121,36 @@ def tiny_glm4_moe(dest, tokenizer_dir, n_layer: int = 2, nextn_layers: int = 1, 
     return dest
 
 
+
+
+def make_echo_pair(dest: Path, main_shape: tuple[int, int] = (512, 8), draft_shape: tuple[int, int] = (128, 1)):
+    """(main, draft): two Llama checkpoints sharing make_tiny_llama's tokenizer that both repeat their input token, a
+    heavy main (``(hidden, layers)``) and a light draft. Each layer's output projections are zero, so the residual
+    stream stays the token's embedding and the tied output head scores that token highest (random rows of width 128
+    and up: a row's product with itself is about its width, with another about its square root). Structured, not
+    trained: every drafted token is accepted, and the main still computes every layer, so a clock sees what an
+    accepted draft is worth."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok_src = make_tiny_llama(dest / "tok")
+    out = []
+    for name, (hidden, layers) in (("main", main_shape), ("draft", draft_shape)):
+        folder = dest / name
+        folder.mkdir(parents=True)
+        for f in ("tokenizer.model", "tokenizer_config.json", "special_tokens_map.json"):
+            shutil.copyfile(tok_src / f, folder / f)
+        cfg = LlamaConfig(vocab_size=json.loads((tok_src / "config.json").read_text())["vocab_size"],
+                          hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=layers,
+                          num_attention_heads=hidden // 64, num_key_value_heads=1, head_dim=64,
+                          max_position_embeddings=4096, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
+        torch.manual_seed(len(out))
+        model = LlamaForCausalLM(cfg)
+        with torch.no_grad():
+            model.model.embed_tokens.weight.normal_(0.0, 1.0)
+            for p_name, p in model.named_parameters():
+                if p_name.endswith(("o_proj.weight", "down_proj.weight")):
+                    p.zero_()
+        model.half().save_pretrained(folder, safe_serialization=True)
+        out.append(folder)
+    return tuple(out)

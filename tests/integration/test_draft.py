@@ -82,7 +82,8 @@ def test_publish_rejects_quant_that_lost_mtp_heads(mtp_model, toolchain, tmp_pat
 
 
 def test_min_acceptance_gate(tmp_path):
-    """The publish stage fails a compatible pair whose measured acceptance is below min_acceptance."""
+    """The publish stage fails a compatible pair whose measured acceptance is below min_acceptance, or whose measured
+    speed-up is below min_speedup; a measured deploy line exists only where the interval is above 1."""
     import yaml
 
     from pipeline.layout import Layout
@@ -97,7 +98,7 @@ def test_min_acceptance_gate(tmp_path):
     recipe_file = tmp_path / "r.yaml"
     recipe_file.write_text(yaml.safe_dump({"name": "m", "source": {"path": str(tmp_path)}, "quants": ["Q8_0"],
                                            "draft": {"gguf": str(draft), "eval_text": str(text), "n_max": [4],
-                                                     "min_acceptance": 0.6}}))
+                                                     "min_acceptance": 0.6, "speedup": False}}))
     r = load_recipe(recipe_file)
     L = Layout(tmp_path / "artifacts", tmp_path / "work")
     L.vocab_record("m", "Q8_0", "gguf").parent.mkdir(parents=True)
@@ -107,5 +108,24 @@ def test_min_acceptance_gate(tmp_path):
         {"acceptance_rate": 0.5, "best_n_max": 4, "drafted": 100, "accepted": 50, "build_box_decode_tokens_per_s": {}}))
     info, failures, _ = _draft_section(r, L)
     assert info["pairs"][0]["deploy"].endswith("-md draft.gguf --spec-type draft-simple --spec-draft-n-max 4")
+    assert info["speedup"].startswith("not measured (draft.speedup: false)")
     assert [f["message"] for f in failures] == [
         "draft acceptance too low: recipe m, m-Q8_0.gguf + draft.gguf: acceptance 0.5000 < min_acceptance 0.6 (n_max 4)"]
+    # measured: the line follows the interval, and min_speedup gates the median (records as the stage writes them)
+    data = yaml.safe_load(recipe_file.read_text())
+    data["draft"].update(speedup={"rounds": 3}, min_speedup=1.2, min_acceptance=None)
+    recipe_file.write_text(yaml.safe_dump(data))
+    r = load_recipe(recipe_file)
+    base = {"eval_text": "text.txt", "text_sha256": "0" * 64, "prompts": 3, "n_predict": 96, "threads": 2,
+            "spec_type": "draft-simple", "rounds": 3, "ctx": 4096, "box": "a box, 2 cores", "best_n_max": 4,
+            "by_n_max": {}, "sampled": {}, "concurrent": {}, "command": "c", "baseline": "b", "seconds": 1.0}
+    for speed, interval, line in ((1.3, [1.1, 1.5], "--spec-draft-n-max 4"), (1.1, [0.9, 1.3], None)):
+        L.speedup_record("m", "Q8_0", "gguf").write_text(json.dumps(
+            {**base, "speedup": speed, "interval": interval, "helps": interval[0] > 1, "verdict": f"v {speed}"}))
+        info, failures, timings = _draft_section(r, L)
+        sp = timings["speedup"]["m-Q8_0.gguf + draft.gguf"]
+        assert "deploy" not in info["pairs"][0] and "speedup" not in info  # the decision is volatile: build section
+        assert (sp["deploy"] or "").endswith(line or "") and (sp["deploy"] is None) == (line is None), sp
+        assert [f["message"] for f in failures] == ([] if speed >= 1.2 else [
+            "draft speed-up too low: recipe m, m-Q8_0.gguf + draft.gguf: 1.10x (0.90-1.30) < min_speedup 1.2 "
+            "(n_max 4, a box, 2 cores)"])

@@ -19,7 +19,7 @@ from pipeline.workflow import OUTPUT_SHELL, logged_rules, stage_shell
 
 STAGES = ("fetch", "convert", "convert_mtp", "awq", "convert_awq", "imatrix", "sensitivity", "solve", "quantize",
           "split", "eval_base", "eval", "device_slice", "bench", "conformance", "vocab_check", "acceptance",
-          "agreement", "publish", "gate")
+          "agreement", "speedup", "publish", "gate")
 
 
 def test_every_stage_is_declared_once_in_build_order():
