@@ -1,10 +1,12 @@
 """Is the speed-up decision stable? The demo's pairs measured again and again by the speed-up stage (issue #30).
 
-Run:  PYTHONPATH=. python bench/speedup_stability.py [--repeats 5] [--evidence]
+Run:  PYTHONPATH=. python bench/speedup_stability.py [--repeats 5] [--evidence] [--greedy-only]
 On the committed demo files (artifacts/, `dvc pull` first): each repeat runs pipeline/stages/speedup.py on every
 pair of recipes/smollm2-135m.yaml with the recipe's prompts, n_predict, n_max and draft.speedup settings, every core;
 ``--evidence`` adds the F16 main with the draft's Q4_0 (the same trained weights, 2.9x smaller). Prints one line per
 run (chosen n_max, median speed-up, interval, decision) and per pair whether every repeat decided the same.
+``--greedy-only``: the stage's greedy rounds alone (what the decision is made from), without the sampled and
+concurrent conditions that follow it, at a third of the time.
 Run it on a quiet box: it is a clock.
 """
 
@@ -24,6 +26,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--evidence", action="store_true")
+    ap.add_argument("--greedy-only", action="store_true")
     args = ap.parse_args()
     from pipeline.recipe import load_recipe
     from pipeline.stages.draft import vocab_check
@@ -44,14 +47,17 @@ def main() -> int:
                 vocab = Path(tmp) / f"vocab-{main.stem}.json"
                 if not vocab.exists():
                     vocab_check(main, draft, vocab)
-                rec = speedup(main, draft, vocab, d.eval_text, d.n_max, d.prompts, d.n_predict,
-                              Path(tmp) / "speedup.json", d.speedup, threads=threads, log=Path(tmp) / "server.log")
+                if args.greedy_only:
+                    rec = greedy(main, draft, d, threads, Path(tmp) / "server.log")
+                else:
+                    rec = speedup(main, draft, vocab, d.eval_text, d.n_max, d.prompts, d.n_predict,
+                                  Path(tmp) / "speedup.json", d.speedup, threads=threads, log=Path(tmp) / "server.log")
                 c = rec["by_n_max"][str(rec["best_n_max"])]
+                more = "" if args.greedy_only else (f"sampled {rec['sampled']['speedup']:.3f}x, {d.speedup.parallel} "
+                                                    f"concurrent {rec['concurrent']['speedup']:.3f}x, ")
                 print(f"repeat {i + 1}  {label}: n_max {rec['best_n_max']}, {rec['speedup']:.3f}x "
                       f"({rec['interval'][0]:.3f}-{rec['interval'][1]:.3f}), acceptance {c['acceptance_rate']:.3f}, "
-                      f"sampled {rec['sampled']['speedup']:.3f}x, {d.speedup.parallel} concurrent "
-                      f"{rec['concurrent']['speedup']:.3f}x, {'LINE' if rec['helps'] else 'no line'}, "
-                      f"{rec['seconds']:.0f} s", flush=True)
+                      f"{more}{'LINE' if rec['helps'] else 'no line'}, {rec['seconds']:.0f} s", flush=True)
                 decisions.setdefault(label, []).append(rec["helps"])
     stable = True
     for label, got in decisions.items():
@@ -60,6 +66,29 @@ def main() -> int:
         print(f"{label}: {'the same decision' if same else 'DIFFERENT decisions'} in {len(got)} repeats "
               f"({'line' if got[0] else 'no line'})")
     return 0 if stable else 1
+
+
+def greedy(main: Path, draft: Path, d, threads: int, log: Path) -> dict:
+    """The stage's greedy rounds and decision (pipeline/stages/speedup.py), without its sampled and concurrent rounds."""
+    import time
+
+    from pipeline.stages.draft import prompts_from_text
+    from pipeline.stages.speedup import _condition, box, run_config, server_args, verdict
+    from pipeline.tools import find_toolchain
+
+    t0, tc = time.monotonic(), find_toolchain()
+    passages = prompts_from_text(Path(d.eval_text).read_text(encoding="utf-8"), d.prompts)
+    configs = [None, *d.n_max]
+    rounds = []
+    for i in range(d.speedup.rounds):
+        order = configs if i % 2 == 0 else configs[::-1]
+        rounds.append({n: run_config(tc, server_args(main, draft, d.spec_type, n, threads, d.speedup.parallel),
+                                     passages, d.n_predict, log, f"round {i + 1}") for n in order})
+    by_n = {str(n): _condition([(r[n], r[None]) for r in rounds], "sequential") for n in d.n_max}
+    best = max(d.n_max, key=lambda n: (by_n[str(n)]["speedup"], -n))
+    helps, _ = verdict(by_n[str(best)]["speedup"], by_n[str(best)]["interval"], best, box())
+    return {"by_n_max": by_n, "best_n_max": best, "speedup": by_n[str(best)]["speedup"],
+            "interval": by_n[str(best)]["interval"], "helps": helps, "seconds": time.monotonic() - t0}
 
 
 if __name__ == "__main__":
