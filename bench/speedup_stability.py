@@ -53,8 +53,9 @@ def main() -> int:
                     rec = speedup(main, draft, vocab, d.eval_text, d.n_max, d.prompts, d.n_predict,
                                   Path(tmp) / "speedup.json", d.speedup, threads=threads, log=Path(tmp) / "server.log")
                 c = rec["by_n_max"][str(rec["best_n_max"])]
-                more = "" if args.greedy_only else (f"sampled {rec['sampled']['speedup']:.3f}x, {d.speedup.parallel} "
-                                                    f"concurrent {rec['concurrent']['speedup']:.3f}x, ")
+                more = "" if args.greedy_only else f"sampled {rec['sampled']['speedup']:.3f}x, " + (
+                    f"{d.speedup.parallel} concurrent {rec['concurrent']['speedup']:.3f}x, " if "concurrent" in rec
+                    else "")
                 print(f"repeat {i + 1}  {label}: n_max {rec['best_n_max']}, {rec['speedup']:.3f}x "
                       f"({rec['interval'][0]:.3f}-{rec['interval'][1]:.3f}), acceptance {c['acceptance_rate']:.3f}, "
                       f"{more}{'LINE' if rec['helps'] else 'no line'}, {rec['seconds']:.0f} s", flush=True)
@@ -73,19 +74,15 @@ def greedy(main: Path, draft: Path, d, threads: int, log: Path) -> dict:
     import time
 
     from pipeline.stages.draft import prompts_from_text
-    from pipeline.stages.speedup import _condition, box, run_config, server_args, verdict
+    from pipeline.stages.speedup import PROMPT_CHARS, box, greedy_rounds, server_args, servers, verdict
     from pipeline.tools import find_toolchain
 
-    t0, tc = time.monotonic(), find_toolchain()
-    passages = prompts_from_text(Path(d.eval_text).read_text(encoding="utf-8"), d.prompts)
-    configs = [None, *d.n_max]
-    rounds = []
-    for i in range(d.speedup.rounds):
-        order = configs if i % 2 == 0 else configs[::-1]
-        rounds.append({n: run_config(tc, server_args(main, draft, d.spec_type, n, threads, d.speedup.parallel),
-                                     passages, d.n_predict, log, f"round {i + 1}") for n in order})
-    by_n = {str(n): _condition([(r[n], r[None]) for r in rounds], "sequential") for n in d.n_max}
-    best = max(d.n_max, key=lambda n: (by_n[str(n)]["speedup"], -n))
+    t0, tc, s = time.monotonic(), find_toolchain(), d.speedup
+    prompts, n_predict = s.prompts or d.prompts, s.n_predict or d.n_predict
+    passages = prompts_from_text(Path(d.eval_text).read_text(encoding="utf-8"), prompts, PROMPT_CHARS)
+    configs = {n: server_args(main, draft, d.spec_type, n, threads, 1) for n in (None, *d.n_max)}
+    with servers(tc, configs, log, "stability") as urls:
+        by_n, best = greedy_rounds(urls, passages, n_predict, d.n_max, s.rounds, s.seed, "stability")
     helps, _ = verdict(by_n[str(best)]["speedup"], by_n[str(best)]["interval"], best, box())
     return {"by_n_max": by_n, "best_n_max": best, "speedup": by_n[str(best)]["speedup"],
             "interval": by_n[str(best)]["interval"], "helps": helps, "seconds": time.monotonic() - t0}

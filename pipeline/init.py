@@ -243,7 +243,7 @@ def render(src: CheckpointFacts, name: str, out: Path, gates_text: Path, quants:
         if pick is None:
             lines += [f"# {desc}: no stock quant fits: {STOCK_QUANTS[-1]} needs about {est[STOCK_QUANTS[-1]] / mib:.0f} MiB"]
             continue
-        notes.setdefault(pick, []).append(f"{desc}: about {est[pick] / mib:.0f} MiB")
+        notes.setdefault(pick, []).append(f"{desc}: {pick}, about {est[pick] / mib:.0f} MiB")
     chosen = [q for q in STOCK_QUANTS if q in notes or q in quants] + [q for q in quants if q not in STOCK_QUANTS]
     lines += ["quants:"]
     for q in chosen:
@@ -252,7 +252,9 @@ def render(src: CheckpointFacts, name: str, out: Path, gates_text: Path, quants:
         lines += [f"  - {q}  # {why}"]
     if devices:
         lines += ["# device estimates: weights from the safetensors shapes and llama-quantize's type rules, plus KV, compute",
-                  "# and process as `ggufpipe fit` counts them (docs/init.md); check the built file with `ggufpipe fit`"]
+                  "# and process as `ggufpipe fit` counts them (docs/init.md); check the built file with `ggufpipe fit`",
+                  "devices:  # from --device: the build predicts each file's memory on them and writes a launch line"]
+        lines += [f"  - {{name: {d.name}, memory: {_q(d.memory)}, ctx: {d.ctx}, arch: {d.arch}}}" for d in devices]
     ctx = max(16, min(512, int(src.text_config().get("max_position_embeddings") or 512)))
     scored = ctx - 1 - ctx // 2
     chunks = max(16, -(-2048 // scored))

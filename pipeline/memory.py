@@ -266,6 +266,7 @@ class ModelShape:
     head_k_swa: int = 0  # 0: head_k
     head_v_swa: int = 0  # 0: head_v
     source: str = ""  # what it was built from
+    n_ctx_train: int = 0  # the trained context ({arch}.context_length); 0: unknown
 
     @classmethod
     def from_gguf(cls, path: str | os.PathLike) -> ModelShape:
@@ -294,7 +295,8 @@ class ModelShape:
             metadata_bytes=header.data_offset, weights=header.data_end - header.data_offset,
             n_merges=int(meta.get("tokenizer.ggml.merges", 0) or 0), swa=swa_layers(arch, meta, n_layer),
             n_swa=int(g("attention.sliding_window", 0) or 0), head_k_swa=int(g("attention.key_length_swa", 0) or 0),
-            head_v_swa=int(g("attention.value_length_swa", 0) or 0), source=str(path))
+            head_v_swa=int(g("attention.value_length_swa", 0) or 0), source=str(path),
+            n_ctx_train=int(g("context_length", 0) or 0))
 
 
 def _vec_dot_bytes(type_name: str) -> float:

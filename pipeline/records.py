@@ -345,6 +345,7 @@ class SpeedupRecord(StageRecord):
     spec_type: str
     rounds: int
     ctx: int
+    prompt_chars: int = ABSENT
     skipped: str = ABSENT
     box: str = ABSENT
     by_n_max: dict = ABSENT
@@ -353,6 +354,8 @@ class SpeedupRecord(StageRecord):
     interval: list = ABSENT
     helps: bool = ABSENT
     verdict: str = ABSENT
+    tuning: dict = ABSENT
+    best_flags: list = ABSENT
     sampled: dict = ABSENT
     concurrent: dict = ABSENT
     command: str = ABSENT

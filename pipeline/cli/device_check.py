@@ -10,7 +10,8 @@ from pipeline.errors import PipelineError
 
 def cmd_device_check(args) -> None:
     result = device_check(args.file, manifest=args.manifest, threads=args.threads, bench=not args.no_bench,
-                          label=args.device, out=args.out, llama_cpp_dir=args.llama_cpp_dir)
+                          label=args.device, out=args.out, llama_cpp_dir=args.llama_cpp_dir, draft=args.draft,
+                          mtp=args.mtp)
     line = summary(result)
     if not result["passed"]:
         raise PipelineError(line + (f" (result written to {args.out})" if args.out else ""))
@@ -35,6 +36,9 @@ def register(sub) -> None:
                                     "(default: the host name)")
     p.add_argument("--out", help="write the result JSON here (for `ggufpipe collect`)")
     p.add_argument("--no-bench", action="store_true", help="skip the short llama-bench")
+    p.add_argument("--draft", help="a published draft of FILE (its manifest beside it): also measure the speed-up it "
+                                   "gives with this device's llama-server, with and without it")
+    p.add_argument("--mtp", action="store_true", help="the same for the MTP heads inside FILE (draft: {mtp: true})")
     p.add_argument("--llama-cpp-dir", help="the llama.cpp build to use (default: $LLAMA_CPP_DIR, then PATH)")
     p.set_defaults(func=cmd_device_check)
     c = sub.add_parser("collect", help="add `device-check --out` results to artifacts/<name>/devices.json (an input "

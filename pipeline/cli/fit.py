@@ -4,7 +4,7 @@ docs/devices.md. Exit status 0 when it fits, 1 (one line ``error: ...``) when it
 from __future__ import annotations
 
 from pipeline.errors import PipelineError
-from pipeline.memory import ModelShape, components
+from pipeline.memory import FIT, ModelShape, components
 from pipeline.memory_profiles import ARCH_FEATURES, KV_TYPES, parse_size
 
 
@@ -18,15 +18,25 @@ def cmd_fit(args) -> None:
         mem = parse_size(args.mem)
     except PipelineError as exc:
         raise PipelineError(f"--mem: {exc}") from None
+    if args.parallel < 1:
+        raise PipelineError(f"--parallel: must be at least 1 (llama-server -np), got {args.parallel}")
     p = components(ModelShape.from_gguf(args.gguf), args.ctx, kv_type=args.kv_type, arch=args.arch,
-                   threads=args.threads)
+                   threads=args.threads, n_outputs=args.parallel)
+    if args.draft:  # a draft in the same server: its weights, its own KV cache and buffers, one process base
+        dr = components(ModelShape.from_gguf(args.draft), args.ctx, kv_type=args.kv_type, arch=args.arch,
+                        threads=args.threads, n_outputs=args.parallel)
+        p["draft"] = dr["total"] - int(FIT["process_base"])
+        p["total"] += p["draft"]
     d = p["details"]
     print(f"{args.gguf}: {d['architecture']}, ctx {args.ctx} (KV cells {d['n_ctx']}"
           + (f", sliding-window layers {d['swa_layers']} at {d['swa_cells']}" if d["swa_layers"] else "")
           + f"), KV {d['kv_type']}, CPU profile {args.arch}")
-    for key in ("weights", "repack", "kv", "compute", "output", "overhead"):
-        print(f"  {key:9} {_mib(p[key])}")
-    print(f"  {'total':9} {_mib(p['total'])}   (peak RSS of llama-bench -p {args.ctx}; docs/devices.md)")
+    for key in ("weights", "repack", "kv", "compute", "output", "overhead", "draft"):
+        if key in p:
+            print(f"  {key:9} {_mib(p[key])}")
+    what = (f"llama-server -c {args.ctx} -np {args.parallel}" + (" with the draft" if args.draft else "")
+            if args.draft or args.parallel > 1 else f"llama-bench -p {args.ctx}")
+    print(f"  {'total':9} {_mib(p['total'])}   (peak RSS of {what}; docs/devices.md)")
     margin = mem - p["total"]
     if margin >= 0:
         print(f"fits in {args.mem}: margin {margin / (1 << 20):.1f} MiB ({margin / mem:.0%})")
@@ -44,4 +54,7 @@ def register(sub) -> None:
     p.add_argument("--arch", default="x86_64", choices=sorted(ARCH_FEATURES),
                    help="CPU profile: which tensor types ggml-cpu repacks (default x86_64, the pinned build)")
     p.add_argument("--threads", type=int, default=2, help="threads (default 2)")
+    p.add_argument("--parallel", type=int, default=1,
+                   help="server slots (llama-server -np, sharing --ctx): one row of logits each (default 1)")
+    p.add_argument("--draft", help="a draft GGUF served beside it (llama-server -md): its weights and KV cache")
     p.set_defaults(func=cmd_fit)

@@ -8,7 +8,7 @@ from pathlib import Path
 from pipeline.errors import PipelineError
 from pipeline.init import DEFAULT_QUANTS, inspect_source, render, slug, write_recipe
 from pipeline.memory_profiles import ARCH_FEATURES, parse_size
-from pipeline.recipe.devices import Device
+from pipeline.recipe.devices import DEVICE_NAME_RE, Device
 from pipeline.tools import find_toolchain
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -29,6 +29,9 @@ def parse_device(text: str):
         raise PipelineError(f"--device {text!r}: unknown arch {arch!r}: one of {', '.join(ARCH_FEATURES)}")
     if ctx < 16:
         raise PipelineError(f"--device {text!r}: context size {ctx} is below 16")
+    if not DEVICE_NAME_RE.match(parts[0]):
+        raise PipelineError(f"--device {text!r}: the name {parts[0]!r} is not a device name (lowercase a-z 0-9 . _ -, "
+                            "at most 32 characters, as recipe devices[].name)")
     return Device(parts[0], memory=parts[1], memory_bytes=parse_size(parts[1]), ctx=ctx, arch=arch)
 
 

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from pipeline import tools_backend as tb
+from pipeline.devices.check_draft import draft_speedup, prepare
 from pipeline.distribution.verify import check_slice_file, find_entry, locate, verify_located
 from pipeline.errors import PipelineError
 from pipeline.fsutil import write_json_atomic
@@ -138,8 +139,11 @@ def measure(tc, model: Path, slice_path: Path, dc: dict, threads: int) -> dict:
 
 
 def device_check(path: str | Path, manifest: str | Path | None = None, threads: int | None = None, bench: bool = True,
-                 label: str | None = None, out: str | Path | None = None, llama_cpp_dir: str | None = None) -> dict:
-    """Entry function: verify ``path`` and its slice, re-measure it where llama.cpp is, judge; write ``out``."""
+                 label: str | None = None, out: str | Path | None = None, llama_cpp_dir: str | None = None,
+                 draft: str | Path | None = None, mtp: bool = False) -> dict:
+    """Entry function: verify ``path`` and its slice, re-measure it where llama.cpp is, judge; with ``draft`` (or
+    ``mtp``: the heads inside the file) also measure the draft's speed-up (pipeline/devices/check_draft.py); write
+    ``out``."""
     facts = device_facts(label)  # a label that is not plain fails before any work
     path, mpath, data = locate(path, manifest)  # a shard stands for its split file, as in `ggufpipe verify`
     verified = verify_located(path, data)
@@ -147,11 +151,17 @@ def device_check(path: str | Path, manifest: str | Path | None = None, threads: 
     model = path / entry["split"]["shards"][0]["file"] if entry.get("split") else path  # what llama.cpp loads
     slice_path = check_slice(mpath, data, entry)
     dc = data["device_check"]
+    if draft is not None and mtp:
+        raise PipelineError("--draft and --mtp: give one (--mtp: the MTP heads inside the file draft for it)")
+    spec = prepare(mpath, data, entry, draft) if draft is not None or mtp else None  # before any measurement
     result = {"kind": RESULT_KIND, "version": RESULT_VERSION, "name": data["name"], "build_id": data["build_id"],
               "file": entry["file"], "sha256": entry["sha256"], "quant_type": entry["quant_type"],
               "device": facts, "verified": verified,
               "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     tc = find_device_tools(llama_cpp_dir)
+    if tc is None and spec is not None:
+        raise PipelineError("--draft/--mtp measure with llama-server: this device has no llama.cpp tools (set "
+                            "LLAMA_CPP_DIR to a build with llama-server)")
     if tc is None:
         result.update(checked=False, passed=True, tools=None, slice=None, bench=None,
                       note="no llama.cpp tools (LLAMA_CPP_DIR, PATH): verified only, numerics not checked")
@@ -165,6 +175,8 @@ def device_check(path: str | Path, manifest: str | Path | None = None, threads: 
                       slice={"expected": expected, "measured": {k: measured[k] for k in expected},
                              "seconds": measured["seconds"], **verdict})
         result["bench"] = llama_bench(tc, model, threads, **BENCH) if bench else None
+        if spec is not None:
+            result["speedup"] = draft_speedup(tc, model, spec, slice_path, threads, facts["label"])
     if out:
         write_json_atomic(out, result)
     return result
@@ -178,6 +190,8 @@ def summary(result: dict) -> str:
     m, d, lim = s["measured"], s["delta"], s["limit"]
     bench = result.get("bench") or {}
     speed = f"; tg {bench['tg_tokens_per_s']:.1f} t/s, pp {bench['pp_tokens_per_s']:.1f} t/s" if bench else ""
+    sp = result.get("speedup")
+    speed += f"; draft {sp['pair'].split(' + ')[1]}: {sp['verdict']}" if sp else ""
     return (f"{'PASS' if result['passed'] else 'FAIL'}  {result['file']} on {result['device']['label']} "
             f"(llama.cpp b{result['tools']['llama_cpp_build']}, {result['threads']} threads): mean KLD "
             f"{m['kld_mean']:.6f} (build box {s['expected']['kld_mean']:.6f}, Δ {d['kld_mean']:+.6f}, limit "

@@ -22,6 +22,8 @@ from pipeline.devices.check import LABEL_RE, RESULT_KIND, RESULT_VERSION, judge
 from pipeline.errors import PipelineError
 from pipeline.fsutil import write_text_atomic
 from pipeline.layout import plain_name
+from pipeline.recipe.speedup import ROUNDS_MIN
+from pipeline.stages.speedup import summarize, verdict
 
 RESULTS_KIND = f"{RESULT_KIND}-results"  # pipeline/stages/publish_devices.py reads it
 
@@ -53,9 +55,13 @@ def check_result(path: Path, r: dict, manifest: dict) -> None:
     if r["checked"] and not isinstance(r.get("slice"), dict):
         raise PipelineError(f"{path}: field slice missing from a checked result")
     _check_shown_fields(path, r)
+    pairs = {f"{p.get('main')} + {p.get('draft')}" for p in (manifest.get("draft") or {}).get("pairs", [])}
+    if r.get("speedup") and r["speedup"]["pair"] not in pairs:
+        raise PipelineError(f"{path}: field speedup.pair: {r['speedup']['pair']!r} is not a pair the manifest declares")
 
 
 _MACHINE_RE = re.compile(r"^[A-Za-z0-9._-]{1,32}$")
+_PAIR_RE = re.compile(r"^[A-Za-z0-9._-]{1,200} \+ [A-Za-z0-9._-]{1,200}$")
 
 
 def _number(path: Path, value, field: str) -> float:
@@ -88,6 +94,7 @@ def _check_shown_fields(path: Path, r: dict) -> None:
     build = (r.get("tools") or {}).get("llama_cpp_build") if isinstance(r.get("tools"), dict) else None
     if isinstance(build, bool) or not isinstance(build, int):
         raise PipelineError(f"{path}: field tools.llama_cpp_build: must be a build number, got {build!r}")
+    _check_speedup(path, r)
     bench = r.get("bench")
     if bench is not None:
         if not isinstance(bench, dict):
@@ -96,9 +103,55 @@ def _check_shown_fields(path: Path, r: dict) -> None:
             _number(path, bench["tg_tokens_per_s"], "bench.tg_tokens_per_s")
 
 
+def _check_speedup(path: Path, r: dict) -> None:
+    """A result's draft speed-up (``device-check --draft``): its pair a pair of the result's file, its per-round rates
+    numbers (the median, interval and decision are computed again from them: :func:`rejudge`)."""
+    sp = r.get("speedup")
+    if sp is None:
+        return
+    if not isinstance(sp, dict):
+        raise PipelineError(f"{path}: field speedup: must be a mapping, got {type(sp).__name__}")
+    pair = sp.get("pair")
+    if not isinstance(pair, str) or not pair.startswith(f"{r['file']} + ") or not _PAIR_RE.match(pair):
+        raise PipelineError(f"{path}: field speedup.pair: {pair!r} is not a pair of {r['file']} (MAIN + DRAFT file names)")
+    n = sp.get("n_max")
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 64:
+        raise PipelineError(f"{path}: field speedup.n_max: must be a draft length 1..64, got {n!r}")
+    rates = []
+    for key in ("tokens_per_s", "baseline_tokens_per_s"):
+        v = sp.get(key)
+        if not isinstance(v, list) or len(v) < ROUNDS_MIN:
+            raise PipelineError(f"{path}: field speedup.{key}: must be a list of at least {ROUNDS_MIN} rates")
+        rates.append([_number(path, x, f"speedup.{key}") for x in v])
+    if len(rates[0]) != len(rates[1]) or min(rates[1]) <= 0:
+        raise PipelineError(f"{path}: field speedup.baseline_tokens_per_s: one positive rate per round of "
+                            "speedup.tokens_per_s")
+    _number(path, sp.get("acceptance_rate"), "speedup.acceptance_rate")
+
+
+def rejudge_speedup(r: dict) -> tuple[dict, str | None]:
+    """The draft speed-up of ``r`` computed again from its per-round rates (median, interval, decision, verdict)."""
+    sp = r.get("speedup")
+    if not sp:
+        return r, None
+    s = summarize(sp["tokens_per_s"], sp["baseline_tokens_per_s"])
+    helps, line = verdict(s["speedup"], s["interval"], sp["n_max"], r["device"]["label"])
+    fixed = {**sp, **s, "helps": helps, "verdict": line}
+    note = None if (sp.get("helps"), sp.get("speedup")) == (helps, s["speedup"]) else (
+        f"draft speed-up judged again from its rates: {line}")
+    return {**r, "speedup": fixed}, note
+
+
 def rejudge(r: dict, manifest: dict) -> tuple[dict, str | None]:
     """``r`` with its verdict judged again (:func:`pipeline.devices.check.judge`) from its measured numbers against the
-    manifest's slice values and tolerance; and a note when the result had said otherwise (else None)."""
+    manifest's slice values and tolerance, and its draft speed-up from its rates; and a note when the result had said
+    otherwise (else None)."""
+    r, sp_note = rejudge_speedup(r)
+    fixed, note = _rejudge_slice(r, manifest)
+    return fixed, "; ".join(n for n in (note, sp_note) if n) or None
+
+
+def _rejudge_slice(r: dict, manifest: dict) -> tuple[dict, str | None]:
     if not r["checked"]:  # verified only: no numbers, nothing to judge
         return {**r, "passed": True}, (None if r["passed"] else "a verified-only result cannot fail: stored as verified")
     dc = manifest["device_check"]

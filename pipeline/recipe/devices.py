@@ -29,10 +29,12 @@ class Device:
     kv_type: str = "f16"
     arch: str = "x86_64"
     require: bool = False
+    threads: int = 4
+    parallel: int = 1
 
     def describe(self) -> dict:
         return {"memory_bytes": self.memory_bytes, "ctx": self.ctx, "kv_type": self.kv_type, "arch": self.arch,
-                "require": self.require}
+                "require": self.require, "threads": self.threads, "parallel": self.parallel}
 
 
 def parse_devices(ctx, value) -> tuple[Device, ...]:
@@ -72,6 +74,14 @@ def parse_devices(ctx, value) -> tuple[Device, ...]:
         if not isinstance(arch, str) or arch.lower() not in ARCH_FEATURES:
             ctx.fail(f"{where}.arch", f"{arch!r} is not a CPU profile of the memory model (one of "
                                       f"{', '.join(ARCH_FEATURES)})")
+        counts = {}
+        for key, default in (("threads", 4), ("parallel", 1)):
+            v = d.get(key, default)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                ctx.fail(f"{where}.{key}", f"must be an integer >= 1 (llama-server {'-t' if key == 'threads' else '-np'}), "
+                                           f"got {v!r}")
+            counts[key] = v
         out.append(Device(name=name, memory=text, memory_bytes=size, ctx=n_ctx, kv_type=kv.lower(),
-                          arch=arch.lower(), require=ctx.boolean(d.get("require", False), f"{where}.require")))
+                          arch=arch.lower(), require=ctx.boolean(d.get("require", False), f"{where}.require"),
+                          **counts))
     return tuple(out)

@@ -14,64 +14,10 @@ example, refuses an undocumented key in each section, and checks every plain def
 
 from __future__ import annotations
 
-from typing import Any
+from pipeline.recipe.fields import REQUIRED, Field, Note, Section
+from pipeline.recipe.schema_deploy import DEVICE, DRAFT_SPEEDUP, PUBLISH, SPLIT
 
-
-class Note(str):
-    """A default that depends on the rest of the recipe, described in words."""
-
-    __slots__ = ()
-
-
-class _Required:
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "REQUIRED"
-
-
-REQUIRED: Any = _Required()
-
-
-class Field:
-    """One key of a section (plain slotted class: NamedTuple and dataclass cost import time)."""
-
-    __slots__ = ("key", "type", "default", "doc", "example")
-
-    def __init__(self, key: str, type: str, default: Any, doc: str, example: Any = None):
-        self.key = key  # a key of the mapping; <...> names a key the user chooses (e.g. an eval set's name)
-        self.type = type  # as a user reads it
-        self.default = default  # plain value, REQUIRED or Note(...)
-        self.doc = doc  # one to three sentences
-        self.example = example  # a valid value, shown as YAML; None: no example
-
-    @property
-    def placeholder(self) -> bool:
-        return self.key.startswith("<")
-
-    def __repr__(self) -> str:
-        return f"Field({self.key!r})"
-
-
-class Section:
-    """One mapping of a recipe and its fields, in the order the reference shows them."""
-
-    __slots__ = ("path", "title", "intro", "fields")
-
-    def __init__(self, path: str, title: str, intro: str, fields: tuple[Field, ...]):
-        self.path = path  # "" for the top level; "quants[]" for each entry of the list `quants`
-        self.title = title
-        self.intro = intro
-        self.fields = fields
-
-    @property
-    def keys(self) -> set[str]:
-        """The keys the parser allows in this mapping (placeholders excluded)."""
-        return {f.key for f in self.fields if not f.placeholder}
-
-    def __repr__(self) -> str:
-        return f"Section({self.path!r})"
-
+__all__ = ["REQUIRED", "SECTIONS", "Field", "Note", "Section", "keys", "section"]
 
 SHA = "6b5982a638c6ed4e3da15711b6a5a1328c34a53e"
 
@@ -408,80 +354,9 @@ DRAFT = Section("draft", "`draft:`", (
           "Gate on the measured speed-up (median over rounds) at the chosen draft length; none: not gated.", 1.2),
 ))
 
-DRAFT_SPEEDUP = Section("draft.speedup", "`draft.speedup:`", (
-    "How the speed-up is measured: in each round a fresh `llama-server` per configuration (without the draft, then "
-    "each draft length) gets a warm-up request and then the prompts, one at a time, greedy; at the chosen length the "
-    "rounds are repeated sampled and with concurrent requests. The figures are the build box's and volatile (the "
-    "manifest's `build` section; docs/drafts.md#measured-speed-up)."
-), (
-    Field("rounds", "int >= 3", 3, "Rounds; the interval is the min-max over rounds of the per-round speed-up.", 5),
-    Field("temperature", "number >= 0", 0.8, "Temperature of the sampled condition (its seed: `seed`).", 1.0),
-    Field("seed", "int >= 0", 1, "Seed of every request.", 42),
-    Field("parallel", "int >= 1", 4,
-          "`-np` of every server, and the number of concurrent requests of the concurrent condition (4: what "
-          "`llama-server` gives without `-np`).", 1),
-))
-
 DRAFT_SOURCE = Section("draft.source", "`draft.source:`", (
     "The draft's checkpoint: the same keys and rules as `source:`."
 ), _SOURCE_FIELDS)
-
-PUBLISH = Section("publish", "`publish:`", (
-    "Where `ggufpipe hub-publish` (an explicit command, never part of a build) uploads the artifact folder, in "
-    "one commit; and whether the publish stage writes an Ollama `Modelfile.<QUANT>` beside each model file."
-), (
-    Field("hf_repo", "string: Hugging Face repo id `org/name`", REQUIRED,
-          "The model repository uploaded to (created when missing).", "my-org/SmolLM2-135M-Instruct-GGUF"),
-    Field("revision", "string: branch name", "main",
-          "Branch to commit to (created from `main` when missing); a commit SHA is refused.", "staging"),
-    Field("private", "bool", False,
-          "Visibility when the repository is created; an existing repository is left as it is.", True),
-    Field("path_in_repo", "string: folder path", "",
-          "Folder in the repository the files go to (`\"\"` or null: the root); leading and trailing `/` are "
-          "dropped; no `..` or hidden segments.", "gguf/v1"),
-    Field("ollama", "bool", True, "Write `Modelfile.<QUANT>` for every (unsplit) model file, and the Hub's repo-root "
-          "Ollama files: `params` (stop = the verified end-of-generation texts) for a chat model, `template` and "
-          "`system` only where Ollama's ChatML template reproduces the verified renders "
-          "([publishing](publishing.md)).", False),
-    Field("ollama_template", "string (Go template)", None,
-          "TEMPLATE of every Modelfile instead of the one derived from the GGUF's chat template; only with "
-          "`ollama: true`, and without `\"\"\"`.", "{{ .Prompt }}"),
-))
-
-SPLIT = Section("split", "`split:`", (
-    "Publish a model file as llama-gguf-split shards `<name>-<KEY>/<name>-<KEY>-0000i-of-0000N.gguf`. Given at "
-    "the top level it applies to every model file (base, quants, MTP draft); a quant's own `split:` overrides "
-    "it, and `split: false` there publishes that quant whole."
-), (
-    Field("max_size", "string: `<N>M` or `<N>G`", REQUIRED,
-          "Most tensor data per shard, as `llama-gguf-split --split-max-size`: a whole number of M (10^6 bytes) "
-          "or G (10^9 bytes). The first shard also carries the metadata; a tensor larger than it is refused.",
-          "2G"),
-))
-
-DEVICE = Section("devices[]", "`devices[]`: each target device", (
-    "A device the published files are checked against: the memory llama.cpp's CPU build takes to run each model "
-    "file at the device's context and KV cache type is predicted from the GGUF alone (pipeline/memory.py, "
-    "the model of `ggufpipe fit`; within 0.978-1.046 of measured peak RSS, docs/devices.md) and compared with the "
-    "device's memory. The manifest's `devices` section, the report and the card list every file per device and "
-    "the largest quant that fits."
-), (
-    Field("name", "string `[a-z0-9][a-z0-9._-]*`, at most 32 characters", REQUIRED,
-          "The device's name in the manifest, report and card; unique in the recipe.", "pi5-8g"),
-    Field("memory", "string: a size, e.g. `8G`, `6144M`, `1.5GiB` (a bare number: bytes)", REQUIRED,
-          "Memory the model may take on the device, parsed like `ggufpipe fit --mem`: binary units (K, M, G, T "
-          "= 2^10, 2^20, 2^30, 2^40 bytes; `8G` is 8 GiB), a trailing `B` or `iB` allowed.", "6144M"),
-    Field("ctx", "int >= 16", 4096, "The context size the device runs the model at.", 8192),
-    Field("kv_type", "`f32` | `f16` | `bf16` | `q8_0` | `q4_0` | `q4_1` | `iq4_nl` | `q5_0` | `q5_1`", "f16",
-          "KV cache type (llama.cpp `-ctk`/`-ctv`), case-insensitive.", "q8_0"),
-    Field("arch", "`x86_64` | `x86_64-avx512` | `arm64` | `arm64-dotprod` | `generic`", "x86_64",
-          "CPU profile: which tensor types ggml-cpu repacks into a second buffer (docs/devices.md#repack-profiles-arch). "
-          "For an `arm64` profile the publish stage warns when no published quant has a tensor repacked there.",
-          "arm64"),
-    Field("require", "bool", False,
-          "A published quant must fit this device: none fitting fails the build (naming the device and the smallest "
-          "quant's need), like a failed gate.", True),
-))
 
 SECTIONS: tuple[Section, ...] = (TOP, SOURCE, QUANT, QUANT_GATES, EVAL_SET, AWQ, IMATRIX, DRAFT, DRAFT_SPEEDUP,
                                  DRAFT_SOURCE, PUBLISH, SPLIT, CONFORMANCE, SENSITIVITY, DEVICE)

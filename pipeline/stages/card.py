@@ -12,14 +12,13 @@ from pathlib import Path
 from pipeline.fsutil import write_text_atomic
 from pipeline.stages.report import (
     conformance_text,
-    device_check_text,
     draft_table,
     eval_desc,
-    fits_table,
     label,
     markdown_table,
     mtp_text,
 )
+from pipeline.stages.report_devices import device_check_text, fits_table, launch_table
 from pipeline.stages.report_mix import card_mix_lines
 from pipeline.stages.split import model_path
 
@@ -207,6 +206,9 @@ def card_text(manifest: dict, measured: list[dict] | None = None) -> str:
     fits = fits_table(manifest, short=True)
     if fits:  # recipe `devices:`: the best file per target device
         body += ["## Fits on", "", fits, ""]
+    launch = launch_table(manifest)
+    if launch:  # a llama-server line per device, with the draft only where it measured faster
+        body += ["## Launch on a device", "", launch, ""]
     on_device = device_check_text(manifest, measured, short=True)
     if on_device:  # `ggufpipe collect`'s results (devices.json): the same file re-measured on a device
         body += ["## Checked on devices", "", on_device, ""]

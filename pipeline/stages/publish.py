@@ -62,6 +62,7 @@ from pipeline.stages.publish_sections import (
     _tokenizer_keys,
     check_mix_sources,
     devices_section,
+    launch_section,
     sensitivity_section,
     strip_sensitivity_cost,
 )
@@ -157,6 +158,7 @@ class _Sections:
     draft: dict | None
     draft_failures: list[dict]
     draft_timings: dict
+    launch: dict
 
 
 def build_manifest(recipe: Recipe, layout: Layout) -> tuple[dict, dict]:
@@ -244,8 +246,9 @@ def _recipe_sections(recipe: Recipe, layout: Layout, files: ModelFiles) -> _Sect
     devices, device_failures, _warnings = devices_section(recipe, layout, files.artifacts)
     paths = {artifact_key(recipe.name, e["file"]): model_path(e) for e in files.artifacts + files.rejected}
     draft, draft_failures, draft_timings = _draft_section(recipe, layout, paths) if recipe.draft else (None, [], {})
+    launch = launch_section(recipe, layout, devices, files.artifacts, draft, draft_timings.get("speedup") or {})
     return _Sections(device_check, sensitivity, conformance, conformance_failures, conformance_seconds, devices,
-                     device_failures, draft, draft_failures, draft_timings)
+                     device_failures, draft, draft_failures, draft_timings, launch)
 
 
 def _optional_sections(recipe: Recipe, converted: ConvertRecord, files: ModelFiles, s: _Sections) -> dict:
@@ -281,7 +284,7 @@ def _build_section(recipe: Recipe, layout: Layout, tools: dict, eval_threads: di
     for key, value in (("eval_threads", eval_threads), ("calibration_seconds", files.calib_seconds),
                        ("draft_decode_tokens_per_s", s.draft_timings.get("decode")),
                        ("draft_speedup", s.draft_timings.get("speedup")), ("conformance_seconds", s.conformance_seconds),
-                       ("bench", bench)):
+                       ("bench", bench), ("launch", s.launch)):
         if value:
             build[key] = value
     if bench:

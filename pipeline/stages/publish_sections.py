@@ -10,6 +10,7 @@ from pathlib import Path
 from pipeline.errors import PipelineError
 from pipeline.fsutil import sha256_file
 from pipeline.gguf import read_facts, tokenizer_sha256
+from pipeline.launch import launch
 from pipeline.layout import Layout
 from pipeline.memory import predict_memory, repack_types
 from pipeline.recipe import Recipe
@@ -24,7 +25,7 @@ from pipeline.records import (
     VocabRecord,
     load_json,
 )
-from pipeline.stages.draft import deployment_line
+from pipeline.stages.draft import deployment_line, spec_args
 from pipeline.stages.mtp import MTP_KEYS, mtp_facts
 from pipeline.stages.split import model_path
 
@@ -209,7 +210,8 @@ def _speedup(recipe: Recipe, layout: Layout, mkey: str, dkey: str, main_path: st
     rec = SpeedupRecord.read(layout.speedup_record(recipe.name, mkey, dkey)).to_dict()
     if "skipped" in rec:
         return rec
-    rec["deploy"] = (deployment_line(main_path, draft_file, rec["best_n_max"], d.spec_type) if rec["helps"] else None)
+    line = " ".join([deployment_line(main_path, draft_file, rec["best_n_max"], d.spec_type), *rec.get("best_flags", [])])
+    rec["deploy"] = line if rec["helps"] else None
     if d.min_speedup is not None and rec["speedup"] < d.min_speedup:
         failures.append({"check": "draft_speedup", "message": (
             f"draft speed-up too low: recipe {recipe.name}, {label}: {rec['speedup']:.2f}x ({rec['interval'][0]:.2f}-"
@@ -343,3 +345,30 @@ def devices_section(recipe: Recipe, layout: Layout, artifacts: list[dict]) -> tu
             files.append((key, e["role"], e["size_bytes"], layout.gguf(recipe.name, key)))
     return fits_section(recipe.name, recipe.devices, files,
                         lambda path, d: predict_memory(path, d.ctx, kv_type=d.kv_type, arch=d.arch))
+
+
+def launch_section(recipe: Recipe, layout: Layout, devices: dict, artifacts: list[dict], draft: dict | None,
+                   speed: dict) -> dict:
+    """The manifest's ``build.launch``: per device a ``llama-server`` line for the largest published quant that fits
+    it (pipeline/launch.py), with the draft of that main file whose measured speed-up helps (``speed``: the
+    draft section's volatile figures). Volatile: the draft flags follow a clock."""
+    if not recipe.devices:
+        return {}
+    quants = sorted((e for e in artifacts if e.get("role") == "quant"), key=lambda e: -e["size_bytes"])
+    keyed = [(e["file"].removeprefix(f"{recipe.name}-").removesuffix(".gguf"), e) for e in quants]
+    drafts: dict[str, dict] = {}
+    for (mkey, dkey), p in zip(recipe.draft.pairs if draft else (), (draft or {}).get("pairs", ()), strict=True):
+        sp = speed.get(f"{p['main']} + {p['draft']}") or {}
+        if not sp.get("helps") or (p["main"] in drafts and drafts[p["main"]]["speedup"] >= sp["speedup"]):
+            continue
+        dpath = None if p["draft"] == p["main"] else layout.draft_gguf(recipe, dkey, mkey)
+        drafts[p["main"]] = {"file": p["draft"], "path": dpath, "label": f"{p['main']} + {p['draft']}",
+                             "speedup": sp["speedup"], "spec": [*spec_args(
+                                 "", None if dpath is None else p["draft"], recipe.draft.spec_type, sp["best_n_max"])[2:],
+                                 *sp.get("best_flags", [])]}
+    out = {}
+    for d in recipe.devices:
+        fits = devices[d.name]["files"]
+        cands = [(model_path(e), layout.gguf(recipe.name, key)) for key, e in keyed if fits[key]["fits"]]
+        out[d.name] = launch(d, cands, {model_path(e): drafts[e["file"]] for _, e in keyed if e["file"] in drafts})
+    return out

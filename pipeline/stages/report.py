@@ -8,8 +8,9 @@ from pathlib import Path
 
 from pipeline.fsutil import write_text_atomic
 from pipeline.recipe.naming import hub_label
-from pipeline.stages.publish_devices import same_top_p_limit
+from pipeline.stages.report_devices import device_check_text, fits_table, launch_table
 from pipeline.stages.report_mix import mixes_markdown, pareto_front, write_heatmaps
+from pipeline.stages.report_speedup import PLOT_FILE, write_speedup_plot
 from pipeline.stages.split import model_path
 
 MIB = 1024 * 1024
@@ -279,17 +280,25 @@ def speedup_lines(speed: dict) -> list[str]:
         out += ["", f"Speed-up of `{label}` on {sp['box']} (llama-server, {sp['rounds']} rounds alternating with and "
                     f"without the draft, {sp['prompts']} prompt(s) x {sp['n_predict']} tokens, -t {sp['threads']}; "
                     "build-box figures, volatile):", "",
-                "| condition | n_max | t/s without | t/s with | speed-up (min-max) | acceptance |", "|---|---|---|---|---|---|"]
+                "| condition (-np 1 unless said) | n_max | t/s without | t/s with | speed-up (min-max) | acceptance |", "|---|---|---|---|---|---|"]
         rows = [(f"greedy{' (chosen)' if int(n) == sp['best_n_max'] else ''}", n, c) for n, c in sp["by_n_max"].items()]
-        rows += [(f"sampled, temperature {sp['sampled']['temperature']:g}, seed {sp['sampled']['seed']}",
-                  sp["best_n_max"], sp["sampled"]),
-                 (f"{sp['concurrent']['parallel']} concurrent requests", sp["best_n_max"], sp["concurrent"])]
+        tuning = sp.get("tuning") or {}
+        rows += [("greedy, tuning rounds" + ("" if k.startswith("n_max") else f", {k}")
+                  + (" (chosen)" if k == tuning["chosen"] else ""), sp["best_n_max"], c)
+                 for k, c in tuning.get("by_config", {}).items()]
+        rows.append((f"sampled, temperature {sp['sampled']['temperature']:g}, seed {sp['sampled']['seed']}",
+                     sp["best_n_max"], sp["sampled"]))
+        if sp.get("concurrent"):  # `parallel` slots (-np) and as many requests at once
+            rows.append((f"-np {sp['concurrent']['parallel']}, {sp['concurrent']['parallel']} concurrent requests",
+                         sp["best_n_max"], sp["concurrent"]))
         for what, n, c in rows:
             med = statistics.median
             out.append(f"| {what} | {n} | {med(c['baseline_tokens_per_s']):.1f} | {med(c['tokens_per_s']):.1f} | "
                        f"{c['speedup']:.2f}x ({c['interval'][0]:.2f}-{c['interval'][1]:.2f}) | "
                        f"{c['acceptance_rate']:.3f} |")
         out += ["", f"Baseline: `{sp['baseline']}`; with the draft: `{sp['command']}`."]
+    if out:
+        out += ["", f"![measured speed-up against the draft length]({PLOT_FILE})"]
     return out
 
 
@@ -361,97 +370,11 @@ def conformance_text(manifest: dict) -> str:
     return "\n".join(lines)
 
 
-def mem_size(n: int) -> str:
-    """Bytes in binary units, as ``ggufpipe fit`` and the recipe's ``devices[].memory`` read them."""
-    return f"{n / (1 << 30):.1f} GiB" if abs(n) >= 1 << 30 else f"{n / MIB:.0f} MiB"
-
-
-def _fit_cell(f: dict) -> str:
-    return ("✓ " if f["fits"] else "✗ ") + mem_size(f["total"])
-
-
-def fits_table(manifest: dict, short: bool = False) -> str:
-    """The "Fits on" table of the manifest's ``devices`` (recipe ``devices:``): per device its memory, context, KV
-    type and CPU profile, each published file's predicted peak memory (✓ fits, ✗ does not) and the best file (the
-    largest quant that fits). ``short`` (the card): the device and the best file only. Empty without devices."""
-    devices = manifest.get("devices") or {}
-    if not devices:
-        return ""
-    name = manifest["name"]
-    keys = list(dict.fromkeys(k for d in devices.values() for k in d["files"]))
-
-    def best(d: dict) -> str:
-        b = d.get("best")
-        return f"`{name}-{b}` ({mem_size(d['files'][b]['total'])})" if b else "none fits"
-
-    if short:
-        lines = ["| device | memory | ctx | KV | CPU | best file (predicted memory) |", "|---|---|---|---|---|---|"]
-        lines += [f"| {dev} | {mem_size(d['memory_bytes'])} | {d['ctx']} | {d['kv_type']} | {d['arch']} | {best(d)} |"
-                  for dev, d in devices.items()]
-        lines += ["", "Predicted peak memory of llama.cpp's CPU build at that context (`ggufpipe fit`; "
-                  "`manifest.json` has every file per device)."]
-        return "\n".join(lines)
-    lines = ["Predicted peak memory of llama.cpp's CPU build running each published file at the device's context "
-             "(`llama-bench -p <ctx>`'s peak RSS, `pipeline/memory.py`: within 0.978-1.046 of measured, "
-             "docs/devices.md); ✓: fits the device's memory. Best: the largest quant that fits.", "",
-             "| device | memory | ctx | KV | CPU | " + " | ".join(keys) + " | best |",
-             "|" + "---|" * (len(keys) + 6)]
-    for dev, d in devices.items():
-        cells = [_fit_cell(d["files"][k]) if k in d["files"] else "–" for k in keys]
-        req = " (required)" if d.get("require") else ""
-        lines.append(f"| {dev}{req} | {mem_size(d['memory_bytes'])} | {d['ctx']} | {d['kv_type']} | {d['arch']} | "
-                     + " | ".join(cells) + f" | {best(d)} |")
-    for dev, d in devices.items():
-        if d.get("warning"):
-            lines += ["", f"Warning ({dev}): {d['warning']}."]
-    for f in manifest.get("failures", []):
-        if f.get("check") == "device":
-            lines += ["", f"**FAIL**: {f['message']}."]
-    return "\n".join(lines)
-
-
-def device_check_text(manifest: dict, measured: list[dict] | None = None, short: bool = False) -> str:
-    """The on-device check: the slice and each file's slice values on the build box; then what devices measured on it
-    (``ggufpipe collect``'s ``devices.json``). ``short`` (the card): the devices' rows only. Empty without a slice."""
-    dc = manifest.get("device_check")
-    if not dc:
-        return ""
-    t = dc["tolerance"]
-    lines = [] if short else [
-        f"`ggufpipe device-check FILE` re-measures a file on a device against `{dc['file']}` ({dc['chunks']} chunk(s) "
-        f"of eval set `{dc['eval_set']}` at ctx {dc['ctx']}, {dc['scored_tokens']} scored tokens; DVC-tracked, not on "
-        f"the Hub). It passes when |Δ mean KLD| ≤ max({t['kld_mean_abs']}, {t['kld_mean_rel']:.0%} of the build box's) "
-        f"and same top p within {same_top_p_limit(t, dc['scored_tokens']):.2f} points of it (at least "
-        f"{t['same_top_p_points']:g}, wider on a short slice where near-tied tokens flip between CPU kernels; "
-        "docs/device-check.md).", "",
-        "| file | slice mean KLD | slice same top p | slice PPL |", "|---|---|---|---|"]
-    if not short:
-        lines += [f"| `{e['file']}` | {e['slice']['kld_mean']:.5f} | {100 * e['slice']['same_top_p']:.2f} % | "
-                  f"{e['slice']['ppl_q']:.4f} |" for e in manifest["artifacts"] if e.get("slice")]
-    if measured:
-        lines += ([] if short else ["", "Measured on devices (`ggufpipe collect`):", ""]) + [
-            "| device | file | llama.cpp | mean KLD (Δ) | same top p (Δ points) | tg t/s | result |",
-            "|---|---|---|---|---|---|---|"]
-        for r in measured:
-            if not r.get("checked"):  # a device without llama.cpp tools: the file verified, nothing re-measured
-                lines.append(f"| {r['device']['label']} ({r['device']['machine']}) | `{r['file']}` | – | – | – | – | "
-                             "verified only |")
-                continue
-            m, d = r["slice"]["measured"], r["slice"]["delta"]
-            tg = r.get("bench") or {}
-            lines.append(f"| {r['device']['label']} ({r['device']['machine']}) | `{r['file']}` | "
-                         f"b{r['tools']['llama_cpp_build']} | {m['kld_mean']:.5f} ({d['kld_mean']:+.5f}) | "
-                         f"{100 * m['same_top_p']:.2f} % ({d['same_top_p_points']:+.2f}) | "
-                         f"{tg.get('tg_tokens_per_s', float('nan')):.1f} | {'pass' if r['passed'] else '**FAIL**'} |")
-    elif not short:
-        lines += ["", "No device has reported yet (`ggufpipe device-check FILE --out R.json`, then `ggufpipe collect R.json`)."]
-    return "\n".join(lines)
-
-
 def write_report(manifest: dict, out_md: str | Path, out_svg: str | Path, measured: list[dict] | None = None) -> None:
     """report.md, its plot (report.svg) and, with measured mixes, the sensitivity heat maps beside them."""
     write_text_atomic(out_svg, render_plot(manifest))
     write_heatmaps(manifest, Path(out_svg).parent)
+    write_speedup_plot(manifest, Path(out_svg).parent)
     parts = [f"# {manifest['name']}: quantization report", "",
              f"Build `{manifest['build_id']}` · llama.cpp b{manifest['tools']['llama_cpp_build']} · "
              f"built {manifest['build']['timestamp']}", ""]
@@ -468,6 +391,9 @@ def write_report(manifest: dict, out_md: str | Path, out_svg: str | Path, measur
     fits = fits_table(manifest)
     if fits:
         parts += ["## Fits on", "", fits, ""]
+    launch = launch_table(manifest)
+    if launch:
+        parts += ["## Launch on a device", "", launch, ""]
     on_device = device_check_text(manifest, measured)
     if on_device:
         parts += ["## On-device check", "", on_device, ""]

@@ -8,14 +8,16 @@ For one pair, on the build box, with every core (the stage takes them all: nothi
 * **baseline**: the deploy line's server with ``-md``, ``--spec-type`` and every ``--spec-draft-*`` removed and
   ``--spec-type none`` added: a kept ``-md`` still loads the draft, and without a type the server infers one from the
   draft file (common/arg.cpp:566-573, common/speculative.cpp:33-45 of b11312);
-* **rounds**: the same ``-c -t -np`` and prompts for every configuration; in each round every configuration gets a
-  fresh server, a short warm-up request, then the prompts one at a time; the order alternates from round to round;
+* **rounds**: the same ``-c -t`` and prompts for every configuration; each configuration's server is started once,
+  warmed up by a short request and kept running (idle servers sleep); each round sends every configuration the
+  prompts one at a time, in an order that reverses from round to round;
 * **per request**: the server's ``timings`` (tools/server/server-common.cpp:85-103): decoded tokens, decode t/s,
   ``draft_n`` and ``draft_n_accepted``;
 * **result**: per round, decode t/s with the draft over decode t/s without; the median over rounds and the interval
   min-max over rounds;
 * **conditions**: greedy at every ``n_max`` of the grid (the choice: the highest median, the shorter on a tie); at the
-  chosen ``n_max`` only, sampled (``temperature``, ``seed``) and ``parallel`` concurrent requests. With a draft the
+  chosen ``n_max`` only, sampled (``temperature``, ``seed``); these on one slot (``-np 1``: a device serving one
+  user), then ``parallel`` concurrent requests on servers with as many slots (``-np parallel``). With a draft the
   server samples as it would without: the draft proposes its top-1 token (a top-k 10 sampler, ``cur_p->data[0]``,
   common/speculative.cpp:232-238, 363) and a drafted token is kept only where the target's own sample equals it
   (common/sampling.cpp:678-709).
@@ -26,6 +28,7 @@ publish_sections.py); every figure here is volatile (the manifest's ``build`` se
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -41,8 +44,11 @@ from pipeline.stagedef import Stage, mem_mb
 from pipeline.stages.draft import prompts_from_text, spec_args
 from pipeline.tools import Toolchain, find_toolchain, serve_tool
 
-CTX = 4096  # room for `parallel` requests of a prompt (about 400 tokens) and n_predict each, in one unified cache
+CTX = 4096  # room for `parallel` requests of a prompt (about 70 tokens) and n_predict each
 WARMUP_TOKENS = 8
+# The clock times decoding; a short prompt keeps prompt processing (done by the main model and the draft alike) from
+# dominating a round. About 70 tokens of prose.
+PROMPT_CHARS = 240
 
 
 def box() -> str:
@@ -58,11 +64,23 @@ def box() -> str:
     return f"{cpu}, {os.cpu_count()} cores"
 
 
-def server_args(main, draft, spec_type: str, n_max: int | None, threads: int, parallel: int) -> list[str]:
+def server_args(main, draft, spec_type: str, n_max: int | None, threads: int, parallel: int,
+                ctx: int = CTX, flags: tuple[str, ...] = ()) -> list[str]:
     """``llama-server`` arguments of one configuration: the deploy line's speculative arguments (``n_max`` None: the
-    baseline, ``--spec-type none`` and no ``-md``), then the arguments every configuration shares."""
-    spec = ["-m", str(main), "--spec-type", "none"] if n_max is None else spec_args(main, draft, spec_type, n_max)
-    return [*spec, "-c", str(CTX), "-t", str(threads), "-np", str(parallel)]
+    baseline, ``--spec-type none`` and no ``-md``) with ``flags`` (:func:`variant_flags`), then the arguments every
+    configuration shares."""
+    spec = (["-m", str(main), "--spec-type", "none"] if n_max is None
+            else [*spec_args(main, draft, spec_type, n_max), *flags])
+    return [*spec, "-c", str(ctx), "-t", str(threads), "-np", str(parallel)]
+
+
+def variant_flags(variant: tuple[str, float] | None) -> tuple[str, ...]:
+    """A tuning variant's flags: ``("p_min", p)``: stop drafting at the first draft token whose top probability is
+    below p (common/speculative.cpp:366); ``("n_min", n)``: drop a draft shorter than n (common/speculative.cpp:409)."""
+    if variant is None:
+        return ()
+    key, value = variant
+    return (f"--spec-draft-{key.replace('_', '-')}", f"{value:g}")
 
 
 def _complete(url: str, prompt: str, n_predict: int, temperature: float, seed: int) -> dict:
@@ -78,29 +96,46 @@ def _complete(url: str, prompt: str, n_predict: int, temperature: float, seed: i
             "draft_n": int(t.get("draft_n", 0)), "draft_n_accepted": int(t.get("draft_n_accepted", 0))}
 
 
-def run_config(tc: Toolchain, args: list[str], prompts: list[str], n_predict: int, log, what: str,
-               temperature: float = 0.0, seed: int = 1, concurrent: int = 0) -> dict:
-    """One server start: a warm-up request, then ``prompts`` one at a time (``temperature``, ``seed``), then, with
-    ``concurrent``, that many greedy requests at once. Decode t/s: decoded tokens over decode seconds of the sequential
-    requests; of the concurrent ones, the sum of their rates (the server's throughput)."""
+@contextlib.contextmanager
+def servers(tc: Toolchain, configs: dict, log, what: str):
+    """One ``llama-server`` per configuration (``configs``: key -> arguments), each warmed up by a short request, all
+    kept running while the block measures them (an idle server sleeps); yields key -> URL. Starting each
+    configuration once, not once per round, is what keeps the demo's pair within a minute (docs/drafts.md)."""
+    with contextlib.ExitStack() as stack:
+        urls = {}
+        for key, args in configs.items():
+            try:
+                urls[key] = stack.enter_context(serve_tool(tc, args, Path(log) if log else None))
+                _complete(urls[key], "The", WARMUP_TOKENS, 0.0, 1)
+            except PipelineError as exc:
+                raise PipelineError(f"{what} ({_name(key)}): {exc}") from None
+            except (OSError, ValueError) as exc:
+                raise PipelineError(f"{what} ({_name(key)}): llama-server's /completion failed: {exc}") from None
+        yield urls
+
+
+def _name(key) -> str:
+    """A configuration's name: None the baseline, an int a draft length, a tuning variant ``(key, value)``."""
+    if key is None:
+        return "baseline"
+    return f"n_max {key}" if isinstance(key, int) else f"{key[0]} {key[1]:g}"
+
+
+def measure(url: str, prompts: list[str], n_predict: int, what: str, temperature: float = 0.0, seed: int = 1,
+            concurrent: int = 0) -> dict:
+    """The prompts one at a time (``temperature``, ``seed``), or with ``concurrent`` that many greedy requests at
+    once. Decode t/s: decoded tokens over decode seconds of the sequential requests; of the concurrent ones, the sum of
+    their rates (the server's throughput)."""
     try:
-        with serve_tool(tc, args, Path(log) if log else None) as url:
-            _complete(url, prompts[0], WARMUP_TOKENS, 0.0, seed)
-            seq = [_complete(url, p, n_predict, temperature, seed) for p in prompts]
-            par = []
-            if concurrent:
-                batch = [prompts[i % len(prompts)] for i in range(concurrent)]
-                with ThreadPoolExecutor(concurrent) as pool:
-                    par = list(pool.map(lambda p: _complete(url, p, n_predict, 0.0, seed), batch))
-    except PipelineError as exc:
-        raise PipelineError(f"{what}: {exc}") from None
+        if not concurrent:
+            return _rates([_complete(url, p, n_predict, temperature, seed) for p in prompts])
+        batch = [prompts[i % len(prompts)] for i in range(concurrent)]
+        with ThreadPoolExecutor(concurrent) as pool:
+            par = list(pool.map(lambda p: _complete(url, p, n_predict, 0.0, seed), batch))
     except (OSError, ValueError) as exc:
         raise PipelineError(f"{what}: llama-server's /completion failed: {exc}") from None
-    out = {"sequential": _rates(seq)}
-    if concurrent:
-        out["concurrent"] = {**_rates(par), "tokens_per_s": round(sum(
-            r["predicted_n"] / (r["predicted_ms"] / 1000) for r in par if r["predicted_ms"]), 3)}
-    return out
+    return {**_rates(par), "tokens_per_s": round(sum(r["predicted_n"] / (r["predicted_ms"] / 1000)
+                                                     for r in par if r["predicted_ms"]), 3)}
 
 
 def _rates(reqs: list[dict]) -> dict:
@@ -116,74 +151,122 @@ def summarize(with_draft: list[float], without: list[float]) -> dict:
             "speedup": round(statistics.median(ratios), 4), "interval": [min(ratios), max(ratios)]}
 
 
-def _condition(rounds: list[tuple[dict, dict]], part: str) -> dict:
-    """A condition's summary from each round's (with, without) measurements of ``part``."""
-    w, b = [r[0][part] for r in rounds], [r[1][part] for r in rounds]
+def condition(rounds: list[tuple[dict, dict]]) -> dict:
+    """A condition's summary from each round's (with, without) measurements."""
+    w, b = [r[0] for r in rounds], [r[1] for r in rounds]
     drafted, accepted = sum(x["drafted"] for x in w), sum(x["accepted"] for x in w)
     return {**summarize([x["tokens_per_s"] for x in w], [x["tokens_per_s"] for x in b]), "drafted": drafted,
             "accepted": accepted, "acceptance_rate": round(accepted / drafted, 4) if drafted else 0.0}
 
 
-def verdict(speedup: float, interval: list[float], n_max: int, where: str) -> tuple[bool, str]:
+def alternate(keys: list, rounds: int, run) -> list[dict]:
+    """``rounds`` rounds of ``run(key, round)`` over ``keys``, in reversed order every other round, so that a drift
+    favours no configuration."""
+    return [{k: run(k, i) for k in (keys if i % 2 == 0 else keys[::-1])} for i in range(rounds)]
+
+
+def greedy_rounds(urls: dict, prompts: list[str], n_predict: int, n_max: tuple[int, ...], rounds: int, seed: int,
+                  what: str) -> tuple[dict, int]:
+    """The greedy rounds over the baseline and every draft length: the condition per ``n_max`` and the chosen one
+    (the highest median; the shorter on a tie)."""
+    got = alternate([None, *n_max], rounds, lambda n, i: measure(
+        urls[n], prompts, n_predict, f"{what} ({_name(n)}, round {i + 1})", 0.0, seed))
+    by_n = {str(n): condition([(g[n], g[None]) for g in got]) for n in n_max}
+    return by_n, max(n_max, key=lambda n: (by_n[str(n)]["speedup"], -n))
+
+
+def verdict(speedup: float, interval: list[float], n_max: int, where: str, variant=None) -> tuple[bool, str]:
     """(helps, the line the manifest, report and card give): a speed-up only when the whole interval is above 1."""
     lo, hi = interval
+    at = f"n_max {n_max}" + (f", {_name(variant)}" if variant else "")
     if lo > 1.0:
-        return True, f"speed-up {speedup:.2f}x ({lo:.2f}-{hi:.2f}) at n_max {n_max} on {where}"
-    return False, f"no speed-up on {where}: measured {speedup:.2f}x ({lo:.2f}-{hi:.2f}) at n_max {n_max}"
+        return True, f"speed-up {speedup:.2f}x ({lo:.2f}-{hi:.2f}) at {at} on {where}"
+    return False, f"no speed-up on {where}: measured {speedup:.2f}x ({lo:.2f}-{hi:.2f}) at {at}"
+
+
+def tune(urls: dict, best: int, variants: list, prompts: list[str], n_predict: int, rounds: int, seed: int,
+         what: str) -> tuple[tuple | None, dict]:
+    """Rounds over the baseline, the chosen length and each variant of it (p-min, n-min: recipe
+    ``draft.speedup.p_min/n_min``): the variant whose median beats the plain length's in the same rounds (None: no
+    variant changes the answer) and the ``tuning`` record."""
+    keys = [None, best, *variants]
+    got = alternate(keys, rounds, lambda k, i: measure(urls[k], prompts, n_predict,
+                                                        f"{what} ({_name(k)}, tuning round {i + 1})", 0.0, seed))
+    conds = {_name(k): condition([(g[k], g[None]) for g in got]) for k in keys[1:]}
+    win = max(keys[1:], key=lambda k: (conds[_name(k)]["speedup"], k == best))  # a tie keeps the plain length
+    chosen = None if win == best else win
+    return chosen, {"rounds": rounds, "by_config": conds, "chosen": _name(win), "changes_answer": chosen is not None}
 
 
 def speedup(main_gguf, draft_gguf, vocab_record, text, n_max: tuple[int, ...], prompts: int, n_predict: int,
             record, settings, threads: int = 2, log=None, tc: Toolchain | None = None,
             spec_type: str = "draft-simple") -> dict:
     """Entry function: the measured speed-up of one compatible pair (skipped for incompatible ones). ``settings``: the
-    recipe's ``draft.speedup`` (rounds, temperature, seed, parallel)."""
+    recipe's ``draft.speedup`` (rounds, temperature, seed, parallel; its prompts and n_predict, when set, replace the
+    acceptance's ``prompts`` and ``n_predict``)."""
     t0 = time.monotonic()
     tc = tc or find_toolchain()
     text = Path(text)
     vocab = VocabRecord.read(vocab_record, "speedup")
+    prompts, n_predict = settings.prompts or prompts, settings.n_predict or n_predict
     base = {"eval_text": text.name, "text_sha256": sha256_file(text), "prompts": prompts, "n_predict": n_predict,
-            "threads": threads, "spec_type": spec_type, "rounds": settings.rounds, "ctx": CTX}
+            "threads": threads, "spec_type": spec_type, "rounds": settings.rounds, "ctx": CTX,
+            "prompt_chars": PROMPT_CHARS}
     if not vocab.compatible:
         rec = SpeedupRecord(**base, skipped="vocabularies are incompatible")
         rec.write(record)
         return rec.to_dict()
     pair = Path(main_gguf).name + (f" + {Path(draft_gguf).name}" if draft_gguf is not None else "")
-    passages = prompts_from_text(text.read_text(encoding="utf-8"), prompts)
-    where = box()
+    passages = prompts_from_text(text.read_text(encoding="utf-8"), prompts, PROMPT_CHARS)
+    where, what, seed = box(), f"speed-up of {pair}", settings.seed
 
-    def one(n, round_i, temperature=0.0, concurrent=0):
-        what = f"speed-up of {pair} ({'baseline' if n is None else f'n_max {n}'}, round {round_i + 1})"
-        return run_config(tc, server_args(main_gguf, draft_gguf, spec_type, n, threads, settings.parallel), passages,
-                          n_predict, log, what, temperature, settings.seed, concurrent)
+    def args(n, parallel, variant=None):
+        return server_args(main_gguf, draft_gguf, spec_type, n, threads, parallel, flags=variant_flags(variant))
 
-    configs: list[int | None] = [None, *n_max]
-    greedy: list[dict] = []
-    for i in range(settings.rounds):
-        order = configs if i % 2 == 0 else configs[::-1]  # alternate, so that a drift favours no configuration
-        greedy.append({n: one(n, i) for n in order})
-    by_n = {str(n): _condition([(g[n], g[None]) for g in greedy], "sequential") for n in n_max}
-    best = max(n_max, key=lambda n: (by_n[str(n)]["speedup"], -n))
-    extra: list[tuple[dict, dict]] = []
-    for i in range(settings.rounds):  # the chosen n_max only: sampled, and `parallel` requests at once
-        pair_runs = {n: one(n, i, settings.temperature, settings.parallel)
-                     for n in ((best, None) if i % 2 == 0 else (None, best))}
-        extra.append((pair_runs[best], pair_runs[None]))
-    chosen = by_n[str(best)]
-    helps, line = verdict(chosen["speedup"], chosen["interval"], best, where)
+    variants = [("p_min", p) for p in settings.p_min] + [("n_min", n) for n in settings.n_min]
+    # one request at a time on one slot (what a device serving one user runs): greedy at every length, the variants of
+    # the chosen one, then sampled
+    with servers(tc, {n: args(n, 1) for n in (None, *n_max)}, log, what) as urls:
+        by_n, best = greedy_rounds(urls, passages, n_predict, n_max, settings.rounds, seed, what)
+        with servers(tc, {v: args(best, 1, v) for v in variants}, log, what) as more:
+            urls.update(more)
+            variant, tuning = (tune(urls, best, variants, passages, n_predict, settings.rounds, seed, what)
+                               if variants else (None, None))
+            key = variant or best
+            sampled = alternate([key, None], settings.rounds, lambda n, i: measure(
+                urls[n], passages, n_predict, f"{what} ({_name(n)} sampled, round {i + 1})", settings.temperature,
+                seed))
+    concurrent = None
+    if settings.parallel > 1:  # `parallel` slots, as many requests at once
+        with servers(tc, {"with": args(best, settings.parallel, variant), None: args(None, settings.parallel)}, log,
+                     what) as urls:
+            got = alternate(["with", None], settings.rounds, lambda n, i: measure(
+                urls[n], passages, n_predict, f"{what} ({'baseline' if n is None else 'with the draft'}, "
+                                              f"-np {settings.parallel}, round {i + 1})",
+                seed=seed, concurrent=settings.parallel))
+        concurrent = {"parallel": settings.parallel, **condition([(g["with"], g[None]) for g in got]),
+                      "command": _command(main_gguf, draft_gguf, spec_type, best, threads, settings.parallel, variant)}
+    chosen = tuning["by_config"][_name(variant)] if variant else by_n[str(best)]
+    helps, line = verdict(chosen["speedup"], chosen["interval"], best, where, variant)
     rec = SpeedupRecord(**base, box=where, by_n_max=by_n, best_n_max=best, speedup=chosen["speedup"],
                         interval=chosen["interval"], helps=helps, verdict=line,
-                        sampled={"temperature": settings.temperature, "seed": settings.seed,
-                                 **_condition(extra, "sequential")},
-                        concurrent={"parallel": settings.parallel, **_condition(extra, "concurrent")},
-                        command=" ".join(["llama-server", *server_args(Path(main_gguf).name, None if draft_gguf is None
-                                                                       else Path(draft_gguf).name, spec_type, best,
-                                                                       threads, settings.parallel)]),
-                        baseline=" ".join(["llama-server", *server_args(Path(main_gguf).name, None, spec_type, None,
-                                                                        threads, settings.parallel)]),
+                        **({"tuning": tuning} if tuning else {}),
+                        **({"best_flags": list(variant_flags(variant))} if variant else {}),
+                        sampled={"temperature": settings.temperature, "seed": seed,
+                                 **condition([(g[key], g[None]) for g in sampled])},
+                        **({"concurrent": concurrent} if concurrent else {}),
+                        command=_command(main_gguf, draft_gguf, spec_type, best, threads, 1, variant),
+                        baseline=_command(main_gguf, None, spec_type, None, threads, 1),
                         seconds=round(time.monotonic() - t0, 1))
     rec.write(record)
-    print(f"speedup: {pair}: {line}", flush=True)
+    print(f"speedup: {pair}: {line} ({rec.seconds:.0f} s)", flush=True)
     return rec.to_dict()
+
+
+def _command(main, draft, spec_type: str, n_max: int | None, threads: int, parallel: int, variant=None) -> str:
+    """A configuration's command line, file names bare (as the deploy line has them)."""
+    return " ".join(["llama-server", *server_args(Path(main).name, None if draft is None else Path(draft).name,
+                                                  spec_type, n_max, threads, parallel, flags=variant_flags(variant))])
 
 
 def _run(j) -> None:

@@ -114,9 +114,17 @@ def test_collect_feeds_publish_and_leaves_the_manifest(demo_build, demo_recipe, 
     arts = tmp_path / "artifacts"
     for folder in src.parent.iterdir():  # the recipe and its draft's (the draft section reads its manifest)
         shutil.copytree(folder, arts / folder.name, copy_function=os.link)
+    draft = arts / f"{NAME}-draft" / f"{NAME}-draft-Q4_0.gguf"
     res = _device_check(arts / NAME / f"{NAME}-Q8_0.gguf", "--device", "pi5-8g", "--no-bench", "--out",
-                        tmp_path / "r.json")
+                        tmp_path / "r.json", "--draft", draft)
     assert res.returncode == 0, res.stderr
+    # the draft's speed-up with this machine's llama-server (issue #30 item 3): the demo's pair is the same model at
+    # Q4_0, so drafting doubles the work per token and no round can come out faster
+    sp = json.loads((tmp_path / "r.json").read_text())["speedup"]
+    acc = next(p for p in _manifest(src)["draft"]["pairs"] if p["main"] == f"{NAME}-Q8_0.gguf")["acceptance"]
+    assert sp["pair"] == f"{NAME}-Q8_0.gguf + {draft.name}" and sp["n_max"] == acc["best_n_max"], sp
+    assert len(sp["speedup_by_round"]) == 3 and sp["drafted"] > 0 and not sp["helps"], sp
+    assert sp["verdict"].startswith("no speed-up on pi5-8g: measured ") and f"draft {draft.name}: no speed-up" in res.stdout
     res = subprocess.run([sys.executable, "-m", "pipeline.cli", "collect", tmp_path / "r.json", "--artifacts", arts],
                          capture_output=True, text=True, cwd=ROOT)
     assert res.returncode == 0 and "added pi5-8g's result" in res.stdout, res.stderr
@@ -127,3 +135,4 @@ def test_collect_feeds_publish_and_leaves_the_manifest(demo_build, demo_recipe, 
     report = (arts / NAME / "report.md").read_text()
     assert "## On-device check" in report and "| pi5-8g (" in report and f"`{NAME}-Q8_0.gguf` | b11312 |" in report
     assert "## Checked on devices" in (arts / NAME / "README.md").read_text()
+    assert f"{sp['speedup']:.2f}x ({sp['interval'][0]:.2f}-{sp['interval'][1]:.2f}) with `{draft.name}`" in report

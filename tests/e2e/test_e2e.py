@@ -117,6 +117,22 @@ def test_q4_k_m_perplexity_bound(demo_build):
     assert q4["metrics"]["botchan"]["ppl_q"] < 35, q4["metrics"]
 
 
+def test_launch_line_per_device(demo_build):
+    """The demo's three devices (recipes/smollm2-135m.yaml) each get a llama-server line for their best published
+    quant (issue #30 item 4): the card and the report show the fit table and the lines. The suite's build measures no
+    speed-up, so no line carries a draft."""
+    m = _manifest(demo_build)
+    launch, devices = m["build"]["launch"], m["devices"]
+    assert list(launch) == ["pi5-8g", "phone-4g", "laptop-16g"] == list(devices)
+    card = (demo_build / "artifacts" / NAME / "README.md").read_text()
+    for dev, e in launch.items():
+        assert e["file"] == f"{NAME}-{devices[dev]['best']}.gguf" and "-md" not in e["line"], e
+        assert e["line"].startswith(f"llama-server -m {e['file']} -c {e['ctx']} -np {e['parallel']} -t "), e
+        assert e["ctx"] == 8192 * e["parallel"] and e["memory"]["total"] + e["margin_bytes"] == devices[dev]["memory_bytes"]
+        assert f"`{e['line']}`" in card
+    assert "## Fits on" in card and "## Launch on a device" in card
+
+
 def test_rerun_runs_zero_jobs(demo_build, demo_hub, demo_recipe):
     res = snakemake(demo_build, demo_recipe, extra=["--dry-run"], hub=demo_hub)
     assert res.returncode == 0, res.stderr[-2000:]

@@ -170,7 +170,8 @@ def test_zero_acceptance_control_has_no_speedup_and_no_deploy_line(pair_build):
     for c in [*sp["by_n_max"].values(), sp["sampled"], sp["concurrent"]]:
         assert c["drafted"] > 0 and c["accepted"] == 0 and len(c["speedup_by_round"]) == 3, c
     assert sp["verdict"].startswith("no speed-up on ") and f"at n_max {sp['best_n_max']}" in sp["verdict"]
-    assert sp["baseline"] == f"llama-server -m {NAME}-Q4_K_M.gguf --spec-type none -c 4096 -t 2 -np 4"
+    assert sp["baseline"] == f"llama-server -m {NAME}-Q4_K_M.gguf --spec-type none -c 4096 -t 2 -np 1"
+    assert sp["concurrent"]["command"].endswith(" -np 4") and sp["prompt_chars"] == 240
     assert sp["command"].startswith(f"llama-server -m {NAME}-Q4_K_M.gguf -md {DRAFT_NAME}-Q8_0.gguf --spec-type "
                                     f"draft-simple --spec-draft-n-max {sp['best_n_max']} ")
     for page in ("README.md", "report.md"):

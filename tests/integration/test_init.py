@@ -133,12 +133,17 @@ def test_init_device_suggestions(tmp_path, capsys, monkeypatch, hub, tiny_folder
     r = load_recipe(out)
     assert [q.key for q in r.quants] == ["Q8_0", "Q5_K_M", "Q4_K_M"]
     text = out.read_text()
-    assert "# big (64G, ctx 4096, x86_64): about" in text
-    assert f"# mid ({between}, ctx 1024, arm64): about {est['Q5_K_M'] / (1 << 20):.0f} MiB" in text
+    assert "# big (64G, ctx 4096, x86_64): Q8_0, about" in text
+    assert f"# mid ({between}, ctx 1024, arm64): Q5_K_M, about {est['Q5_K_M'] / (1 << 20):.0f} MiB" in text
     assert "# none (1M, ctx 1024, x86_64): no stock quant fits: Q2_K needs about" in text
     assert yaml.safe_load(text)["quants"] == ["Q8_0", "Q5_K_M", "Q4_K_M"]
+    # the devices go into the recipe: the build's fit table and launch lines are made for them
+    assert [(d.name, d.memory_bytes, d.ctx, d.arch) for d in r.devices] == [
+        ("big", 64 << 30, 4096, "x86_64"), ("mid", between, 1024, "arm64"), ("none", 1 << 20, 1024, "x86_64")]
     rc, _, err = init(capsys, monkeypatch, hub, tiny_folder, "--out", tmp_path / "x.yaml", "--device", "pi:8G:4k")
     assert rc == 1 and "is not a number" in err
+    rc, _, err = init(capsys, monkeypatch, hub, tiny_folder, "--out", tmp_path / "x.yaml", "--device", "Pi|5:8G")
+    assert rc == 1 and "the name 'Pi|5' is not a device name" in err and not (tmp_path / "x.yaml").exists()
 
 
 def test_init_bf16_checkpoint_gets_bf16_outtype(tmp_path, capsys, monkeypatch, hub, tiny_folder):

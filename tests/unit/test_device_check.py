@@ -26,7 +26,7 @@ from pipeline.stages.evaluate import parse_chunk_rows, parse_kld_statistics
 from pipeline.stages.logitsfile import read_logits_file
 from pipeline.stages.publish_devices import RESULTS_KIND as PUBLISH_KIND
 from pipeline.stages.publish_devices import SLICE_FILE, TOLERANCE, device_results, same_top_p_limit
-from pipeline.stages.report import device_check_text
+from pipeline.stages.report_devices import device_check_text
 
 SHA = "6b5982a638c6ed4e3da15711b6a5a1328c34a53e"
 
@@ -175,6 +175,8 @@ def _folder(tmp_path, payload=b"slice bytes"):
     entry = {"file": "m-Q8_0.gguf", "sha256": "a" * 64, "quant_type": "Q8_0",
              "slice": {"kld_mean": 0.003, "same_top_p": 0.96, "ppl_q": 27.0}}
     manifest = {"name": "m", "build_id": "m-0123456789ab", "artifacts": [entry],
+                "draft": {"pairs": [{"main": "m-Q8_0.gguf", "draft": "m-draft-Q4_0.gguf", "compatible": True,
+                                     "acceptance": {"best_n_max": 4}}]},
                 "device_check": {"file": SLICE_FILE, "sha256": hashlib.sha256(payload).hexdigest(),
                                  "size_bytes": len(payload), "eval_set": "g", "ctx": 512, "chunks": 2,
                                  "scored_tokens": 510, "tolerance": dict(TOLERANCE)}}
@@ -243,7 +245,7 @@ def test_collect_adds_replaces_and_is_read_back_by_publish(tmp_path):
     assert "| laptop (aarch64) | `m-Q8_0.gguf` | b11312 | 0.00310 (+0.00010) |" in text
     collect([_result(folder, entry, label="phone", checked=False, slice=None, bench=None, tools=None)], root)
     text = device_check_text({**manifest, "artifacts": [entry]}, device_results(layout, "m", manifest), short=True)
-    assert "| phone (aarch64) | `m-Q8_0.gguf` | – | – | – | – | verified only |" in text
+    assert "| phone (aarch64) | `m-Q8_0.gguf` | – | – | – | – | – | verified only |" in text
 
 
 @pytest.mark.parametrize("over,what", [
@@ -302,6 +304,65 @@ def test_collect_refuses_fields_the_card_would_show_wrong(tmp_path, over, what):
     msg = str(exc.value)
     assert "\n" not in msg and msg.startswith(f"{bad}: ") and what in msg, msg
     assert not (folder / "devices.json").exists()
+
+
+def _speedup(**over):
+    return {"pair": "m-Q8_0.gguf + m-draft-Q4_0.gguf", "n_max": 4, "tokens_per_s": [10.0, 11.0, 9.0],
+            "baseline_tokens_per_s": [20.0, 20.0, 20.0], "acceptance_rate": 0.4, "speedup": 2.0,
+            "interval": [1.8, 2.2], "helps": True, "verdict": "speed-up 2.00x", **over}
+
+
+def test_collect_computes_the_draft_speed_up_again_from_its_rates(tmp_path):
+    """``device-check --draft``'s figures (issue #30 item 3): an edited median and decision ("2.00x, helps") over
+    rates that say 0.5x are replaced by what the rates give; the card's cell shows the recomputed figures."""
+    folder, manifest, entry = _folder(tmp_path)
+    edited = _result(folder, entry, speedup=_speedup())
+    out, notes = collect([edited], folder.parent)
+    assert notes[0].endswith("pass (draft speed-up judged again from its rates: no speed-up on pi5: measured 0.50x "
+                             "(0.45-0.55) at n_max 4)"), notes
+    (r,) = json.loads(out.read_text())["results"]
+    sp = r["speedup"]
+    assert (sp["speedup"], sp["interval"], sp["helps"]) == (0.5, [0.45, 0.55], False)
+    text = device_check_text(manifest, [r], short=True)
+    assert "| 0.50x (0.45-0.55) with `m-draft-Q4_0.gguf`, n_max 4: no speed-up | pass |" in text
+
+
+@pytest.mark.parametrize("speedup,what", [
+    ({"pair": "m-Q4_K_M.gguf + m-draft-Q4_0.gguf"}, "field speedup.pair: 'm-Q4_K_M.gguf + m-draft-Q4_0.gguf' is not "
+                                                     "a pair of m-Q8_0.gguf"),
+    ({"pair": "m-Q8_0.gguf + x|<b>.gguf"}, "field speedup.pair: 'm-Q8_0.gguf + x|<b>.gguf' is not a pair of"),
+    ({"pair": "m-Q8_0.gguf + m-draft-Q2_K.gguf"}, "field speedup.pair: 'm-Q8_0.gguf + m-draft-Q2_K.gguf' is not a "
+                                                   "pair the manifest declares"),
+    ({"tokens_per_s": [10.0, "fast", 9.0]}, "field speedup.tokens_per_s: must be a finite number, got 'fast'"),
+    ({"tokens_per_s": [10.0, 11.0]}, "field speedup.tokens_per_s: must be a list of at least 3 rates"),
+    ({"baseline_tokens_per_s": [20.0, 0.0, 20.0]}, "field speedup.baseline_tokens_per_s: one positive rate per round"),
+    ({"n_max": "4"}, "field speedup.n_max: must be a draft length 1..64, got '4'"),
+])
+def test_collect_refuses_a_speed_up_the_card_would_show_wrong(tmp_path, speedup, what):
+    folder, _manifest, entry = _folder(tmp_path)
+    bad = _result(folder, entry, speedup=_speedup(**speedup))
+    with pytest.raises(PipelineError) as exc:
+        collect([bad], folder.parent)
+    assert str(exc.value).startswith(f"{bad}: ") and what in str(exc.value), exc.value
+    assert not (folder / "devices.json").exists()
+
+
+def test_the_device_prompts_are_the_slice_tokens_and_the_pair_must_be_declared(tmp_path):
+    from pipeline.devices.check_draft import find_pair, slice_prompts
+
+    tokens, *_ = _logits_file(tmp_path / "slice.logits", n_ctx=16, n_chunk=3)
+    assert slice_prompts(tmp_path / "slice.logits", 2, 10) == [tokens[:10], tokens[16:26]]
+    assert slice_prompts(tmp_path / "slice.logits", 5, 40) == [tokens[:16], tokens[16:32], tokens[32:48]]
+    (tmp_path / "x.logits").write_bytes(b"not logits" * 4)
+    with pytest.raises(PipelineError, match="not a llama-perplexity --kl-divergence-base file"):
+        slice_prompts(tmp_path / "x.logits", 1, 10)
+    _, manifest, _ = _folder(tmp_path)
+    assert find_pair(tmp_path, manifest, "m-Q8_0.gguf", "m-draft-Q4_0.gguf")["acceptance"]["best_n_max"] == 4
+    with pytest.raises(PipelineError, match=r"m-Q8_0.gguf \+ m-draft-Q8_0.gguf is not a pair the build declares "
+                                            r"\(draft.pairs: m-Q8_0.gguf \+ m-draft-Q4_0.gguf\)"):
+        find_pair(tmp_path, manifest, "m-Q8_0.gguf", "m-draft-Q8_0.gguf")
+    with pytest.raises(PipelineError, match="no draft section"):
+        find_pair(tmp_path, {**manifest, "draft": None}, "m-Q8_0.gguf", None)
 
 
 def test_device_labels_are_plain():

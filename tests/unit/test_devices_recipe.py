@@ -22,7 +22,7 @@ from pipeline.stages.card import card_text
 from pipeline.stages.evaluate import gate_messages
 from pipeline.stages.publish import check_gates
 from pipeline.stages.publish_sections import devices_section, fits_section
-from pipeline.stages.report import fits_table
+from pipeline.stages.report_devices import fits_table
 
 SHA = "6b5982a638c6ed4e3da15711b6a5a1328c34a53e"
 GIB, MIB = 1 << 30, 1 << 20
@@ -52,7 +52,7 @@ def test_devices_are_parsed_with_their_defaults(tmp_path):
         Device("tiny", "536870912", 512 * MIB),
     )
     assert r.devices[0].describe() == {"memory_bytes": 8 * GIB, "ctx": 4096, "kv_type": "f16", "arch": "arm64-dotprod",
-                                       "require": True}
+                                       "require": True, "threads": 4, "parallel": 1}
     assert _load(tmp_path, None).devices == ()
 
 
@@ -110,6 +110,7 @@ def test_fits_best_and_margins_from_synthetic_predictions():
     section_, failures, warnings = fits_section("m", devs, FILES, _predict())
     assert failures == [] and warnings == []
     assert section_["big"] == {"memory_bytes": GIB, "ctx": 4096, "kv_type": "f16", "arch": "x86_64", "require": False,
+                               "threads": 4, "parallel": 1,
                                "files": {k: {"total": TOTALS[p], "fits": True, "margin_bytes": GIB - TOTALS[p]}
                                          for k, _, _, p in FILES},
                                "best": "Q8_0"}  # the largest quant by file bytes; never the base

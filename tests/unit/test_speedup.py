@@ -23,9 +23,12 @@ def _recipe(folder, **draft):
 
 
 def test_defaults_and_keys(tmp_path):
-    assert load_recipe(_recipe(tmp_path)).draft.speedup == Speedup(rounds=3, temperature=0.8, seed=1, parallel=4)
-    d = load_recipe(_recipe(tmp_path, speedup={"rounds": 5, "temperature": 0, "parallel": 1}, min_speedup=1.2)).draft
-    assert d.speedup == Speedup(rounds=5, temperature=0.0, seed=1, parallel=1) and d.min_speedup == 1.2
+    assert load_recipe(_recipe(tmp_path)).draft.speedup == Speedup(rounds=3, temperature=0.8, seed=1, parallel=4,
+                                                                   prompts=None, n_predict=None)
+    d = load_recipe(_recipe(tmp_path, speedup={"rounds": 5, "temperature": 0, "parallel": 1, "prompts": 1,
+                                               "n_predict": 32}, min_speedup=1.2)).draft
+    assert d.speedup == Speedup(rounds=5, temperature=0.0, seed=1, parallel=1, prompts=1, n_predict=32)
+    assert d.min_speedup == 1.2
     assert load_recipe(_recipe(tmp_path, speedup=False)).draft.speedup is None
 
 
@@ -37,10 +40,32 @@ def test_defaults_and_keys(tmp_path):
     ({"speedup": {"parallel": 0}}, "draft.speedup.parallel", "must be an integer >= 1, got 0"),
     ({"speedup": {"rounds": 2}}, "draft.speedup.rounds", "must be an integer >= 3, got 2"),
     ({"speedup": {"warmup": 1}}, "draft.speedup.warmup", "unknown key"),
+    ({"speedup": {"prompts": 0}}, "draft.speedup.prompts", "must be an integer >= 1, got 0"),
+    ({"speedup": {"n_predict": 4}}, "draft.speedup.n_predict", "must be an integer >= 8, got 4"),
+    ({"speedup": {"p_min": [0.5, 1.0]}}, "draft.speedup.p_min", "values must be probabilities 0 < p < 1"),
+    ({"speedup": {"p_min": 0.5}}, "draft.speedup.p_min", "must be a non-empty list, got 0.5"),
+    ({"speedup": {"n_min": [0]}}, "draft.speedup.n_min", "values must be integers >= 1"),
+    ({"speedup": {"n_min": [2, 2]}}, "draft.speedup.n_min", "repeats a value: [2, 2]"),
 ])
 def test_bad_speedup_keys_one_line(tmp_path, draft, field, what):
     exc = recipe_error(_recipe(tmp_path, **draft))
     assert exc.field == field and what in exc.message, exc
+
+
+def test_p_min_and_n_min_variants_are_flags_of_the_chosen_length(tmp_path):
+    """``draft.speedup.p_min/n_min``: each value a configuration of the chosen length with its flag
+    (common/arg.cpp:4150, 4197), named in the verdict when it is the one kept."""
+    from pipeline.stages.speedup import variant_flags
+
+    d = load_recipe(_recipe(tmp_path, speedup={"p_min": [0.5, 0.8], "n_min": [2]})).draft
+    assert d.speedup.p_min == (0.5, 0.8) and d.speedup.n_min == (2,)
+    assert variant_flags(("p_min", 0.5)) == ("--spec-draft-p-min", "0.5") and variant_flags(None) == ()
+    assert server_args("m.gguf", "d.gguf", "draft-simple", 4, 2, 1, flags=variant_flags(("n_min", 2)))[:10] == [
+        "-m", "m.gguf", "-md", "d.gguf", "--spec-type", "draft-simple", "--spec-draft-n-max", "4",
+        "--spec-draft-n-min", "2"]
+    assert server_args("m.gguf", "d.gguf", "draft-simple", None, 2, 1, flags=("--spec-draft-n-min", "2"))[:4] == [
+        "-m", "m.gguf", "--spec-type", "none"]  # the baseline never drafts
+    assert verdict(1.4, [1.2, 1.5], 4, "box", ("p_min", 0.5))[1] == "speed-up 1.40x (1.20-1.50) at n_max 4, p_min 0.5 on box"
 
 
 def test_rounds_pair_with_their_own_baseline():
@@ -68,3 +93,26 @@ def test_baseline_removes_every_speculative_argument():
     assert base == ["-m", "m.gguf", "--spec-type", "none", "-c", "4096", "-t", "2", "-np", "4"]
     assert server_args("m.gguf", None, "draft-mtp", 2, 2, 1)[:6] == ["-m", "m.gguf", "--spec-type", "draft-mtp",
                                                                       "--spec-draft-n-max", "2"]
+
+
+def test_the_plot_draws_each_pair_against_the_draft_length(tmp_path):
+    """report's speedup.svg (pipeline/stages/report_speedup.py): one series per measured pair, a point per n_max with
+    its min-max bar, the line at 1x; written only when something was measured, and removed when nothing is."""
+    import xml.etree.ElementTree as ET
+
+    from pipeline.stages.report_speedup import PLOT_FILE, write_speedup_plot
+
+    def cond(med, lo, hi):
+        return {"speedup": med, "interval": [lo, hi]}
+
+    speed = {"m-Q8_0.gguf + d-Q4_0.gguf": {"by_n_max": {"4": cond(0.33, 0.32, 0.36), "8": cond(0.24, 0.23, 0.25)}},
+             "m-Q4_K_M.gguf + d-Q4_0.gguf": {"by_n_max": {"4": cond(1.4, 1.2, 1.5), "8": cond(2.1, 1.9, 2.4)}},
+             "m-F16.gguf + d-Q4_0.gguf": {"skipped": "vocabularies are incompatible"}}
+    manifest = {"name": "m", "build": {"draft_speedup": speed}}
+    assert write_speedup_plot(manifest, tmp_path) == PLOT_FILE
+    root = ET.parse(tmp_path / PLOT_FILE).getroot()
+    ns = "{http://www.w3.org/2000/svg}"
+    assert len(root.findall(f"{ns}polyline")) == 2 and len(root.findall(f"{ns}circle")) == 4
+    texts = [t.text for t in root.iter(f"{ns}text")]
+    assert "1x" in texts and "m-Q8_0.gguf" in texts and "+ d-Q4_0.gguf" in texts and "m-F16.gguf" not in texts
+    assert write_speedup_plot({"name": "m", "build": {}}, tmp_path) is None and not (tmp_path / PLOT_FILE).exists()
