@@ -58,7 +58,7 @@ def test_manifest_provenance(demo_build, demo_recipe):
     assert m["tools"]["converter_unmet"] == {"torch": {"required": "==2.11.0", "installed": py["converter"]["torch"]}}
     assert m["build_id"].startswith(NAME + "-") and len(m["build_id"]) == len(NAME) + 13
     assert set(m["build"]) == {"timestamp", "bench", "bench_label", "draft_decode_tokens_per_s", "eval_threads",
-                               "conformance_seconds", "device"}
+                               "conformance_seconds", "device", "launch"}
     assert m["build"]["device"] == "cpu" and m["tools"]["backend"] == "cpu" and "ngl" not in m["tools"]
     assert m["build"]["eval_threads"] == {"botchan": 2}  # eval_threads capped by --cores 2: volatile, not in eval_sets
     assert all("threads" not in es for es in m["eval_sets"])
