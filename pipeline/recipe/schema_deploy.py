@@ -23,8 +23,8 @@ DRAFT_SPEEDUP = Section("draft.speedup", "`draft.speedup:`", (
     Field("n_predict", "int >= 8", Note("`draft.n_predict`"), "Tokens generated per request.", 32),
     Field("p_min", "list of numbers 0 < p < 1", Note("none: llama.cpp's default 0 only"),
           "`--spec-draft-p-min` values tried at the chosen draft length (drafting stops at the first draft token whose "
-          "top probability is below it), in rounds of their own beside it; one is kept only when its median is "
-          "higher.", [0.5, 0.8]),
+          "top probability is below it), in rounds of their own beside it; one is kept only when its whole interval "
+          "lies above the plain length's.", [0.5, 0.8]),
     Field("n_min", "list of ints >= 1", Note("none: llama.cpp's default 0 only"),
           "`--spec-draft-n-min` values tried the same way (a draft shorter than it is dropped).", [2]),
 ))

@@ -116,3 +116,28 @@ def test_the_plot_draws_each_pair_against_the_draft_length(tmp_path):
     texts = [t.text for t in root.iter(f"{ns}text")]
     assert "1x" in texts and "m-Q8_0.gguf" in texts and "+ d-Q4_0.gguf" in texts and "m-F16.gguf" not in texts
     assert write_speedup_plot({"name": "m", "build": {}}, tmp_path) is None and not (tmp_path / PLOT_FILE).exists()
+
+
+def test_a_variant_is_kept_only_when_its_whole_interval_clears_the_plain_length(monkeypatch):
+    """tune(): the rule, on given per-round rates (the rounds themselves run in the speed-up stage): a higher median
+    inside the plain length's spread is noise and changes nothing; a variant whose every round beats the plain
+    length's best round is kept. Rates per round: the baseline 20 t/s."""
+    import pipeline.stages.speedup as sp
+
+    def run(table):
+        calls = {}
+
+        def fake_measure(url, prompts, n_predict, what, temperature=0.0, seed=1, concurrent=0):
+            i = calls[url] = calls.get(url, -1) + 1
+            return {"tokens": 16, "tokens_per_s": table[url][i], "drafted": 8, "accepted": 4}
+
+        monkeypatch.setattr(sp, "measure", fake_measure)
+        urls = {None: "base", 4: "plain", ("p_min", 0.8): "p", ("n_min", 2): "n"}
+        return sp.tune(urls, 4, [("p_min", 0.8), ("n_min", 2)], ["x"], 16, 3, 1, "t")
+
+    base = [20.0, 20.0, 20.0]
+    noise, _ = run({"base": base, "plain": [8.0, 10.0, 12.0], "p": [9.0, 11.0, 11.5], "n": [10.5, 11.0, 9.5]})
+    assert noise is None  # medians 0.55 and 0.525 over 0.5, but inside 0.4-0.6
+    kept, rec = run({"base": base, "plain": [8.0, 10.0, 12.0], "p": [13.0, 14.0, 15.0], "n": [12.5, 13.0, 20.0]})
+    assert kept == ("p_min", 0.8) and rec["chosen"] == "p_min 0.8" and rec["changes_answer"]  # both clear 0.6: p's median
+    assert rec["by_config"]["n_max 4"]["interval"] == [0.4, 0.6]
