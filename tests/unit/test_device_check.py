@@ -363,6 +363,12 @@ def test_the_device_prompts_are_the_slice_tokens_and_the_pair_must_be_declared(t
         find_pair(tmp_path, manifest, "m-Q8_0.gguf", "m-draft-Q8_0.gguf")
     with pytest.raises(PipelineError, match="no draft section"):
         find_pair(tmp_path, {**manifest, "draft": None}, "m-Q8_0.gguf", None)
+    # --mtp: the heads inside the file draft for it, a pair whose draft is the main file
+    mtp = {"pairs": [{"main": "m-Q8_0.gguf", "draft": "m-Q8_0.gguf", "compatible": True,
+                      "acceptance": {"best_n_max": 2, "spec_type": "draft-mtp"}}], "mtp": True, "spec_type": "draft-mtp"}
+    assert find_pair(tmp_path, {**manifest, "draft": mtp}, "m-Q8_0.gguf", None)["acceptance"]["best_n_max"] == 2
+    with pytest.raises(PipelineError, match=r"m-Q8_0.gguf \+ m-Q8_0.gguf is not a pair the build declares"):
+        find_pair(tmp_path, manifest, "m-Q8_0.gguf", None)  # --mtp on a build whose draft is another file
 
 
 def test_device_labels_are_plain():
