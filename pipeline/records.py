@@ -189,6 +189,7 @@ class ImatrixRecord(StageRecord):
     toolchain: dict
     threads: int
     seconds: float
+    experts: list = ABSENT  # MoE: per layer the experts the calibration reached (pipeline/stages/imatrix_coverage.py)
 
 
 @record

@@ -12,6 +12,7 @@ from pipeline.gguf.types import type_bpw
 from pipeline.recipe import naming
 from pipeline.recipe import schema as _schema
 from pipeline.recipe.devices import Device
+from pipeline.recipe.imatrix import ImatrixConfig
 from pipeline.recipe.mix import Flavour, Mix, Sensitivity
 from pipeline.recipe.speedup import Speedup
 
@@ -157,18 +158,6 @@ class AwqConfig:
                 "w_bit": self.w_bit, "q_group_size": self.q_group_size, "zero_point": self.zero_point,
                 "version": self.version, "n_samples": self.n_samples, "seq_len": self.seq_len,
                 "apply_clip": self.clip(self.engine or "autoawq")}
-
-
-@dataclass(frozen=True)
-class ImatrixConfig:
-    """``imatrix:``: llama-imatrix over the calibration text, once per base GGUF."""
-
-    calibration: Path
-    ctx: int = 512
-    chunks: int = 32
-
-    def describe(self) -> dict:
-        return {"calibration": self.calibration.name, "ctx": self.ctx, "chunks": self.chunks}
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from typing import Any
 from pipeline.errors import PipelineError
 from pipeline.gguf import read_header
 from pipeline.recipe import naming
+from pipeline.recipe.imatrix import parse_coverage
 from pipeline.recipe.model import (
     ACCEPTABLE_CAUSES,
     ARCH_CLASS_RE,
@@ -307,7 +308,7 @@ def _parse_imatrix(ctx: _Ctx, value, eval_sets) -> ImatrixConfig:
     d = ctx.mapping(value, "imatrix", IMATRIX_KEYS)
     cal = _calibration(ctx, d, "imatrix", eval_sets)
     return ImatrixConfig(calibration=cal, ctx=_integer(ctx, d.get("ctx", 512), "imatrix.ctx", 16),
-                         chunks=_integer(ctx, d.get("chunks", 32), "imatrix.chunks", 1))
+                         chunks=_integer(ctx, d.get("chunks", 32), "imatrix.chunks", 1), **parse_coverage(ctx, d))
 
 
 def _parse_draft(ctx: _Ctx, value, main_quants: tuple[Quant, ...], eval_sets, known, build, outtype: str,

@@ -310,6 +310,11 @@ IMATRIX = Section("imatrix", "`imatrix:`", (
     CALIBRATION_SHA256,
     Field("ctx", "int >= 16", 512, "Context length of each chunk.", 256),
     Field("chunks", "int >= 1", 32, "Number of chunks.", 8),
+    Field("min_expert_coverage", "number 0..1", None,
+          "Mixture-of-experts models: the fraction of each layer's experts the calibration text must reach (at least "
+          "`min_expert_tokens` routed tokens); below it the imatrix stage fails naming the layer and the cold experts. "
+          "None: the coverage is recorded, not gated.", 1.0),
+    Field("min_expert_tokens", "int >= 1", 1, "Routed tokens an expert needs to count as covered.", 4),
 ))
 
 DRAFT = Section("draft", "`draft:`", (

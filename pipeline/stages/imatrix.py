@@ -19,6 +19,7 @@ from pipeline.recipe import Recipe
 from pipeline.records import ImatrixRecord
 from pipeline.stagedef import Stage, mem_mb
 from pipeline.stages.evaluate import count_tokens
+from pipeline.stages.imatrix_coverage import coverage, coverage_failures, expert_counts
 from pipeline.tools import Toolchain, find_toolchain, run_tool, tail
 
 
@@ -62,12 +63,19 @@ def imatrix(recipe: Recipe, base: str, base_gguf: str | Path, out: str | Path, r
             raise ToolError("llama-imatrix", res.returncode, log, f"{recipe.path}: imatrix ({base}): llama-imatrix failed: "
                             f"{tail(res.output)}" + (f" [log: {log}]" if log else ""))
         facts = imatrix_facts(tmp)
+        experts = coverage(expert_counts(tmp), cfg.min_expert_tokens)
+        failed = coverage_failures(experts, cfg.min_expert_coverage, cfg.min_expert_tokens,
+                                   f"{recipe.path}: imatrix ({base}, {text.name})")
+        if failed:  # raised inside the block: the imatrix is not kept
+            more = f" (and {len(failed) - 1} more layer(s))" if len(failed) > 1 else ""
+            raise PipelineError(failed[0] + more)
     if facts["chunk_count"] != cfg.chunks:
         raise PipelineError(f"{recipe.path}: imatrix ({base}): llama-imatrix processed {facts['chunk_count']} chunks, "
                             f"not the {cfg.chunks} asked for")
     rec = ImatrixRecord(base=base, params=cfg.describe(), calibration_sha256=sha256_file(text),
                         calibration_tokens=n_tokens, sha256=sha256_file(out), facts=facts, tool="llama-imatrix",
-                        toolchain=tc.describe(), threads=threads, seconds=round(res.seconds, 1))
+                        toolchain=tc.describe(), threads=threads, seconds=round(res.seconds, 1),
+                        **({"experts": experts} if experts else {}))
     rec.write(record)
     return rec.to_dict()
 

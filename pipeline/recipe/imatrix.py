@@ -1,0 +1,39 @@
+"""Recipe ``imatrix:`` (llama-imatrix over a calibration text) and its expert-coverage gate for mixture-of-experts
+models (``min_expert_coverage``, ``min_expert_tokens``: pipeline/stages/imatrix_coverage.py). (see
+pipeline/recipe/__init__.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class ImatrixConfig:
+    """``imatrix:``: llama-imatrix over the calibration text, once per base GGUF."""
+
+    calibration: Path
+    ctx: int = 512
+    chunks: int = 32
+    min_expert_coverage: float | None = None  # None: coverage recorded, not gated
+    min_expert_tokens: int = 1
+
+    def describe(self) -> dict:  # the coverage keys only where set: older recipes keep their keys (and rerun trigger)
+        gate = {"min_expert_coverage": self.min_expert_coverage, "min_expert_tokens": self.min_expert_tokens}
+        return {"calibration": self.calibration.name, "ctx": self.ctx, "chunks": self.chunks,
+                **({} if gate == {"min_expert_coverage": None, "min_expert_tokens": 1} else gate)}
+
+
+def parse_coverage(ctx, d: dict) -> dict:
+    """``imatrix.min_expert_coverage`` (a fraction 0..1) and ``imatrix.min_expert_tokens`` (>= 1), one line each."""
+    out = {}
+    cov = d.get("min_expert_coverage")
+    if cov is not None:
+        if isinstance(cov, bool) or not isinstance(cov, (int, float)) or not 0 <= cov <= 1:
+            ctx.fail("imatrix.min_expert_coverage", f"must be a fraction 0..1 of a layer's experts, got {cov!r}")
+        out["min_expert_coverage"] = float(cov)
+    tokens = d.get("min_expert_tokens", 1)
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
+        ctx.fail("imatrix.min_expert_tokens", f"must be an integer >= 1 (routed tokens), got {tokens!r}")
+    out["min_expert_tokens"] = tokens
+    return out
