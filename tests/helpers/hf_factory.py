@@ -123,6 +123,51 @@ def tiny_glm4_moe(dest, tokenizer_dir, n_layer: int = 2, nextn_layers: int = 1, 
 
 
 
+def tiny_qwen3_moe(dest, tokenizer_dir, n_layer: int = 2, n_expert: int = 16, top_k: int = 2, seed: int = 0):
+    """A random Qwen3MoeForCausalLM checkpoint (issue #31; transformers' ``qwen3_moe``, the converter's
+    ``Qwen3MoeModel``: conversion/qwen.py:258): every layer MoE with ``n_expert`` routed experts, ``top_k`` per token,
+    no shared expert; hidden and expert widths 256 (K/IQ types need rows of 256: no fallback); q/k norms. The router
+    rows are scaled up (std 1 instead of 0.05), so its top-k is far from a tie and F16 rounding does not flip
+    experts. Tokenizer: ``tokenizer_dir``'s (the demo's SmolLM2, 49,152 tokens)."""
+    import torch
+    from safetensors.torch import save_file
+
+    dest.mkdir(parents=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(tokenizer_dir / name, dest / name)
+    n_tok = len(json.loads((tokenizer_dir / "tokenizer.json").read_text())["model"]["vocab"])
+    H, NH, KV, HD, FFE = 256, 4, 2, 64, 256
+    (dest / "config.json").write_text(json.dumps({
+        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "vocab_size": n_tok, "hidden_size": H,
+        "num_hidden_layers": n_layer, "num_attention_heads": NH, "num_key_value_heads": KV, "head_dim": HD,
+        "intermediate_size": 4 * H, "moe_intermediate_size": FFE, "num_experts": n_expert, "num_experts_per_tok": top_k,
+        "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True, "rope_theta": 10000.0,
+        "rms_norm_eps": 1e-6, "max_position_embeddings": 4096, "tie_word_embeddings": False, "attention_bias": False,
+        "torch_dtype": "float16", "bos_token_id": 1, "eos_token_id": 2}))
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape, std=0.05):
+        return (torch.randn(*shape, generator=g) * std).half().contiguous()
+
+    t = {"model.embed_tokens.weight": rnd(n_tok, H, std=1.0), "model.norm.weight": torch.ones(H).half(),
+         "lm_head.weight": rnd(n_tok, H)}
+    for b in range(n_layer):
+        p = f"model.layers.{b}."
+        t[p + "input_layernorm.weight"] = t[p + "post_attention_layernorm.weight"] = torch.ones(H).half()
+        t[p + "self_attn.q_norm.weight"] = t[p + "self_attn.k_norm.weight"] = torch.ones(HD).half()
+        for proj, rows in (("q", NH * HD), ("k", KV * HD), ("v", KV * HD)):
+            t[p + f"self_attn.{proj}_proj.weight"] = rnd(rows, H)
+        t[p + "self_attn.o_proj.weight"] = rnd(H, NH * HD)
+        t[p + "mlp.gate.weight"] = rnd(n_expert, H, std=1.0)
+        for e in range(n_expert):
+            q = f"{p}mlp.experts.{e}."
+            t[q + "gate_proj.weight"], t[q + "up_proj.weight"] = rnd(FFE, H), rnd(FFE, H)
+            t[q + "down_proj.weight"] = rnd(H, FFE)
+    t = {k: v.clone() for k, v in t.items()}  # shared norms saved as separate tensors
+    save_file(t, str(dest / "model.safetensors"), metadata={"format": "pt"})
+    return dest
+
+
 def make_echo_pair(dest: Path, main_shape: tuple[int, int] = (512, 8), draft_shape: tuple[int, int] = (128, 1)):
     """(main, draft): two Llama checkpoints sharing make_tiny_llama's tokenizer that both repeat their input token, a
     heavy main (``(hidden, layers)``) and a light draft. Each layer's output projections are zero, so the residual
