@@ -267,6 +267,8 @@ class ModelShape:
     head_v_swa: int = 0  # 0: head_v
     source: str = ""  # what it was built from
     n_ctx_train: int = 0  # the trained context ({arch}.context_length); 0: unknown
+    n_expert: int = 0  # mixture of experts: experts per MoE layer ({arch}.expert_count); 0: dense
+    n_expert_used: int = 0  # experts each token is routed to ({arch}.expert_used_count)
 
     @classmethod
     def from_gguf(cls, path: str | os.PathLike) -> ModelShape:
@@ -296,7 +298,29 @@ class ModelShape:
             n_merges=int(meta.get("tokenizer.ggml.merges", 0) or 0), swa=swa_layers(arch, meta, n_layer),
             n_swa=int(g("attention.sliding_window", 0) or 0), head_k_swa=int(g("attention.key_length_swa", 0) or 0),
             head_v_swa=int(g("attention.value_length_swa", 0) or 0), source=str(path),
-            n_ctx_train=int(g("context_length", 0) or 0))
+            n_ctx_train=int(g("context_length", 0) or 0), n_expert=int(g("expert_count", 0) or 0),
+            n_expert_used=int(g("expert_used_count", 0) or 0))
+
+
+def experts(shape: ModelShape) -> dict | None:
+    """A mixture-of-experts model's parameters and bytes: total and active per token (each token reads
+    ``n_expert_used`` of ``n_expert`` experts of every ``*_exps`` tensor), and the expert bytes, all mapped, of
+    which a token reads that fraction. None for a dense model."""
+    if shape.n_expert < 2:
+        return None
+
+    def count(t):
+        n = 1
+        for d in t.ne:
+            n *= d
+        return n
+
+    exps = [t for t in shape.tensors if "_exps." in t.name]
+    total, expert_params = sum(count(t) for t in shape.tensors), sum(count(t) for t in exps)
+    used = shape.n_expert_used / shape.n_expert
+    return {"n_expert": shape.n_expert, "n_expert_used": shape.n_expert_used, "params_total": total,
+            "params_active": int(total - expert_params * (1 - used)), "expert_bytes": sum(t.n_bytes for t in exps),
+            "expert_bytes_read_per_token": int(sum(t.n_bytes for t in exps) * used)}
 
 
 def _vec_dot_bytes(type_name: str) -> float:

@@ -4,7 +4,7 @@ docs/devices.md. Exit status 0 when it fits, 1 (one line ``error: ...``) when it
 from __future__ import annotations
 
 from pipeline.errors import PipelineError
-from pipeline.memory import FIT, ModelShape, components
+from pipeline.memory import FIT, ModelShape, components, experts
 from pipeline.memory_profiles import ARCH_FEATURES, KV_TYPES, parse_size
 
 
@@ -20,8 +20,9 @@ def cmd_fit(args) -> None:
         raise PipelineError(f"--mem: {exc}") from None
     if args.parallel < 1:
         raise PipelineError(f"--parallel: must be at least 1 (llama-server -np), got {args.parallel}")
-    p = components(ModelShape.from_gguf(args.gguf), args.ctx, kv_type=args.kv_type, arch=args.arch,
-                   threads=args.threads, n_outputs=args.parallel)
+    shape = ModelShape.from_gguf(args.gguf)
+    p = components(shape, args.ctx, kv_type=args.kv_type, arch=args.arch, threads=args.threads,
+                   n_outputs=args.parallel)
     if args.draft:  # a draft in the same server: its weights, its own KV cache and buffers, one process base
         dr = components(ModelShape.from_gguf(args.draft), args.ctx, kv_type=args.kv_type, arch=args.arch,
                         threads=args.threads, n_outputs=args.parallel)
@@ -37,6 +38,11 @@ def cmd_fit(args) -> None:
     what = (f"llama-server -c {args.ctx} -np {args.parallel}" + (" with the draft" if args.draft else "")
             if args.draft or args.parallel > 1 else f"llama-bench -p {args.ctx}")
     print(f"  {'total':9} {_mib(p['total'])}   (peak RSS of {what}; docs/devices.md)")
+    moe = experts(shape)
+    if moe:  # every expert is mapped (and counted above); each token reads only the routed ones
+        print(f"  experts   {moe['n_expert_used']} of {moe['n_expert']} per token: {moe['params_total'] / 1e6:.1f} M "
+              f"parameters, {moe['params_active'] / 1e6:.1f} M active; expert tensors {_mib(moe['expert_bytes']).strip()}"
+              f" mapped, about {_mib(moe['expert_bytes_read_per_token']).strip()} of them read per token")
     margin = mem - p["total"]
     if margin >= 0:
         print(f"fits in {args.mem}: margin {margin / (1 << 20):.1f} MiB ({margin / mem:.0%})")

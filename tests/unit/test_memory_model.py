@@ -244,3 +244,25 @@ def test_fit_command_options(tmp_path, capsys):
     assert "KV q8_0" in out and "arm64" in out
     with pytest.raises(SystemExit):
         main(["fit", str(f), "--mem", "8G", "--arch", "sparc"])
+
+
+def test_moe_total_and_active_parameters(tmp_path, capsys):
+    """pipeline.memory.experts (issue #31): every expert is mapped, each token reads n_expert_used of n_expert."""
+    from pipeline.memory import ModelShape, experts
+
+    meta = {".block_count": 1, ".embedding_length": 256, ".attention.head_count": 4, ".attention.head_count_kv": 2,
+            ".feed_forward_length": 1024, ".expert_count": 8, ".expert_used_count": 2,
+            "tokenizer.ggml.tokens": [f"t{i}" for i in range(1000)]}
+    tensors = [("token_embd.weight", (256, 1000), "F16"), ("blk.0.attn_q.weight", (256, 256), "F16"),
+               ("blk.0.ffn_gate_inp.weight", (256, 8), "F32")] + [
+        (f"blk.0.ffn_{r}_exps.weight", (256, 512, 8) if r != "down" else (512, 256, 8), "Q8_0")
+        for r in ("gate", "up", "down")]
+    f = write_gguf(tmp_path / "moe.gguf", "qwen3moe", meta, tensors)
+    e = experts(ModelShape.from_gguf(f))
+    expert_params = 3 * 256 * 512 * 8
+    total = 256 * 1000 + 256 * 256 + 256 * 8 + expert_params
+    assert e["params_total"] == total and e["params_active"] == total - expert_params * 3 // 4
+    assert e["expert_bytes"] == 3 * 256 * 512 * 8 * 34 // 32 and e["expert_bytes_read_per_token"] == e["expert_bytes"] // 4
+    assert experts(ModelShape.from_gguf(llama_like(tmp_path))) is None  # dense
+    assert main(["fit", str(f), "--mem", "1G"]) == 0
+    assert "experts   2 of 8 per token: " in capsys.readouterr().out
