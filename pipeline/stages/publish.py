@@ -70,7 +70,7 @@ from pipeline.stages.report import write_report
 from pipeline.stages.split import SHARD_RE, model_path
 
 # The manifest schema; what each version added: docs/reproducibility.md, "Schema history".
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 
 
 def _canonical(obj) -> bytes:

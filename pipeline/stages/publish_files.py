@@ -72,7 +72,7 @@ def _calibration(recipe: Recipe, layout: Layout, q, gguf_path: Path, seconds: di
         imx_file = layout.imatrix(recipe.name, q.base)
         out["imatrix"] = {**m.params, "base": q.base, "file": imx_file.name, "sha256": m.sha256,
                           "calibration_sha256": m.calibration_sha256, "entries": m.facts["entries"],
-                          "threads": m.get("threads")}
+                          "threads": m.get("threads"), **({"experts": m.experts} if m.has("experts") else {})}
         seconds[f"imatrix_{q.base}"] = m.seconds
         want = {"quantize.imatrix.file": imx_file.name, "quantize.imatrix.dataset": m.params["calibration"],
                 "quantize.imatrix.entries_count": m.facts["entries"],

@@ -370,6 +370,27 @@ def conformance_text(manifest: dict) -> str:
     return "\n".join(lines)
 
 
+def expert_coverage_text(manifest: dict) -> str:
+    """Per importance matrix of a mixture-of-experts model: each layer's experts the calibration text reached
+    (pipeline/stages/imatrix_coverage.py). Empty for dense models."""
+    seen, lines = set(), []
+    for e in manifest.get("artifacts", []) + manifest.get("rejected", []):
+        imx = (e.get("calibration") or {}).get("imatrix") or {}
+        if not imx.get("experts") or imx["file"] in seen:
+            continue
+        seen.add(imx["file"])
+        gate = imx.get("min_expert_coverage")
+        lines += [f"`{imx['file']}` ({imx['calibration']}, {imx['chunks']} x {imx['ctx']} tokens; a covered expert got "
+                  f"at least {imx.get('min_expert_tokens', 1)} routed token(s); "
+                  + (f"gate: at least {gate:g} of each layer's experts)" if gate is not None else "not gated)"), "",
+                  "| layer | experts covered | fraction | cold experts | tokens per expert (min-max) |",
+                  "|---|---|---|---|---|"]
+        lines += [f"| {r['layer']} | {r['covered']}/{r['experts']} | {r['fraction']:.3f} | "
+                  f"{', '.join(map(str, r['cold'])) or '–'} | {r['min_tokens']}-{r['max_tokens']} |" for r in imx["experts"]]
+        lines.append("")
+    return "\n".join(lines).rstrip()
+
+
 def write_report(manifest: dict, out_md: str | Path, out_svg: str | Path, measured: list[dict] | None = None) -> None:
     """report.md, its plot (report.svg) and, with measured mixes, the sensitivity heat maps beside them."""
     write_text_atomic(out_svg, render_plot(manifest))
@@ -388,6 +409,9 @@ def write_report(manifest: dict, out_md: str | Path, out_svg: str | Path, measur
     mixes = mixes_markdown(manifest)
     if mixes:
         parts += ["## Measured mixes", "", mixes, ""]
+    coverage = expert_coverage_text(manifest)
+    if coverage:
+        parts += ["## Expert coverage", "", coverage, ""]
     fits = fits_table(manifest)
     if fits:
         parts += ["## Fits on", "", fits, ""]

@@ -181,10 +181,10 @@ def test_sensitivity_section_and_volatile_cost(tmp_path):
 
 
 def test_stock_manifest_unchanged():
-    """Without mixes nothing new: strip_volatile only drops build; the schema is 10 (#30: the measured speed-up)."""
+    """Without mixes nothing new: strip_volatile only drops build; the schema is 11 (#31: expert coverage)."""
     m = {k: v for k, v in manifest().items() if k != "sensitivity"}
     m["artifacts"] = [e for e in m["artifacts"] if "mix" not in e]
-    assert SCHEMA_VERSION == 10
+    assert SCHEMA_VERSION == 11
     assert strip_volatile(m) == {k: v for k, v in m.items() if k != "build"}
 
 
@@ -313,5 +313,5 @@ def test_rebuild_rows(tmp_path):
 def test_docs_name_the_fields():
     docs = Path(__file__).resolve().parents[2] / "docs"
     text = (docs / "publishing.md").read_text() + (docs / "reproducibility.md").read_text()
-    for field in ("tensor-types.txt", "sensitivity-<flavour>.svg", "`mix`", "`sensitivity`", "| `schema_version` | 10 "):
+    for field in ("tensor-types.txt", "sensitivity-<flavour>.svg", "`mix`", "`sensitivity`", "| `schema_version` | 11 "):
         assert field in text, field
