@@ -2,11 +2,12 @@
 measured the way the build box measured it (pipeline/stages/speedup.py) with the device's own ``llama-server``.
 
 The pair must be one the manifest declares (its ``draft.pairs``), the draft file is verified against its own manifest,
-and the draft length is the one the build chose (``build.draft_speedup``, else the acceptance stage's). The prompts
-are token ids from the device slice already checked (``device-slice.logits`` stores each chunk's tokens after its
-20-byte header: tools/perplexity/perplexity.cpp), so the device needs no text and no tokenizer: ``llama-server``
-takes a prompt as a list of ids (tools/server/server-common.cpp:807-872). Greedy, one slot, alternating rounds with
-and without the draft; the result is the median and min-max interval of the per-round ratios, as on the build box.
+and the draft length (with any p-min/n-min the build kept) is the one the build chose (``build.draft_speedup``, else
+the acceptance stage's). The prompts are token ids from the device slice already checked (``device-slice.logits``
+stores each chunk's tokens after its 20-byte header: tools/perplexity/perplexity.cpp), so the device needs no text
+and no tokenizer: ``llama-server`` takes a prompt as a list of ids (tools/server/server-common.cpp:807-872). Greedy,
+one slot, alternating rounds with and without the draft; the result is the median and min-max interval of the
+per-round ratios, as on the build box.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ def prepare(mpath: Path, data: dict, entry: dict, draft: str | Path | None) -> d
     pair = find_pair(mpath, data, entry["file"], dfile)
     label = f"{pair['main']} + {pair['draft']}"
     built = ((data.get("build") or {}).get("draft_speedup") or {}).get(label) or {}
-    return {"draft_model": dmodel, "pair": label, "built": built,
+    return {"draft_model": dmodel, "pair": label, "built": built, "flags": tuple(built.get("best_flags", [])),
             "n_max": built.get("best_n_max") or pair["acceptance"]["best_n_max"],
             "spec_type": data["draft"].get("spec_type") or pair["acceptance"].get("spec_type") or "draft-simple"}
 
@@ -78,16 +79,16 @@ def draft_speedup(tc, model: Path, spec: dict, slice_path: Path, threads: int, l
     what = f"device speed-up of {spec['pair']}"
 
     def args(n):
-        return server_args(model, spec["draft_model"], spec["spec_type"], n, threads, 1, ctx=CTX)
+        return server_args(model, spec["draft_model"], spec["spec_type"], n, threads, 1, ctx=CTX, flags=spec["flags"])
 
     with servers(tc, {None: args(None), n_max: args(n_max)}, None, what) as urls:
         got = alternate([None, n_max], ROUNDS, lambda n, i: measure(
             urls[n], prompts, N_PREDICT, f"{what} ({'baseline' if n is None else f'n_max {n}'}, round {i + 1})"))
     c = condition([(g[n_max], g[None]) for g in got])
     helps, line = verdict(c["speedup"], c["interval"], n_max, label)
-    out = {"pair": spec["pair"], "n_max": n_max, "spec_type": spec["spec_type"], "rounds": ROUNDS,
-           "prompts": len(prompts), "prompt_tokens": PROMPT_TOKENS, "n_predict": N_PREDICT, **c, "helps": helps,
-           "verdict": line}
+    out = {"pair": spec["pair"], "n_max": n_max, "flags": list(spec["flags"]), "spec_type": spec["spec_type"],
+           "rounds": ROUNDS, "prompts": len(prompts), "prompt_tokens": PROMPT_TOKENS, "n_predict": N_PREDICT, **c,
+           "helps": helps, "verdict": line}
     if "speedup" in spec["built"]:
         out["build_box"] = {k: spec["built"][k] for k in ("speedup", "interval", "box")}
     return out

@@ -1,6 +1,6 @@
 """The report's and card's device tables (pipeline/stages/report.py, card.py): "Fits on" (recipe ``devices:``, the
-manifest's ``devices``), the launch lines (``build.launch``) and the on-device check (the slice, and what devices measured: ``ggufpipe collect``'s
-``devices.json``)."""
+manifest's ``devices``), the launch lines (``build.launch``) and the on-device check (the slice, and what devices
+measured: ``ggufpipe collect``'s ``devices.json``)."""
 
 from __future__ import annotations
 
