@@ -25,7 +25,10 @@ def echo_build(tmp_path_factory):
         "name": "echo", "source": {"path": str(main)}, "quants": ["Q8_0"], "bench": False,
         "conformance": False,  # structured weights: the stage under test is the speed-up
         "draft": {"source": {"path": str(draft)}, "quants": ["Q8_0"], "pairs": [["F16", "Q8_0"]], "n_max": [N_MAX],
-                  "prompts": 1, "n_predict": 32, "eval_text": str(BOTCHAN), "min_speedup": 1.2}})
+                  "prompts": 1, "n_predict": 32, "eval_text": str(BOTCHAN), "min_speedup": 1.2,
+                  # 256 tokens a request: the draft decodes them in about 0.8 s, long enough that the other test
+                  # worker's bursts average out; one slot (the concurrent condition: tests/e2e/test_minicpm_pair.py)
+                  "speedup": {"n_predict": 256, "parallel": 1}}})
     res = snakemake(root, recipe)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     return root, json.loads((root / "artifacts" / "echo" / "manifest.json").read_text())
@@ -41,8 +44,8 @@ def test_accepted_drafts_decode_faster_and_the_line_is_published(echo_build):
     assert sp["helps"] and sp["interval"][0] > 1.0 and sp["speedup"] >= 1.2, sp
     line = f"llama-server -m echo-F16.gguf -md echo-draft-Q8_0.gguf --spec-type draft-simple --spec-draft-n-max {N_MAX}"
     assert sp["deploy"] == line and sp["verdict"].startswith("speed-up ") and not m["failures"]
-    assert sp["sampled"]["temperature"] == 0.8 and sp["concurrent"]["parallel"] == 4
-    assert [len(x["speedup_by_round"]) for x in (c, sp["sampled"], sp["concurrent"])] == [3, 3, 3]
+    assert sp["sampled"]["temperature"] == 0.8 and "concurrent" not in sp and sp["n_predict"] == 256
+    assert [len(x["speedup_by_round"]) for x in (c, sp["sampled"])] == [3, 3]
     for page in ("README.md", "report.md"):
         assert f"`{line}`" in (root / "artifacts" / "echo" / page).read_text(), page
     assert "deploy" not in m["draft"]["pairs"][0]  # the decision follows a clock: volatile, outside build_id
