@@ -118,6 +118,8 @@ def _name(key) -> str:
     """A configuration's name: None the baseline, an int a draft length, a tuning variant ``(key, value)``."""
     if key is None:
         return "baseline"
+    if isinstance(key, str):  # the concurrent condition's "with"
+        return "with the draft"
     return f"n_max {key}" if isinstance(key, int) else f"{key[0]} {key[1]:g}"
 
 
