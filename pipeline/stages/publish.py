@@ -60,6 +60,7 @@ from pipeline.stages.publish_sections import (
     _mtp_section,
     _overrides_entry,
     _tokenizer_keys,
+    artifact_key,
     check_mix_sources,
     devices_section,
     launch_section,
@@ -107,11 +108,6 @@ def _link(src: Path, dst: Path) -> None:
             os.link(src, tmp)
         except OSError:
             shutil.copyfile(src, tmp)
-
-
-def artifact_key(name: str, artifact: str) -> str:
-    """``<KEY>`` of ``<name>-<KEY>.gguf`` or of the split folder ``<name>-<KEY>``."""
-    return artifact.removeprefix(f"{name}-").removesuffix(".gguf")
 
 
 def artifact_sources(layout: Layout, name: str, entry: dict) -> list[tuple[Path, Path, int]]:

@@ -29,6 +29,12 @@ from pipeline.stages.draft import deployment_line, spec_args
 from pipeline.stages.mtp import MTP_KEYS, mtp_facts
 from pipeline.stages.split import model_path
 
+
+def artifact_key(name: str, artifact: str) -> str:
+    """``<KEY>`` of ``<name>-<KEY>.gguf`` or of the split folder ``<name>-<KEY>``."""
+    return artifact.removeprefix(f"{name}-").removesuffix(".gguf")
+
+
 CONFORMANCE_REJECTED = "not published: the base GGUF failed conformance (see the manifest's conformance section)"
 
 
@@ -341,7 +347,7 @@ def devices_section(recipe: Recipe, layout: Layout, artifacts: list[dict]) -> tu
     files = []
     for e in artifacts:
         if e.get("role") in ("base", "quant"):
-            key = e["file"].removeprefix(f"{recipe.name}-").removesuffix(".gguf")
+            key = artifact_key(recipe.name, e["file"])
             files.append((key, e["role"], e["size_bytes"], layout.gguf(recipe.name, key)))
     return fits_section(recipe.name, recipe.devices, files,
                         lambda path, d: predict_memory(path, d.ctx, kv_type=d.kv_type, arch=d.arch))
@@ -355,7 +361,7 @@ def launch_section(recipe: Recipe, layout: Layout, devices: dict, artifacts: lis
     if not recipe.devices:
         return {}
     quants = sorted((e for e in artifacts if e.get("role") == "quant"), key=lambda e: -e["size_bytes"])
-    keyed = [(e["file"].removeprefix(f"{recipe.name}-").removesuffix(".gguf"), e) for e in quants]
+    keyed = [(artifact_key(recipe.name, e["file"]), e) for e in quants]
     drafts: dict[str, dict] = {}
     for (mkey, dkey), p in zip(recipe.draft.pairs if draft else (), (draft or {}).get("pairs", ()), strict=True):
         sp = speed.get(f"{p['main']} + {p['draft']}") or {}
