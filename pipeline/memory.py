@@ -46,6 +46,7 @@ predicted from config.json and safetensors headers before any GGUF exists (:func
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -308,19 +309,12 @@ def experts(shape: ModelShape) -> dict | None:
     which a token reads that fraction. None for a dense model."""
     if shape.n_expert < 2:
         return None
-
-    def count(t):
-        n = 1
-        for d in t.ne:
-            n *= d
-        return n
-
     exps = [t for t in shape.tensors if "_exps." in t.name]
-    total, expert_params = sum(count(t) for t in shape.tensors), sum(count(t) for t in exps)
-    used = shape.n_expert_used / shape.n_expert
+    total, expert_params = sum(math.prod(t.ne) for t in shape.tensors), sum(math.prod(t.ne) for t in exps)
+    expert_bytes, used = sum(t.n_bytes for t in exps), shape.n_expert_used / shape.n_expert
     return {"n_expert": shape.n_expert, "n_expert_used": shape.n_expert_used, "params_total": total,
-            "params_active": int(total - expert_params * (1 - used)), "expert_bytes": sum(t.n_bytes for t in exps),
-            "expert_bytes_read_per_token": int(sum(t.n_bytes for t in exps) * used)}
+            "params_active": int(total - expert_params * (1 - used)), "expert_bytes": expert_bytes,
+            "expert_bytes_read_per_token": int(expert_bytes * used)}
 
 
 def _vec_dot_bytes(type_name: str) -> float:
