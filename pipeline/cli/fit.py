@@ -4,7 +4,8 @@ docs/devices.md. Exit status 0 when it fits, 1 (one line ``error: ...``) when it
 from __future__ import annotations
 
 from pipeline.errors import PipelineError
-from pipeline.memory import FIT, ModelShape, components, experts
+from pipeline.launch import draft_memory
+from pipeline.memory import ModelShape, components, experts
 from pipeline.memory_profiles import ARCH_FEATURES, KV_TYPES, parse_size
 
 
@@ -24,9 +25,8 @@ def cmd_fit(args) -> None:
     p = components(shape, args.ctx, kv_type=args.kv_type, arch=args.arch, threads=args.threads,
                    n_outputs=args.parallel)
     if args.draft:  # a draft in the same server: its weights, its own KV cache and buffers, one process base
-        dr = components(ModelShape.from_gguf(args.draft), args.ctx, kv_type=args.kv_type, arch=args.arch,
-                        threads=args.threads, n_outputs=args.parallel)
-        p["draft"] = dr["total"] - int(FIT["process_base"])
+        p["draft"] = draft_memory(ModelShape.from_gguf(args.draft), args.ctx, args.kv_type, args.arch, args.threads,
+                                  args.parallel)
         p["total"] += p["draft"]
     d = p["details"]
     print(f"{args.gguf}: {d['architecture']}, ctx {args.ctx} (KV cells {d['n_ctx']}"
