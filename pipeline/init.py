@@ -234,6 +234,18 @@ def render(src: CheckpointFacts, name: str, out: Path, gates_text: Path, quants:
     if src.mtp_layers:
         lines += [f"mtp: keep  # {src.mtp_key} = {src.mtp_layers}: the multi-token-prediction layers stay in every file "
                   "(strip / separate: docs/drafts.md)"]
+    try:  # the plan's reading of the checkpoint; a layout it cannot read only loses these two notes
+        f = src.facts = src.facts or source_facts(src.folder)
+    except (PipelineError, KeyError, ValueError, TypeError):
+        f = None
+    if f and f.n_expert:
+        lines += [f"# mixture of experts: {f.n_expert_used} of {f.n_expert} experts per token, {f.n_params / 1e9:.2f} B "
+                  f"parameters, {f.n_active / 1e9:.2f} B active; every expert is mapped, so the device estimates count "
+                  "all of them; an imatrix quant can gate cold experts with imatrix.min_expert_coverage "
+                  "(docs/calibration.md)"]
+    if f and any(f.recurrent):
+        lines += [f"# hybrid: {sum(f.recurrent)} of {f.n_layer} layers are linear attention, with a recurrent state per "
+                  "sequence in the place of a KV cache (counted in the device estimates)"]
     lines += ["# chat template: " + (f"found in {src.chat_template}; the conformance stage renders it with both engines"
                                       if src.chat_template else "none found (a base model?); chat_template_override adds one")]
     notes: dict[str, list[str]] = {}

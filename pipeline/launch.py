@@ -31,14 +31,14 @@ CACHE_RAM_MAX_MIB = 8192  # llama-server's default --cache-ram (common/common.h:
 def draft_memory(draft: ModelShape, ctx: int, kv_type: str, arch: str, threads: int, parallel: int) -> int:
     """What a draft adds to the server that loads it (bytes): its :func:`components` at the same ``-c``, slots and KV
     type (``-ctkd/-ctvd``), less the process base the main model's total already counts."""
-    return components(draft, ctx, kv_type, arch, threads, n_outputs=parallel)["total"] - int(FIT["process_base"])
+    return components(draft, ctx, kv_type, arch, threads, n_outputs=parallel, n_seq=parallel)["total"] - int(FIT["process_base"])
 
 
 def server_memory(main: ModelShape, ctx: int, device, draft: ModelShape | None = None) -> dict:
     """Predicted peak memory (bytes) of ``llama-server`` on ``device`` at ``-c ctx``: ``main`` (the main model's
     :func:`components` total), ``draft`` (0 without one: :func:`draft_memory`) and ``total``."""
     kv, arch, threads, slots = device.kv_type, device.arch, device.threads, device.parallel
-    out = {"main": components(main, ctx, kv, arch, threads, n_outputs=slots)["total"],
+    out = {"main": components(main, ctx, kv, arch, threads, n_outputs=slots, n_seq=slots)["total"],
            "draft": draft_memory(draft, ctx, kv, arch, threads, slots) if draft is not None else 0}
     out["total"] = out["main"] + out["draft"]
     return out

@@ -218,13 +218,36 @@ def _metadata(header) -> dict[str, Any]:
     meta: dict[str, Any] = {}
     for k, v in header.metadata.items():
         if isinstance(v, ArrayValue):
-            if k.endswith(("head_count_kv", "head_count", "sliding_window_pattern", "feed_forward_length")):
+            if k.endswith(("head_count_kv", "head_count", "sliding_window_pattern", "feed_forward_length",
+                           "recurrent_layers")):
                 meta[k] = header.array(k)
             else:
                 meta[k] = v.count
         else:
             meta[k] = v
     return meta
+
+
+def recurrent_layers(arch: str, meta: dict, n_layer: int) -> list[bool]:
+    """Per layer, whether it keeps a recurrent state in the place of a KV cache: the hybrid linear-attention models
+    (Qwen3-Next, Qwen3.5): ``{arch}.attention.recurrent_layers`` where written, else every layer but each
+    ``full_attention_interval``-th, the multi-token-prediction layers excepted (src/models/qwen35moe.cpp:19-26).
+    Pure recurrent architectures (Mamba, RWKV) are not modelled: no layer."""
+    if not meta.get(f"{arch}.ssm.inner_size"):
+        return [False] * n_layer
+    flags = meta.get(f"{arch}.attention.recurrent_layers")
+    if isinstance(flags, list):
+        return ([bool(x) for x in flags] + [False] * n_layer)[:n_layer]
+    interval = int(meta.get(f"{arch}.full_attention_interval", 0) or 0)
+    n_main = n_layer - int(meta.get(f"{arch}.nextn_predict_layers", 0) or 0)
+    return [bool(interval) and i < n_main and (i + 1) % interval != 0 for i in range(n_layer)]
+
+
+def recurrent_state_bytes(d_conv: int, d_inner: int, n_group: int, d_state: int) -> int:
+    """One sequence's recurrent state of one layer, F32 (src/llama-model.cpp:2483-2484): the convolution state,
+    (d_conv - 1) x (d_inner + 2 x n_group x d_state), and the SSM state, d_state x d_inner
+    (llama_hparams::n_embd_r / n_embd_s, src/llama-hparams.cpp:208-258)."""
+    return 4 * (max(d_conv - 1, 0) * (d_inner + 2 * n_group * d_state) + d_state * d_inner)
 
 
 # ------------------------------------------------------------------ the model as the memory model sees it
@@ -270,6 +293,8 @@ class ModelShape:
     n_ctx_train: int = 0  # the trained context ({arch}.context_length); 0: unknown
     n_expert: int = 0  # mixture of experts: experts per MoE layer ({arch}.expert_count); 0: dense
     n_expert_used: int = 0  # experts each token is routed to ({arch}.expert_used_count)
+    recurrent: list[bool] = field(default_factory=list)  # per layer: a recurrent state, no KV cache
+    recurrent_bytes: int = 0  # one sequence's recurrent state of one such layer
 
     @classmethod
     def from_gguf(cls, path: str | os.PathLike) -> ModelShape:
@@ -300,7 +325,9 @@ class ModelShape:
             n_swa=int(g("attention.sliding_window", 0) or 0), head_k_swa=int(g("attention.key_length_swa", 0) or 0),
             head_v_swa=int(g("attention.value_length_swa", 0) or 0), source=str(path),
             n_ctx_train=int(g("context_length", 0) or 0), n_expert=int(g("expert_count", 0) or 0),
-            n_expert_used=int(g("expert_used_count", 0) or 0))
+            n_expert_used=int(g("expert_used_count", 0) or 0), recurrent=recurrent_layers(arch, meta, n_layer),
+            recurrent_bytes=recurrent_state_bytes(*(int(g(f"ssm.{k}", 0) or 0) for k in (
+                "conv_kernel", "inner_size", "group_count", "state_size"))))
 
 
 def experts(shape: ModelShape) -> dict | None:
@@ -309,7 +336,7 @@ def experts(shape: ModelShape) -> dict | None:
     which a token reads that fraction. None for a dense model."""
     if shape.n_expert < 2:
         return None
-    exps = [t for t in shape.tensors if "_exps." in t.name]
+    exps = [t for t in shape.tensors if "_exps." in t.name or ".experts." in t.name]  # GGUF or HF names (plan)
     total, expert_params = sum(math.prod(t.ne) for t in shape.tensors), sum(math.prod(t.ne) for t in exps)
     expert_bytes, used = sum(t.n_bytes for t in exps), shape.n_expert_used / shape.n_expert
     return {"n_expert": shape.n_expert, "n_expert_used": shape.n_expert_used, "params_total": total,
@@ -334,13 +361,14 @@ def _check(ctx: int, kv_type: str, arch: str) -> tuple[frozenset[str], tuple[int
 
 
 def components(shape: ModelShape, ctx: int, kv_type: str = "f16", arch: str = "x86_64", threads: int = 2,
-               n_outputs: int = 1) -> dict:
+               n_outputs: int = 1, n_seq: int = 1) -> dict:
     """Predicted peak RSS (bytes) of a llama.cpp CPU run of ``shape`` at context ``ctx``, by component.
 
     ``n_outputs``: rows of logits the run keeps (1: llama-bench, the last token's; llama-perplexity and
-    llama-imatrix keep every token of a chunk). Returns ``{"weights", "repack", "kv", "compute", "output",
-    "overhead", "total"}`` (bytes), ``"reserved"`` (the buffers as llama.cpp prints them: mapped model buffer,
-    repack, kv, output, reserved compute) and ``"details"`` (the numbers the components were computed from)."""
+    llama-imatrix keep every token of a chunk); ``n_seq``: sequences (server slots) a hybrid model keeps a recurrent
+    state for. Returns ``{"weights", "repack", "kv", "compute", "output", "overhead", "total"}`` (bytes; ``kv`` with
+    the recurrent state), ``"reserved"`` (the buffers as llama.cpp prints them: mapped model buffer, repack, kv,
+    recurrent (RS), output, reserved compute) and ``"details"`` (the numbers the components were computed from)."""
     features, kv_bs = _check(ctx, kv_type, arch)
     s = shape
     n_layer, n_vocab = s.n_layer, s.n_vocab
@@ -365,11 +393,15 @@ def components(shape: ModelShape, ctx: int, kv_type: str = "f16", arch: str = "x
     swa = (list(s.swa) + [False] * n_layer)[:n_layer]
     swa_cells = pad(min(n_ctx, s.n_swa + n_ubatch), CTX_PAD) if any(swa) else 0
     head_k_swa, head_v_swa = s.head_k_swa or s.head_k, s.head_v_swa or s.head_v
+    recurrent = (list(s.recurrent) + [False] * n_layer)[:n_layer]
     kv = 0
     for il in range(n_layer):
+        if recurrent[il]:  # the hybrid's KV cache holds the attention layers only (llama_memory_hybrid's filters)
+            continue
         cells = swa_cells if swa[il] else n_ctx
         hk, hv = (head_k_swa, head_v_swa) if swa[il] else (s.head_k, s.head_v)
         kv += cells * (_row_bytes(kv_bs, hk * s.n_head_kv[il]) + _row_bytes(kv_bs, hv * s.n_head_kv[il]))
+    rs = sum(recurrent) * s.recurrent_bytes * n_seq  # one state per sequence, n_rs_seq 0 (llama-memory-recurrent.cpp:101)
     caches = [n_ctx] + ([swa_cells] if any(swa) else [])
     if all(swa) and n_layer:
         caches = [swa_cells]
@@ -386,11 +418,12 @@ def components(shape: ModelShape, ctx: int, kv_type: str = "f16", arch: str = "x
     vocab_heap = n_vocab * VOCAB_BYTES_PER_TOKEN + s.n_merges * VOCAB_BYTES_PER_MERGE + s.metadata_bytes
     overhead = int(FIT["process_base"] + vocab_heap)
 
-    total = weights + repack + kv + compute + output + overhead
+    total = weights + repack + kv + rs + compute + output + overhead
     return {
-        "weights": weights, "repack": repack, "kv": kv, "compute": compute, "output": output,
+        "weights": weights, "repack": repack, "kv": kv + rs, "compute": compute, "output": output,
         "overhead": overhead, "total": total,
-        "reserved": {"mapped": mapped, "repack": repack, "kv": kv, "output": output, "compute": compute_reserved},
+        "reserved": {"mapped": mapped, "repack": repack, "kv": kv, "recurrent": rs, "output": output,
+                     "compute": compute_reserved},
         "details": {
             "source": s.source, "architecture": s.architecture, "arch": arch, "features": sorted(features),
             "ctx": ctx, "n_ctx": n_ctx, "n_ubatch": n_ubatch, "kv_type": kv_type.lower(), "n_layer": n_layer,
@@ -398,6 +431,7 @@ def components(shape: ModelShape, ctx: int, kv_type: str = "f16", arch: str = "x
             "head_v": s.head_v, "n_vocab": n_vocab, "n_merges": s.n_merges, "swa_layers": sum(swa),
             "n_swa": s.n_swa, "swa_cells": swa_cells, "repacked_tensors": repack_names, "vocab_heap": vocab_heap,
             "work_buffer": int(work), "fa_scratch": fa_scratch, "n_outputs": n_outputs,
+            "recurrent_layers": sum(recurrent), "recurrent_bytes": rs, "n_seq": n_seq,
         },
     }
 

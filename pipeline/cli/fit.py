@@ -23,7 +23,7 @@ def cmd_fit(args) -> None:
         raise PipelineError(f"--parallel: must be at least 1 (llama-server -np), got {args.parallel}")
     shape = ModelShape.from_gguf(args.gguf)
     p = components(shape, args.ctx, kv_type=args.kv_type, arch=args.arch, threads=args.threads,
-                   n_outputs=args.parallel)
+                   n_outputs=args.parallel, n_seq=args.parallel)
     if args.draft:  # a draft in the same server: its weights, its own KV cache and buffers, one process base
         p["draft"] = draft_memory(ModelShape.from_gguf(args.draft), args.ctx, args.kv_type, args.arch, args.threads,
                                   args.parallel)
@@ -34,7 +34,10 @@ def cmd_fit(args) -> None:
           + f"), KV {d['kv_type']}, CPU profile {args.arch}")
     for key in ("weights", "repack", "kv", "compute", "output", "overhead", "draft"):
         if key in p:
-            print(f"  {key:9} {_mib(p[key])}")
+            print(f"  {key:9} {_mib(p[key])}" + (
+                f"   (of which the recurrent state of {d['recurrent_layers']} linear-attention layers, "
+                f"{d['n_seq']} sequence(s): {_mib(d['recurrent_bytes']).strip()})"
+                if key == "kv" and d["recurrent_layers"] else ""))
     what = (f"llama-server -c {args.ctx} -np {args.parallel}" + (" with the draft" if args.draft else "")
             if args.draft or args.parallel > 1 else f"llama-bench -p {args.ctx}")
     print(f"  {'total':9} {_mib(p['total'])}   (peak RSS of {what}; docs/devices.md)")

@@ -35,7 +35,7 @@ def plan_recipe(W, name: str, source: str | None, box: dict) -> dict:
         "n_vocab": facts.n_vocab, "tied": facts.tied, "weight_bytes": facts.weight_bytes,
         "snapshot_bytes": facts.snapshot_bytes, "notes": facts.notes},
         "disk": disk, "disk_total": sum(d["bytes"] for d in disk), "ram": P.ram_plan(r, facts), "jobs": jobs,
-        "hours": sum(j["hours"] for j in jobs)}
+        "hours": sum(j["hours"] for j in jobs), "moe": P.moe_plan(facts, [r.base_key, *(q.type for q in r.quants)])}
 
 
 def print_plan(p: dict, box: dict) -> None:
@@ -46,6 +46,8 @@ def print_plan(p: dict, box: dict) -> None:
     print(f"  from {f['origin']} in {p['source']}")
     for n in f["notes"]:
         print(f"  note: {n}")
+    if p.get("moe"):
+        print_moe(p["moe"])
     print("disk (what the build writes; the snapshot once, the fetched folder is hard links of it):")
     for d in p["disk"]:
         print(f"  {d['stage']:12} {d['key']:14} {d['what']:32} {P.fmt(d['bytes']):>11}")
@@ -62,6 +64,20 @@ def print_plan(p: dict, box: dict) -> None:
         print("  " + _row(j["rule"], j["key"], P.fmt(sum(j["inputs"].values()) * 2**20), s["mem_mb"], s["disk_mb"],
                           s["runtime"], f"{j['hours']:.2f}", ok))
     print(f"  total hours on the box: {p['hours']:.1f} (one job at a time)")
+
+
+def print_moe(moe: dict) -> None:
+    """The mixture of experts: total vs active parameters; per file the routed experts (mapped, read per token) and
+    what a GPU holds with ``-cmoe`` (every routed expert on the CPU) or per layer ``-ncmoe N`` moves back."""
+    print(f"mixture of experts: {moe['n_expert_used']} of {moe['n_expert']} experts per token: "
+          f"{moe['params_total'] / 1e9:.2f} B parameters, {moe['params_active'] / 1e9:.2f} B active per token")
+    print("  file        routed experts (mapped)  read per token  the rest: on the GPU with -cmoe  experts of a layer "
+          "(-ncmoe N: N x this to the CPU)")
+    for key, f in moe["files"].items():
+        print(f"  {key:10}  {P.fmt(f['expert_bytes']):>23}  {P.fmt(f['read_per_token']):>14}  "
+              f"{P.fmt(f['other_bytes']):>30}  {P.fmt(f['layer_expert_bytes']):>18}")
+    print("  (llama.cpp: -ngl 999 -cmoe, or -ngl 999 -ncmoe N; the regex \\.ffn_(up|down|gate|gate_up)_(ch|)exps keeps "
+          "shared experts on the GPU; KV cache and compute buffers come on top)")
 
 
 def cmd_plan(args) -> None:

@@ -24,14 +24,32 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline.devices.plan_tensors import (
+    config_recurrent,
+    config_tensors,
+    is_expert,
+    merge_experts,
+    moe_counts,
+    never_quantized,
+    tensor_role,
+)
 from pipeline.errors import PipelineError
 from pipeline.gguf.types import GGML_TYPE_CODES, GGML_TYPES, tensor_nbytes
-from pipeline.memory import FIT, TENSOR_ALIGNMENT, ModelShape, TensorShape, components, config_swa, pad
+from pipeline.memory import (
+    FIT,
+    TENSOR_ALIGNMENT,
+    ModelShape,
+    TensorShape,
+    components,
+    config_swa,
+    experts,
+    pad,
+    recurrent_state_bytes,
+)
 from pipeline.stagedef import logits_bytes
 
 MIB = 1 << 20
@@ -65,10 +83,22 @@ class Facts:
     n_merges: int = 0  # BPE merges of tokenizer.json
     swa: list[bool] = field(default_factory=list)  # per layer: sliding-window attention as llama.cpp runs it
     n_swa: int = 0  # the window
+    n_expert: int = 0  # mixture of experts: routed experts per MoE layer (0: dense)
+    n_expert_used: int = 0  # experts each token is routed to
+    recurrent: list[bool] = field(default_factory=list)  # per layer: a recurrent state (hybrid), no KV cache
+    recurrent_bytes: int = 0  # one sequence's state of one such layer
 
     @property
     def n_params(self) -> int:
         return sum(_numel(s) for _, s, _ in self.tensors)
+
+    @property
+    def n_active(self) -> int:
+        """Parameters a token multiplies: a mixture of experts routes it through ``n_expert_used`` of ``n_expert``."""
+        if self.n_expert < 2:
+            return self.n_params
+        experts = sum(_numel(s) for n, s, _ in self.tensors if is_expert(n))
+        return self.n_params - experts + experts * self.n_expert_used // self.n_expert
 
     @property
     def weight_bytes(self) -> int:
@@ -96,31 +126,6 @@ def safetensors_header(path: str | os.PathLike) -> dict:
         if n > 100 * MIB:
             raise PipelineError(f"{path}: not a safetensors file (header length {n})")
         return json.loads(f.read(n))
-
-
-def config_tensors(cfg: dict, dtype_bytes: int) -> list[tuple[str, tuple[int, ...], int]]:
-    """The tensors of a Llama-style decoder (Llama, Mistral, Qwen2, ...) from its config: what an index without
-    headers stands for. Biases on q/k/v where the config has ``attention_bias`` (or is Qwen2)."""
-    h, nl, ff, v = (int(cfg[k]) for k in ("hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size"))
-    nh = int(cfg["num_attention_heads"])
-    nkv = int(cfg.get("num_key_value_heads") or nh)
-    hd = int(cfg.get("head_dim") or h // nh)
-    bias = bool(cfg.get("attention_bias")) or cfg.get("model_type") == "qwen2"
-    b = dtype_bytes
-    out = [("model.embed_tokens.weight", (v, h), b), ("model.norm.weight", (h,), b)]
-    if not cfg.get("tie_word_embeddings"):
-        out.append(("lm_head.weight", (v, h), b))
-    for i in range(nl):
-        p = f"model.layers.{i}."
-        out += [(p + "self_attn.q_proj.weight", (nh * hd, h), b), (p + "self_attn.k_proj.weight", (nkv * hd, h), b),
-                (p + "self_attn.v_proj.weight", (nkv * hd, h), b), (p + "self_attn.o_proj.weight", (h, nh * hd), b),
-                (p + "mlp.gate_proj.weight", (ff, h), b), (p + "mlp.up_proj.weight", (ff, h), b),
-                (p + "mlp.down_proj.weight", (h, ff), b), (p + "input_layernorm.weight", (h,), b),
-                (p + "post_attention_layernorm.weight", (h,), b)]
-        if bias:
-            out += [(p + "self_attn.q_proj.bias", (nh * hd,), b), (p + "self_attn.k_proj.bias", (nkv * hd,), b),
-                    (p + "self_attn.v_proj.bias", (nkv * hd,), b)]
-    return out
 
 
 def _vocab_bytes(folder: Path, n_vocab: int) -> tuple[int, int]:
@@ -192,47 +197,20 @@ def source_facts(source: str | os.PathLike) -> Facts:
     weight_bytes = sum(_numel(s) * b for _, s, b in tensors)
     vocab_bytes, n_merges = _vocab_bytes(folder, n_vocab)
     swa, n_swa = config_swa(cfg, n_layer)
+    n_expert, n_expert_used = moe_counts(cfg)
+    recurrent, ssm = config_recurrent(cfg, n_layer)
+    recurrent_bytes = recurrent_state_bytes(*ssm) if any(recurrent) else 0
     return Facts(
         origin=origin, model_type=str(cfg.get("model_type", "")), n_layer=n_layer, n_embd=h,
         n_ff=int(cfg.get("intermediate_size") or cfg.get("n_inner") or 4 * h), n_head=nh, n_head_kv=int(cfg.get("num_key_value_heads") or nh),
         head_dim=int(cfg.get("head_dim") or h // nh), n_vocab=n_vocab,
         tied=bool(cfg.get("tie_word_embeddings", False)) or not any("lm_head" in n for n, _, _ in tensors),
         tensors=tensors, snapshot_bytes=(weights_on_disk or weight_bytes) + other, vocab_bytes=vocab_bytes,
-        other_bytes=other, notes=notes, n_merges=n_merges, swa=swa, n_swa=n_swa)
+        other_bytes=other, notes=notes, n_merges=n_merges, swa=swa, n_swa=n_swa, n_expert=n_expert,
+        n_expert_used=n_expert_used, recurrent=recurrent, recurrent_bytes=recurrent_bytes)
 
 
 # ------------------------------------------------------------------ GGUF sizes
-# HF tensor name -> the GGUF role llama-quantize's type choice and the memory model go by: the first role one of
-# whose name parts the (lower-cased) name contains. Fused q/k/v before v_proj (which "qkv_proj" contains), gate_up
-# before gate. Llama-style names, GPT-2 / GPT-NeoX / Falcon / InternLM / Phi spellings.
-TENSOR_ROLES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("output", ("lm_head",)),
-    ("token_embd", ("embed_tokens", "wte.", "word_embeddings", "tok_embeddings", "embedding.weight")),
-    ("attn_qkv", ("qkv_proj", "query_key_value", "c_attn", "wqkv")),
-    ("attn_q", ("q_proj",)),
-    ("attn_k", ("k_proj",)),
-    ("attn_v", ("v_proj",)),
-    ("attn_output", ("o_proj", "out_proj", "attention.dense", "attn.c_proj", "self_attn.dense")),
-    ("ffn_up", ("gate_up_proj", "up_proj")),
-    ("ffn_gate", ("gate_proj",)),
-    ("ffn_down", ("down_proj", ".w2.", "fc2", "dense_4h_to_h", "mlp.c_proj")),
-)
-_LAYER = re.compile(r"\.(?:layers|h|blocks|layer)\.(\d+)\.")
-
-
-def tensor_role(name: str) -> tuple[str, int]:
-    """(GGUF role, layer or -1) of an HF tensor name (:data:`TENSOR_ROLES`; ``"other"`` when none applies)."""
-    m = _LAYER.search(name)
-    layer = int(m.group(1)) if m else -1
-    n = name.lower()
-    if n.endswith("output.weight") and "layers" not in n:  # a checkpoint already in GGUF-like names
-        return "output", layer
-    for role, parts in TENSOR_ROLES:
-        if any(p in n for p in parts):
-            return role, layer
-    return "other", layer
-
-
 def _type_bytes(type_name: str, n: int) -> int:
     if type_name not in GGML_TYPE_CODES:
         raise PipelineError(f"unknown ggml type {type_name}")
@@ -258,11 +236,12 @@ def _block(type_name: str) -> int:
     return GGML_TYPES[GGML_TYPE_CODES[type_name]][1]
 
 
-def quant_tensor_type(ftype: str, role: str, layer: int, n_layer: int, ncols: int, tied: bool, n_gqa: int = 1) -> str:
+def quant_tensor_type(ftype: str, role: str, layer: int, n_layer: int, ncols: int, tied: bool, n_gqa: int = 1,
+                      n_expert: int = 0) -> str:
     """The type llama-quantize gives a 2-D weight (condensed ``llama_tensor_get_type_impl``, src/llama-quant.cpp:
-    475-700 of b11312, dense models, no importance matrix): the output matrix (or the tied embedding) at Q6_K,
-    ``attn_v`` / ``ffn_down`` / ``attn_output`` / ``attn_qkv`` raised per ftype and layer (``use_more_bits``), then the
-    shape fallback (src/llama-quant.cpp:400-440). The one copy of that rule here: ``ggufpipe plan`` and
+    475-700 of b11312, no importance matrix): the output matrix (or the tied embedding) at Q6_K, ``attn_v`` /
+    ``ffn_down`` / ``attn_output`` / ``attn_qkv`` raised per ftype and layer (``use_more_bits``), ``attn_k`` /
+    ``attn_v`` at Q8_0 in a model of exactly 8 experts, then the shape fallback (src/llama-quant.cpp:400-440). The one copy of that rule here: ``ggufpipe plan`` and
     ``ggufpipe init`` use it; the real plan of a quant is llama-quantize's own dry run (pipeline/stages/quant_plan.py)."""
     t = FTYPE_BASE.get(ftype, "Q8_0")
     if t in ("F16", "BF16"):
@@ -289,6 +268,8 @@ def quant_tensor_type(ftype: str, role: str, layer: int, n_layer: int, ncols: in
         t = {"Q2_K": "Q3_K", "Q3_K_M": "Q4_K", "Q3_K_L": "Q5_K"}.get(ftype, t)
     elif role == "attn_qkv":
         t = {"Q3_K_M": "Q4_K", "Q4_K_M": "Q5_K", "Q5_K_M": "Q6_K"}.get(ftype, t)
+    if n_expert == 8 and role in ("attn_v", "attn_k"):  # exactly 8 experts: src/llama-quant.cpp:599-610
+        t = "Q8_0"
     if ncols % _block(t):
         t = _FALLBACK.get(t, t)
         if ncols % _block(t):
@@ -308,12 +289,13 @@ def model_shape(facts: Facts, ftype: str):
     :func:`quant_tensor_type` picks (1-D tensors, biases and norms in F32), each padded in the data section."""
     n_gqa = facts.n_head // max(facts.n_head_kv, 1)
     tensors, offset, n_vocab = [], 0, facts.n_vocab
-    for name, shape, _ in facts.tensors:
+    for name, shape, _ in merge_experts(facts.tensors):
         role, layer = tensor_role(name)
-        if len(shape) < 2 or name.endswith((".bias", "norm.weight")):
-            t, matmul = "F32", False
+        if len(shape) < 2 or name.endswith((".bias", "norm.weight")) or never_quantized(name):
+            t, matmul = "F32", len(shape) > 1
         else:
-            t = quant_tensor_type(ftype, role, layer, facts.n_layer, int(shape[-1]), facts.tied, n_gqa)
+            t = quant_tensor_type(ftype, role, layer, facts.n_layer, int(shape[-1]), facts.tied, n_gqa,
+                                  facts.n_expert)
             matmul = role != "token_embd" and "position" not in name
             if role == "token_embd":
                 n_vocab = int(shape[0])
@@ -324,7 +306,32 @@ def model_shape(facts: Facts, ftype: str):
         architecture=facts.model_type, n_layer=facts.n_layer, n_embd=facts.n_embd, n_ff=facts.n_ff,
         n_head_kv=[facts.n_head_kv] * facts.n_layer, head_k=facts.head_dim, head_v=facts.head_dim, n_vocab=n_vocab,
         tensors=tensors, metadata_bytes=_header_bytes(facts, len(tensors)), weights=offset, n_merges=facts.n_merges,
-        swa=list(facts.swa), n_swa=facts.n_swa, source=f"{facts.origin}, {ftype}")
+        swa=list(facts.swa), n_swa=facts.n_swa, source=f"{facts.origin}, {ftype}", n_expert=facts.n_expert,
+        n_expert_used=facts.n_expert_used, recurrent=list(facts.recurrent), recurrent_bytes=facts.recurrent_bytes)
+
+
+def moe_plan(facts: Facts, keys: list[str]) -> dict | None:
+    """A mixture of experts' parameters (total, active per token) and, per model file, its routed-expert bytes (all
+    mapped, ``n_expert_used / n_expert`` of them read per token) and the rest, with the largest layer's experts: what
+    ``-cmoe`` / ``-ncmoe N`` keep on the CPU of a GPU box (the experts regex ``\\.ffn_(up|down|gate|gate_up)_(ch|)exps``,
+    common/common.h:1198; shared experts stay with the other weights). None for a dense model."""
+    if facts.n_expert < 2:
+        return None
+    files = {}
+    for key in keys:
+        s = model_shape(facts, key)
+        moe = experts(s)
+        per_layer: dict[int, int] = {}
+        for t in s.tensors:
+            if is_expert(t.name):
+                layer = tensor_role(t.name)[1]
+                per_layer[layer] = per_layer.get(layer, 0) + t.n_bytes
+        files[key] = {"expert_bytes": moe["expert_bytes"], "read_per_token": moe["expert_bytes_read_per_token"],
+                      "other_bytes": s.metadata_bytes + s.weights - moe["expert_bytes"],
+                      "layer_expert_bytes": max(per_layer.values(), default=0), "moe_layers": len(per_layer)}
+    moe = experts(model_shape(facts, keys[0]))
+    return {"n_expert": facts.n_expert, "n_expert_used": facts.n_expert_used, "params_total": moe["params_total"],
+            "params_active": moe["params_active"], "files": files}
 
 
 def gguf_bytes(facts: Facts, ftype: str) -> int:

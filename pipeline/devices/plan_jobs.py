@@ -183,8 +183,9 @@ BOX = {"cores": 32, "ram": 256 * GIB, "net_bps": 100e6, "pp_flops_per_core": 33e
 
 
 def hours(job: dict, facts: Facts, recipe, box: dict = BOX) -> float:
-    """A job's hours on ``box``: downloads and conversions by bytes, llama.cpp runs by 2 x params FLOPs per token."""
-    rule, n = job["rule"], facts.n_params
+    """A job's hours on ``box``: downloads and conversions by bytes, llama.cpp runs by 2 x params FLOPs per token
+    (a mixture of experts' active parameters: each token is routed through its few experts)."""
+    rule, n = job["rule"], facts.n_active
     tokens = 0
     if rule == "fetch":
         return facts.snapshot_bytes / box["net_bps"] / 3600

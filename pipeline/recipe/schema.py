@@ -231,8 +231,8 @@ SENSITIVITY = Section("sensitivity", "`sensitivity:`", (
     Field("ctx", "int >= 16", 512, "Context length of each chunk.", 256),
     Field("chunks", "int >= 1", 4, "Number of chunks.", 2),
     Field("bands", "int >= 1", 8,
-          "Bands of consecutive layers a role's tensors are grouped into (MoE expert tensors: one group per "
-          "layer); groups x candidates files are measured.", 4),
+          "Bands of consecutive layers a role's tensors are grouped into (MoE: routed experts per role and band, "
+          "shared experts apart, routers never quantized); groups x candidates files are measured.", 4),
     Field("floor", "ggml tensor type", "Q8_0",
           "The type of every tensor outside the group measured, and a choice of every group.", "F16"),
 ))

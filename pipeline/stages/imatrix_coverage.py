@@ -64,3 +64,25 @@ def coverage_failures(table: list[dict], min_coverage: float | None, min_tokens:
     return [f"{where}: layer {row['layer']} covers {row['covered']}/{row['experts']} experts ({row['fraction']:.3f} < "
             f"imatrix.min_expert_coverage {min_coverage:g}); cold experts (fewer than {min_tokens} routed tokens): "
             + ", ".join(map(str, row["cold"])) for row in table if row["fraction"] < min_coverage]
+
+
+def imatrix_mismatch(base, matrix: str | Path) -> str | None:
+    """Why the importance matrix ``matrix`` is not one of the model ``base`` (a GGUF header), or None: an entry names
+    a weight the base lacks, or its row length or expert count differs from the weight's (llama-quantize only logs a
+    missing name, and throws on a size mismatch after writing part of the file: src/llama-quant.cpp:1276-1293)."""
+    weights = {t.name: t for t in base.tensors}
+    entries = [t for t in read_header(matrix).tensors if t.name.endswith(".in_sum2")]
+    for e in entries:
+        name = e.name.removesuffix(".in_sum2")
+        w = weights.get(name)
+        if w is None:
+            return f"it names {name}, which {base.path.name} does not have"
+        n_expert = w.shape[2] if len(w.shape) > 2 else 1
+        got = (e.shape[0], e.shape[1] if len(e.shape) > 1 else 1)
+        if got != (w.shape[0], n_expert):
+            what = "experts" if got[0] == w.shape[0] else "columns"
+            return (f"{name} has {w.shape[0]} columns x {n_expert} expert(s) in {base.path.name}, {got[0]} x {got[1]} "
+                    f"in the matrix ({what} differ)")
+    if not entries:
+        return "it holds no in_sum2 entry (not a llama-imatrix GGUF)"
+    return None

@@ -7,13 +7,14 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
-from pipeline.errors import PipelineError, ToolError
+from pipeline.errors import PipelineError, RecipeError, ToolError
 from pipeline.fsutil import atomic_output, sha256_file
 from pipeline.gguf.reader import read_header
 from pipeline.recipe import Recipe
 from pipeline.recipe.tensor_map import read_map
 from pipeline.records import MixLayoutRecord, QuantRecord
 from pipeline.stagedef import Stage, mem_mb
+from pipeline.stages.imatrix_coverage import imatrix_mismatch
 from pipeline.stages.quant_plan import check_patterns, check_written, parse_dry_run, plan, predict_header
 from pipeline.tools import Toolchain, find_toolchain, run_tool, tail
 
@@ -104,6 +105,11 @@ def quantize(recipe: Recipe, key: str, base_gguf: str | Path, out_gguf: str | Pa
         # GGUF (quantize.imatrix.file), which must not depend on the build folder
         args += ["--imatrix", imatrix.name]
         cwd = imatrix.parent
+        problem = imatrix_mismatch(read_header(base_gguf), imatrix)
+        if problem:
+            index = next((i for i, x in enumerate(recipe.quants) if x.key == key), key)
+            raise RecipeError(recipe.path, f"quants[{index}].imatrix", f"{imatrix.name} is not an importance matrix "
+                              f"of {base_gguf.name}: {problem}")
     where = f"{recipe.path}: quantize {key}"
     planned = dry_run(tc, q, args, base_gguf, out_gguf, threads, log, cwd, where)
     header = predict_header(read_header(base_gguf), imatrix.name if q.imatrix else None,

@@ -123,12 +123,14 @@ def tiny_glm4_moe(dest, tokenizer_dir, n_layer: int = 2, nextn_layers: int = 1, 
 
 
 
-def tiny_qwen3_moe(dest, tokenizer_dir, n_layer: int = 2, n_expert: int = 16, top_k: int = 2, seed: int = 0):
+def tiny_qwen3_moe(dest, tokenizer_dir, n_layer: int = 2, n_expert: int = 16, top_k: int = 2, seed: int = 0,
+                   expert_width: int = 256):
     """A random Qwen3MoeForCausalLM checkpoint (issue #31; transformers' ``qwen3_moe``, the converter's
     ``Qwen3MoeModel``: conversion/qwen.py:258): every layer MoE with ``n_expert`` routed experts, ``top_k`` per token,
     no shared expert; hidden and expert widths 256 (K/IQ types need rows of 256: no fallback); q/k norms. The router
     rows are scaled up (std 1 instead of 0.05), so its top-k is far from a tie and F16 rounding does not flip
-    experts. Tokenizer: ``tokenizer_dir``'s (the demo's SmolLM2, 49,152 tokens)."""
+    experts. ``expert_width``: another width makes the K/IQ types fall back on ``ffn_down_exps``. Tokenizer:
+    ``tokenizer_dir``'s (the demo's SmolLM2, 49,152 tokens)."""
     import torch
     from safetensors.torch import save_file
 
@@ -136,7 +138,7 @@ def tiny_qwen3_moe(dest, tokenizer_dir, n_layer: int = 2, n_expert: int = 16, to
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         shutil.copy(tokenizer_dir / name, dest / name)
     n_tok = len(json.loads((tokenizer_dir / "tokenizer.json").read_text())["model"]["vocab"])
-    H, NH, KV, HD, FFE = 256, 4, 2, 64, 256
+    H, NH, KV, HD, FFE = 256, 4, 2, 64, expert_width
     (dest / "config.json").write_text(json.dumps({
         "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "vocab_size": n_tok, "hidden_size": H,
         "num_hidden_layers": n_layer, "num_attention_heads": NH, "num_key_value_heads": KV, "head_dim": HD,

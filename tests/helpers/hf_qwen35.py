@@ -173,3 +173,79 @@ def tiny_qwen35(dest: Path, vocab_gguf: Path, mtp_layers: int = N_MTP, seed: int
             t["mtp.fc.weight"] = torch.cat([torch.eye(HIDDEN), torch.zeros(HIDDEN, HIDDEN)], 1).to(torch.bfloat16)
     save_file(t, str(dest / "model.safetensors"), metadata={"format": "pt"})
     return dest
+
+
+def tiny_qwen35_moe(dest: Path, tokenizer_dir: Path, n_expert: int = 16, top_k: int = 2, seed: int = 0) -> Path:
+    """A random ``Qwen3_5MoeForConditionalGeneration`` checkpoint (issue #31; transformers' ``qwen3_5_moe``, the
+    converter's ``Qwen3_5MoeTextModel``, llama.cpp ``qwen35moe``: conversion/qwen.py:658-661): the hybrid layers of
+    :func:`tiny_qwen35` (three Gated DeltaNet, one gated full attention) with a sparse MoE block in every layer:
+    ``n_expert`` routed experts, ``top_k`` per token, and one shared expert behind its sigmoid gate
+    (``mlp.shared_expert_gate``, one row). Experts as transformers 5 stores them (``Qwen3_5MoeExperts``: one fused
+    ``mlp.experts.gate_up_proj`` [experts, 2 x width, hidden] and ``mlp.experts.down_proj``), which the converter
+    splits (conversion/qwen.py:98-117). Widths 256 (K/IQ types need rows of 256); router rows of std 1 so that F16
+    rounding does not flip experts. One MTP layer (a full-attention block with its own experts, ``mtp.*``), as the
+    published checkpoints have: the pinned converter requires one unless asked for ``--no-mtp``
+    (conversion/qwen.py:299-305). Tokenizer: ``tokenizer_dir``'s (the demo's SmolLM2)."""
+    import torch
+    from safetensors.torch import save_file
+
+    dest.mkdir(parents=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(tokenizer_dir / name, dest / name)
+    vocab = len(json.loads((tokenizer_dir / "tokenizer.json").read_text())["model"]["vocab"])
+    H, F, NH, KV, HD = 256, 256, 4, 1, 64
+    LK, LV, KD, VD = 2, 4, 32, 32
+    layer_types = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(N_LAYER)]
+    text = {
+        "model_type": "qwen3_5_moe_text", "vocab_size": vocab, "hidden_size": H, "num_hidden_layers": N_LAYER,
+        "layer_types": layer_types, "full_attention_interval": 4, "num_attention_heads": NH, "num_key_value_heads": KV,
+        "head_dim": HD, "attention_bias": False, "attention_dropout": 0.0, "hidden_act": "silu", "rms_norm_eps": 1e-6,
+        "linear_conv_kernel_dim": CONV_K, "linear_key_head_dim": KD, "linear_value_head_dim": VD,
+        "linear_num_key_heads": LK, "linear_num_value_heads": LV, "moe_intermediate_size": F,
+        "shared_expert_intermediate_size": F, "num_experts": n_expert, "num_experts_per_tok": top_k,
+        "router_aux_loss_coef": 0.001, "output_router_logits": False, "mtp_num_hidden_layers": 1,
+        "mtp_use_dedicated_embeddings": False,
+        "max_position_embeddings": 4096, "tie_word_embeddings": False, "use_cache": True, "dtype": "bfloat16",
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25,
+                            "mrope_interleaved": True, "mrope_section": [4, 2, 2]},
+        "bos_token_id": 1, "eos_token_id": 2}
+    (dest / "config.json").write_text(json.dumps({
+        "architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe", "text_config": text,
+        "tie_word_embeddings": False,
+        "vision_config": {"model_type": "qwen3_5_moe", "depth": 1, "hidden_size": 32, "intermediate_size": 64,
+                          "num_heads": 2, "in_channels": 3, "patch_size": 16, "spatial_merge_size": 2,
+                          "temporal_patch_size": 2, "out_hidden_size": H, "num_position_embeddings": 64},
+        "transformers_version": "5.17.0"}, indent=2) + "\n")
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape, scale=0.05):
+        return (torch.randn(*shape, generator=g) * scale).to(torch.bfloat16).contiguous()
+
+    def norm(n):  # stored as w - 1, as in tiny_qwen35
+        return rnd(n, scale=0.1)
+
+    p0 = "model.language_model."
+    t = {p0 + "embed_tokens.weight": rnd(vocab, H, scale=1.0), p0 + "norm.weight": norm(H),
+         "lm_head.weight": rnd(vocab, H), "model.visual.patch_embed.proj.weight": rnd(32, 3, 2, 16, 16)}
+    kd, vd = LK * KD, LV * VD
+    t.update({"mtp.fc.weight": rnd(H, 2 * H), "mtp.pre_fc_norm_embedding.weight": norm(H),
+              "mtp.pre_fc_norm_hidden.weight": norm(H), "mtp.norm.weight": norm(H)})
+    blocks = [(f"{p0}layers.{i}.", kind) for i, kind in enumerate(layer_types)] + [("mtp.layers.0.", "full_attention")]
+    for p, kind in blocks:
+        t.update({p + "input_layernorm.weight": norm(H), p + "post_attention_layernorm.weight": norm(H),
+                  p + "mlp.gate.weight": rnd(n_expert, H, scale=1.0),
+                  p + "mlp.experts.gate_up_proj": rnd(n_expert, 2 * F, H), p + "mlp.experts.down_proj": rnd(n_expert, H, F),
+                  p + "mlp.shared_expert.gate_proj.weight": rnd(F, H), p + "mlp.shared_expert.up_proj.weight": rnd(F, H),
+                  p + "mlp.shared_expert.down_proj.weight": rnd(H, F), p + "mlp.shared_expert_gate.weight": rnd(1, H)})
+        if kind == "full_attention":
+            t.update({p + "self_attn.q_proj.weight": rnd(NH * HD * 2, H), p + "self_attn.k_proj.weight": rnd(KV * HD, H),
+                      p + "self_attn.v_proj.weight": rnd(KV * HD, H), p + "self_attn.o_proj.weight": rnd(H, NH * HD),
+                      p + "self_attn.q_norm.weight": norm(HD), p + "self_attn.k_norm.weight": norm(HD)})
+        else:
+            q = p + "linear_attn."
+            t.update({q + "in_proj_qkv.weight": rnd(2 * kd + vd, H), q + "in_proj_z.weight": rnd(vd, H),
+                      q + "in_proj_b.weight": rnd(LV, H), q + "in_proj_a.weight": rnd(LV, H),
+                      q + "conv1d.weight": rnd(2 * kd + vd, 1, CONV_K, scale=0.3), q + "dt_bias": rnd(LV, scale=1.0),
+                      q + "A_log": rnd(LV, scale=0.5), q + "norm.weight": 1 + norm(VD), q + "out_proj.weight": rnd(H, vd)})
+    save_file(t, str(dest / "model.safetensors"), metadata={"format": "pt"})
+    return dest

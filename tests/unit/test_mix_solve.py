@@ -94,11 +94,15 @@ def test_sensitivity_refusals(tmp_path):
 def test_bands_and_groups():
     assert bands(30, 8) == [(0, 2), (3, 6), (7, 10), (11, 14), (15, 17), (18, 21), (22, 25), (26, 29)]
     assert bands(2, 8) == [(0, 0), (1, 1)]
-    names = ["token_embd.weight", *(f"blk.{i}.{r}.weight" for i in range(4) for r in ("attn_q", "ffn_down_exps")),
-             "output.weight"]
+    roles = ("attn_q", "ffn_down_exps", "ffn_up_exps", "ffn_down_shexp")
+    names = ["token_embd.weight", *(f"blk.{i}.{r}.weight" for i in range(4) for r in roles), "output.weight"]
     groups = {g.name: g.tensors for g in group_tensors(names, 2)}
     assert groups["attn_q.0-1"] == ("blk.0.attn_q.weight", "blk.1.attn_q.weight")
-    assert groups["ffn_down_exps.3-3"] == ("blk.3.ffn_down_exps.weight",)  # experts: one group per layer
+    # experts per role and band (issue #31), the shared expert apart from them
+    assert groups["ffn_down_exps.2-3"] == ("blk.2.ffn_down_exps.weight", "blk.3.ffn_down_exps.weight")
+    assert groups["ffn_up_exps.0-1"] == ("blk.0.ffn_up_exps.weight", "blk.1.ffn_up_exps.weight")
+    assert groups["ffn_down_shexp.0-1"] == ("blk.0.ffn_down_shexp.weight", "blk.1.ffn_down_shexp.weight")
+    assert len(groups) == 2 * len(roles) + 2
     assert list(groups) == sorted(groups) and groups["token_embd"] == ("token_embd.weight",)
     assert sum(len(t) for t in groups.values()) == len(names)
 

@@ -109,13 +109,40 @@ def test_rules_resources_come_from_the_plan():
 
 @pytest.mark.parametrize("name,params,total", [("llama-2-7b", 6_738_415_616, 13_476_839_424),
                                                ("qwen2.5-32b", 32_763_876_352, 65_527_752_704),
-                                               ("llama-3.1-70b", 70_553_706_496, 141_107_412_992)])
+                                               ("llama-3.1-70b", 70_553_706_496, 141_107_412_992),
+                                               ("qwen3-30b-a3b", 30_532_122_624, 61_064_245_248)])
 def test_paper_configs(name, params, total):
     f = P.source_facts(ROOT / "data" / "paper" / name)
     assert f.n_params == params and not f.notes  # every index name derived, total_size matched
     idx = json.loads((ROOT / "data" / "paper" / name / "model.safetensors.index.json").read_text())
     assert idx["metadata"]["total_size"] == total
     assert abs(f.weight_bytes - total) <= 8192  # Llama-2's index also lists 32 rotary inv_freq buffers
+
+
+def test_moe_paper_config_plans_experts():
+    """Qwen3-30B-A3B (issue #31): 30.5 B parameters, 3.3 B active as Qwen publishes them; per file the routed experts
+    (all mapped, 8/128 read per token) and the rest; routers F32; the 18,432 per-expert tensors merged per layer
+    and weight as the converter writes them (144 ``*_exps``)."""
+    f = P.source_facts(ROOT / "data" / "paper" / "qwen3-30b-a3b")
+    assert (f.n_expert, f.n_expert_used) == (128, 8)
+    moe = P.moe_plan(f, ["F16", "Q4_K_M"])
+    assert moe["params_total"] == 30_532_122_624 and round(moe["params_active"] / 1e9, 2) == 3.35
+    assert f.n_active == moe["params_active"]  # the hours count the active parameters' FLOPs per token
+    shape = P.model_shape(f, "Q4_K_M")
+    exps = [t for t in shape.tensors if ".experts." in t.name]
+    assert len(exps) == 144 and exps[0].ne[2] == 128
+    assert {t.type_name for t in shape.tensors if t.name.endswith("mlp.gate.weight")} == {"F32"}
+    f16, q4 = moe["files"]["F16"], moe["files"]["Q4_K_M"]
+    assert f16["expert_bytes"] == 48 * 3 * 128 * 768 * 2048 * 2 and f16["read_per_token"] == f16["expert_bytes"] // 16
+    assert q4["moe_layers"] == 48 and q4["expert_bytes"] + q4["other_bytes"] == P.gguf_bytes(f, "Q4_K_M")
+    assert 17.0 < P.gguf_bytes(f, "Q4_K_M") / 2**30 < 17.6  # uploaders' Q4_K_M: about 18.6 GB (recalled, not fetched)
+
+
+def test_eight_experts_raise_attn_k_and_v_to_q8_0():
+    """src/llama-quant.cpp:599-610: a model of exactly 8 experts gets attn_k/attn_v at Q8_0; 16 do not."""
+    assert P.quant_tensor_type("Q4_K_M", "attn_k", 3, 32, 4096, False, 4, n_expert=8) == "Q8_0"
+    assert P.quant_tensor_type("Q4_K_M", "attn_v", 3, 32, 4096, False, 4, n_expert=8) == "Q8_0"
+    assert P.quant_tensor_type("Q4_K_M", "attn_k", 3, 32, 4096, False, 4, n_expert=16) == "Q4_K"
 
 
 def test_free_memory_reads_the_file_GGUFPIPE_MEMINFO_names(tmp_path, monkeypatch):

@@ -2,9 +2,11 @@
 
 A quantized tensor ``blk.<i>.<role>.weight`` belongs to the group of its role and of the band holding layer ``i``:
 the layers ``0 .. n-1`` cut into ``min(bands, n)`` runs of consecutive layers as equal as integer division makes
-them. MoE expert tensors (a role ending in ``_exps``) are grouped per layer, since each is most of its layer's
-bytes. A tensor outside the blocks (``token_embd.weight``, ``output.weight``...) is a group of its own. Group
-names sort the way the solver breaks ties: ``attn_q.0-4``, ``ffn_down_exps.7-7``, ``token_embd``.
+them. A mixture of experts' tensors follow the same rule: the routed experts (``ffn_{gate,up,down}_exps``) per
+role and band, the shared expert's (``ffn_*_shexp``) groups of their own roles, apart from the experts; routers
+(``ffn_gate_inp``) and the 1-D shared-expert gate are never quantized (src/llama-quant.cpp:292, 306), so they are in
+no group. A tensor outside the blocks (``token_embd.weight``, ``output.weight``...) is a group of its own. Group
+names sort the way the solver breaks ties: ``attn_q.0-4``, ``ffn_down_exps.4-7``, ``token_embd``.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ def group_tensors(names: list[str], n_bands: int) -> list[Group]:
             role, band = n.removesuffix(".weight"), None
         else:
             i, role = int(m.group(1)), m.group(2)
-            band = (i, i) if role.endswith("_exps") else next(c for c in cuts if c[0] <= i <= c[1])
+            band = next(c for c in cuts if c[0] <= i <= c[1])
         key = role if band is None else f"{role}.{band[0]}-{band[1]}"
         members.setdefault(key, []).append(n)
         info[key] = (role, band)

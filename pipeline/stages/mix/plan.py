@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from pipeline.errors import PipelineError, ToolError
+from pipeline.errors import PipelineError, RecipeError, ToolError
 from pipeline.gguf.reader import GGUFHeader, read_header
 from pipeline.gguf.types import padded_nbytes
 from pipeline.recipe import Recipe
@@ -85,3 +85,21 @@ def check_budgets(recipe: Recipe, flavour: str, data: dict, base: Path, header: 
                                 f"candidates ({smallest} bytes, every group at its smallest type)")
 
 
+
+
+def check_expert_candidates(recipe: Recipe, flavour: str, types: dict[str, dict[str, str]], groups,
+                            shapes: dict[str, list[int]]) -> None:
+    """Refuse, before anything is measured, a mix candidate llama-quantize cannot write for a group of routed experts
+    (``*_exps``): rows its block does not divide fall back to another type (src/llama-quant.cpp:400-440), and the
+    experts being most of a mixture's bytes, the mix would not choose what its candidates name."""
+    for i, q in enumerate(recipe.quants):
+        if not (q.mix and q.flavour == flavour):
+            continue
+        for c in q.mix.candidates:
+            for g in groups:
+                if not g.role.endswith("_exps") or any(types[c][n] == c for n in g.tensors):
+                    continue
+                n = g.tensors[0]
+                raise RecipeError(recipe.path, f"quants[{i}].candidates", f"{c} cannot be written for the expert "
+                                  f"tensors: llama-quantize writes {n} (rows of {shapes[n][0]}) as {types[c][n]} "
+                                  f"(shape fallback, src/llama-quant.cpp:400-440); leave {c} out of the candidates")

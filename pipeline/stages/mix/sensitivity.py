@@ -33,7 +33,14 @@ from pipeline.records import SensitivityRecord
 from pipeline.stagedef import Stage, mem_mb
 from pipeline.stages.evaluate import check_text, kl_divergence, write_base_logits
 from pipeline.stages.mix.groups import Group, bands, group_tensors
-from pipeline.stages.mix.plan import check_budgets, dry_run_types, header_bytes, imatrix_args, map_text
+from pipeline.stages.mix.plan import (
+    check_budgets,
+    check_expert_candidates,
+    dry_run_types,
+    header_bytes,
+    imatrix_args,
+    map_text,
+)
 from pipeline.stages.quantize import explain_failure
 from pipeline.tools import Toolchain, find_toolchain, run_tool
 
@@ -89,6 +96,7 @@ def sensitivity(recipe: Recipe, flavour: str, base_gguf: str | Path, ref_gguf: s
     logits = _reference_logits(tc, es, ref, ref_sha, text_sha, threads, scratch, logp, flavour, where)
     # 2. what each candidate writes, per tensor
     plan = _plan(tc, base, im, (s.floor, *cands), s.bands, scratch, logp, where)
+    check_expert_candidates(recipe, flavour, plan.types, plan.groups, plan.shapes)
     data = _describe(flavour, base, base_sha, ref, ref_sha, im, es, text_sha, threads, s.floor, cands, s.bands, plan)
     check_budgets(recipe, flavour, data, base, header_bytes(plan.header, im), plan.header.alignment, im, tc, scratch,
                   logp)  # before any measurement
