@@ -134,9 +134,11 @@ dvc-repro: setup env-autoawq
 # The whole suite, tiers in order (tests/unit, tests/integration, tests/e2e): what CI runs. In one process it
 # leaves one of CI's two cores mostly idle (docs/testing.md), so it runs on two workers; tests/helpers/workers.py
 # sends each shared build's tests to one worker (built once), the unit tier first. TEST_WORKERS=0: one process.
+# Two workers start 2-thread llama.cpp and torch runs on two cores: OpenMP threads that spin while they wait take
+# the core the other worker needs; passive waiting halves two such runs' wall (docs/testing.md).
 TEST_WORKERS ?= 2
 test: setup env-autoawq
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # The light venv: core + dev extras (pyyaml, pytest, ruff, numpy, gguf); no torch, no snakemake, no llama.cpp.
 $(FAST)/bin/.installed: pyproject.toml requirements/constraints.txt

@@ -295,6 +295,7 @@ class ModelShape:
     n_expert_used: int = 0  # experts each token is routed to ({arch}.expert_used_count)
     recurrent: list[bool] = field(default_factory=list)  # per layer: a recurrent state, no KV cache
     recurrent_bytes: int = 0  # one sequence's recurrent state of one such layer
+    n_nextn: int = 0  # multi-token-prediction layers, the last of n_layer: mapped, but no KV cache unless drafting
 
     @classmethod
     def from_gguf(cls, path: str | os.PathLike) -> ModelShape:
@@ -327,7 +328,8 @@ class ModelShape:
             n_ctx_train=int(g("context_length", 0) or 0), n_expert=int(g("expert_count", 0) or 0),
             n_expert_used=int(g("expert_used_count", 0) or 0), recurrent=recurrent_layers(arch, meta, n_layer),
             recurrent_bytes=recurrent_state_bytes(*(int(g(f"ssm.{k}", 0) or 0) for k in (
-                "conv_kernel", "inner_size", "group_count", "state_size"))))
+                "conv_kernel", "inner_size", "group_count", "state_size"))),
+            n_nextn=int(g("nextn_predict_layers", 0) or 0))
 
 
 def experts(shape: ModelShape) -> dict | None:
@@ -395,7 +397,7 @@ def components(shape: ModelShape, ctx: int, kv_type: str = "f16", arch: str = "x
     head_k_swa, head_v_swa = s.head_k_swa or s.head_k, s.head_v_swa or s.head_v
     recurrent = (list(s.recurrent) + [False] * n_layer)[:n_layer]
     kv = 0
-    for il in range(n_layer):
+    for il in range(n_layer - s.n_nextn):  # the caches hold llama_hparams::n_layer(), MTP layers not included
         if recurrent[il]:  # the hybrid's KV cache holds the attention layers only (llama_memory_hybrid's filters)
             continue
         cells = swa_cells if swa[il] else n_ctx
