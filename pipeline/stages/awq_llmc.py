@@ -92,7 +92,17 @@ def _strip_quantization(model) -> None:
 def run_llmcompressor(recipe: Recipe, hf_dir: Path, out_dir: Path, record: Path, threads: int, architecture: str) -> dict:
     """AWQ-calibrate ``hf_dir`` into ``out_dir`` with llm-compressor (CPU or CUDA), as
     :func:`pipeline.stages.awq.run_awq` does with AutoAWQ."""
-    _quiet()  # this process is the engine's run
+    added = _quiet()
+    try:
+        return _run_llmcompressor(recipe, hf_dir, out_dir, record, threads, architecture)
+    finally:
+        # restored for a caller that goes on in this process (a test worker): AutoAWQ's bar in a build it starts
+        # later vanished under the TQDM_DISABLE left behind
+        for key in added:
+            os.environ.pop(key, None)
+
+
+def _run_llmcompressor(recipe: Recipe, hf_dir: Path, out_dir: Path, record: Path, threads: int, architecture: str) -> dict:
     # torch, transformers, datasets, llmcompressor: only this engine loads them
     import torch
     from datasets import Dataset

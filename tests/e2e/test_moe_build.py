@@ -51,7 +51,8 @@ def test_every_stage_takes_the_moe_and_conformance_passes(moe_build):
 def test_hybrid_moe_with_a_shared_expert_builds_and_conformance_passes(moe_build):
     """Qwen3.5-MoE: the logit check ran on transformers' ``qwen3_5_moe`` class; the GGUF is ``qwen35moe`` with its
     recurrent layers marked, routed experts as 3-D ``*_exps``, the shared expert's own ``*_shexp`` tensors, and
-    neither router nor the 1-D shared-expert gate quantized (src/llama-quant.cpp:292, 306)."""
+    neither router nor the 1-D shared-expert gate quantized (src/llama-quant.cpp:292, 306); the shared expert gets no
+    rule of its own (Q4_K_M raises ffn_down per layer, routed and shared alike)."""
     root, _ = moe_build
     m = json.loads((root / "artifacts" / "moe35" / "manifest.json").read_text())
     c = m["conformance"]
@@ -67,6 +68,11 @@ def test_hybrid_moe_with_a_shared_expert_builds_and_conformance_passes(moe_build
     assert types["blk.0.ffn_up_exps.weight"][1] == (256, 256, N_EXPERT)
     assert {f"blk.{i}.ffn_{r}_shexp.weight" for i in range(4) for r in ("gate", "up", "down")} <= set(types)
     assert {"blk.0.ssm_a", "blk.3.attn_q.weight"} <= set(types) and "blk.3.ssm_a" not in types
+    # no _shexp rule of its own: the shared expert takes its layer's routed-expert type, use_more_bits included
+    for i in range(5):
+        for r in ("gate", "up", "down"):
+            assert types[f"blk.{i}.ffn_{r}_shexp.weight"][0] == types[f"blk.{i}.ffn_{r}_exps.weight"][0], (i, r)
+    assert {types[f"blk.{i}.ffn_down_exps.weight"][0] for i in range(5)} == {"Q4_K", "Q6_K"}
     (q,) = [a for a in m["artifacts"] if a["quant_type"] == "Q4_K_M"]
     assert [(r["layer"], r["covered"]) for r in q["calibration"]["imatrix"]["experts"]] == [
         (i, N_EXPERT) for i in range(4)]

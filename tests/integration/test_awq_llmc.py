@@ -62,10 +62,16 @@ def max_rel_logit_diff(a: Path, b: Path, vocab: int) -> float:
 
 @pytest.mark.parametrize("kind,engine", [("llama", "llmcompressor"), ("qwen3", "llmcompressor"), ("qwen3", "autoawq"),
                                          ("qwen3_5", "llmcompressor")])
-def test_engines_fold_scales_keeping_the_function(tmp_path, tiny_hf, toolchain, quantize_exe, kind, engine):
+def test_engines_fold_scales_keeping_the_function(tmp_path, tiny_hf, toolchain, quantize_exe, kind, engine,
+                                                   monkeypatch):
     """AutoAWQ on Qwen3 is the control of its third fix-up (pipeline/stages/awq.py, import_awq): without it the run
-    fails on transformers 4.56's ``decoder_layer.attention_type``."""
+    fails on transformers 4.56's ``decoder_layer.attention_type``. An in-process llm-compressor run leaves no quiet
+    setting behind (a worker's later AutoAWQ build lost its progress bar to TQDM_DISABLE)."""
     from pipeline.stages.awq import run_awq
+    from pipeline.stages.awq_llmc import QUIET
+
+    for key in QUIET:
+        monkeypatch.delenv(key, raising=False)
 
     if kind == "llama":
         src, folded = tiny_hf, ("model.layers.0.input_layernorm.weight", "model.layers.0.self_attn.q_proj.weight",
@@ -86,6 +92,7 @@ def test_engines_fold_scales_keeping_the_function(tmp_path, tiny_hf, toolchain, 
     r = load_recipe(awq_recipe(tmp_path, src, awq), quantize_exe)
     out = tmp_path / "hf-awq"
     rec = run_awq(r, src, out, tmp_path / "awq.json", threads=2)
+    assert not set(QUIET) & set(os.environ)
     assert rec["engine"] == engine and bool(rec.get("llmcompressor")) == (engine == "llmcompressor")
     assert rec["params"]["engine"] == engine and rec["params"]["apply_clip"] is False
     assert json.loads((out / "config.json").read_text()) == json.loads((src / "config.json").read_text())
