@@ -85,8 +85,6 @@ def check_budgets(recipe: Recipe, flavour: str, data: dict, base: Path, header: 
                                 f"candidates ({smallest} bytes, every group at its smallest type)")
 
 
-
-
 def check_expert_candidates(recipe: Recipe, flavour: str, types: dict[str, dict[str, str]], groups,
                             shapes: dict[str, list[int]]) -> None:
     """Refuse, before anything is measured, a mix candidate llama-quantize cannot write for a group of routed experts
