@@ -329,9 +329,8 @@ def moe_plan(facts: Facts, keys: list[str]) -> dict | None:
         files[key] = {"expert_bytes": moe["expert_bytes"], "read_per_token": moe["expert_bytes_read_per_token"],
                       "other_bytes": s.metadata_bytes + s.weights - moe["expert_bytes"],
                       "layer_expert_bytes": max(per_layer.values(), default=0), "moe_layers": len(per_layer)}
-    moe = experts(model_shape(facts, keys[0]))
-    return {"n_expert": facts.n_expert, "n_expert_used": facts.n_expert_used, "params_total": moe["params_total"],
-            "params_active": moe["params_active"], "files": files}
+    return {"n_expert": facts.n_expert, "n_expert_used": facts.n_expert_used, "params_total": facts.n_params,
+            "params_active": facts.n_active, "files": files}
 
 
 def gguf_bytes(facts: Facts, ftype: str) -> int:

@@ -66,12 +66,12 @@ def coverage_failures(table: list[dict], min_coverage: float | None, min_tokens:
             + ", ".join(map(str, row["cold"])) for row in table if row["fraction"] < min_coverage]
 
 
-def imatrix_mismatch(base, matrix: str | Path) -> str | None:
-    """Why the importance matrix ``matrix`` is not one of the model ``base`` (a GGUF header), or None: an entry names
+def imatrix_mismatch(base, matrix) -> str | None:
+    """Why the importance matrix ``matrix`` is not one of the model ``base`` (GGUF headers both), or None: an entry names
     a weight the base lacks, or its row length or expert count differs from the weight's (llama-quantize only logs a
     missing name, and throws on a size mismatch after writing part of the file: src/llama-quant.cpp:1276-1293)."""
     weights = {t.name: t for t in base.tensors}
-    entries = [t for t in read_header(matrix).tensors if t.name.endswith(".in_sum2")]
+    entries = [t for t in matrix.tensors if t.name.endswith(".in_sum2")]
     for e in entries:
         name = e.name.removesuffix(".in_sum2")
         w = weights.get(name)

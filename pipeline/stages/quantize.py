@@ -97,6 +97,7 @@ def quantize(recipe: Recipe, key: str, base_gguf: str | Path, out_gguf: str | Pa
         raise PipelineError(f"{recipe.path}: quantize {key}: this quant uses the importance matrix, none was given")
     args = q.quantize_args()
     cwd = None
+    base_header, im_header = read_header(base_gguf), None
     if q.imatrix:
         imatrix = Path(imatrix).resolve()
         if not imatrix.is_file():
@@ -105,15 +106,15 @@ def quantize(recipe: Recipe, key: str, base_gguf: str | Path, out_gguf: str | Pa
         # GGUF (quantize.imatrix.file), which must not depend on the build folder
         args += ["--imatrix", imatrix.name]
         cwd = imatrix.parent
-        problem = imatrix_mismatch(read_header(base_gguf), imatrix)
+        im_header = read_header(imatrix)
+        problem = imatrix_mismatch(base_header, im_header)
         if problem:
             index = next((i for i, x in enumerate(recipe.quants) if x.key == key), key)
             raise RecipeError(recipe.path, f"quants[{index}].imatrix", f"{imatrix.name} is not an importance matrix "
                               f"of {base_gguf.name}: {problem}")
     where = f"{recipe.path}: quantize {key}"
     planned = dry_run(tc, q, args, base_gguf, out_gguf, threads, log, cwd, where)
-    header = predict_header(read_header(base_gguf), imatrix.name if q.imatrix else None,
-                            read_header(imatrix) if q.imatrix else None)
+    header = predict_header(base_header, imatrix.name if q.imatrix else None, im_header)
     with atomic_output(out_gguf) as tmp:
         res = run_tool(tc, "llama-quantize", [*args, base_gguf, tmp.resolve(), q.type, str(max(1, threads))],
                        Path(log) if log else None, check=False, cwd=cwd)

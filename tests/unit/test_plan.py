@@ -128,6 +128,9 @@ def test_moe_paper_config_plans_experts():
     moe = P.moe_plan(f, ["F16", "Q4_K_M"])
     assert moe["params_total"] == 30_532_122_624 and round(moe["params_active"] / 1e9, 2) == 3.35
     assert f.n_active == moe["params_active"]  # the hours count the active parameters' FLOPs per token
+    from pipeline.memory import experts  # fit's count, from the merged shape: the same parameters
+
+    assert experts(P.model_shape(f, "F16"))["params_active"] == f.n_active
     shape = P.model_shape(f, "Q4_K_M")
     exps = [t for t in shape.tensors if ".experts." in t.name]
     assert len(exps) == 144 and exps[0].ne[2] == 128
