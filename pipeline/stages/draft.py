@@ -27,7 +27,8 @@ from pipeline.stagedef import Stage, mem_mb
 from pipeline.stages.evaluate import eval_quant
 from pipeline.stages.mtp import mtp_step_bytes
 from pipeline.stages.vocab import check_pair, describe_failure
-from pipeline.tools import Toolchain, find_toolchain, run_tool, serve_tool, tail
+from pipeline.tools import Toolchain, find_toolchain, serve_tool, tail
+from pipeline.tools_rerun import run_complete, tool_errors
 
 PROMPT_CHARS = 1500
 
@@ -77,13 +78,15 @@ def parse_speculative(output: str) -> dict:
     return stats
 
 
-_ERROR_LINE = re.compile(r"^(?:[\d.]+ )?E (.+)$")
-
-
 def _errors(output: str) -> str:
     """llama.cpp's own error lines (``E ...``) of a failed run, or the output's tail."""
-    got = [m.group(1).strip() for ln in output.splitlines() if (m := _ERROR_LINE.match(ln.strip()))]
+    got = tool_errors(output)
     return " | ".join(got[-3:]) if got else tail(output)
+
+
+def spec_complete(output: str) -> bool:
+    """The counts and the decode line llama-speculative-simple prints last are all there."""
+    return _DECODED.search(output) is not None and all(rx.search(output) for rx in _STAT.values())
 
 
 def spec_args(main: str | Path, draft: str | Path | None, spec_type: str, n_max: int) -> list[str]:
@@ -162,8 +165,10 @@ def acceptance(main_gguf: str | Path, draft_gguf: str | Path | None, vocab_recor
             drafted = accepted = predicted = 0
             seconds = 0.0
             for f in files:
-                res = run_tool(tc, "llama-speculative-simple", [*spec_args(main_gguf, draft_gguf, spec_type, n),
-                                                                "-f", f, *measure], Path(log) if log else None, check=False)
+                # every early failure exits 1 (speculative-simple.cpp:25-137): exit 0 without the counts is the lost tail
+                res = run_complete(tc, "llama-speculative-simple", [*spec_args(main_gguf, draft_gguf, spec_type, n),
+                                   "-f", f, *measure], Path(log) if log else None, None, spec_complete,
+                                   f"acceptance of {pair} at n_max {n}")
                 if res.returncode != 0:
                     raise ToolError("llama-speculative-simple", res.returncode, log, f"llama-speculative-simple --spec-type "
                                     f"{spec_type} failed on {pair} (exit {res.returncode}): {_errors(res.output)}")

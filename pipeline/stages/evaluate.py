@@ -10,15 +10,10 @@ llama-perplexity exits 0 in several failures (missing or corrupt base file, inco
 vocabulary, too few tokens); the runner detects them from the tool's error lines and fails loudly.
 The parser fails, never returns zeros, when a statistic is missing or its format changed.
 
-llama-perplexity b11312 can also lose its last output lines at exit while exiting 0: its logger is a
-thread that ``main`` does not join (common/log.cpp leaks the singleton on purpose), so lines still
-queued when the process ends are never written. Exit can also tear a line: it flushes stdout while
-that thread is writing to it (common/log.cpp:160-166, fprintf then fflush), so part of a line is
-written twice (tests/data/perplexity/torn-line-kld.txt). :func:`run_perplexity` re-runs it, at most
-:data:`TRUNCATION_RETRIES` times and logged, for exactly these symptoms: exit 0, no error line, the run
-started (its chunk count is printed), and the last line it prints is missing or a statistic's line
-holds its label but no readable value. (pipeline/tools.py also runs it with passive OpenMP waiting,
-which makes them rare.)
+llama-perplexity b11312 can also lose its last output lines at exit, or tear one, while exiting 0
+(tests/data/perplexity/torn-line-kld.txt): :func:`run_perplexity` re-runs it through
+pipeline/tools_rerun.py for exactly that symptom (the run started: its chunk count is printed; its last line is
+missing or a statistic's line holds its label but no readable value).
 """
 
 from __future__ import annotations
@@ -26,8 +21,6 @@ from __future__ import annotations
 import fcntl
 import os
 import re
-import sys
-import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -38,14 +31,9 @@ from pipeline.recipe import EvalSet, scored_tokens
 from pipeline.records import EvalBaseRecord, EvalRecord
 from pipeline.stagedef import Stage, logits_bytes, mem_mb
 from pipeline.tools import Toolchain, ToolResult, find_toolchain, run_tool, tail
-
-# Three runs in a row lost their last lines on a 2-core box under a parallel Snakemake build (a 0.1 s run of the
-# tiny model), twice in one suite; a pause between tries lets the other jobs' bursts pass.
-TRUNCATION_RETRIES = 6
-TRUNCATION_PAUSE = 0.25  # seconds, times the attempt number
+from pipeline.tools_rerun import LOST_LINES_RETRIES, run_complete, tool_errors
 
 _PPL_RE = re.compile(r"Final estimate: PPL = ([0-9.]+) \+/- ([0-9.]+)")
-_ERROR_LINE = re.compile(r"^\s*(?:\d+\.\d+\.\d+\.\d+ )?E ((?:\w+: )?.+?)\s*$", re.M)
 _CHUNKS_RE = re.compile(r"(?:calculating perplexity|computing) over (\d+) chunks, n_ctx=(\d+)")
 
 # name -> (regex on the statistics section, group) ; all required
@@ -95,10 +83,6 @@ def parse_chunk_rows(output: str) -> list[dict]:
     return rows
 
 
-def tool_errors(output: str) -> list[str]:
-    return [m.group(1) for m in _ERROR_LINE.finditer(output)]
-
-
 def has_final_estimate(output: str) -> bool:
     """The last line a plain or ``--kl-divergence-base`` run prints is there."""
     return _PPL_RE.search(output) is not None
@@ -113,27 +97,11 @@ def has_kld_statistics(output: str) -> bool:
                for rx in STATISTICS.values())
 
 
-def lost_final_lines(res: ToolResult, complete: Callable[[str], bool]) -> bool:
-    """The symptom of b11312's unjoined logger: exit 0, no error line, the run started, its output incomplete."""
-    return (res.returncode == 0 and not tool_errors(res.output) and _CHUNKS_RE.search(res.output) is not None
-            and not complete(res.output))
-
-
 def run_perplexity(tc: Toolchain, args: list, log: Path | None, complete: Callable[[str], bool],
-                   what: str, retries: int = TRUNCATION_RETRIES) -> ToolResult:
-    """llama-perplexity, re-run (at most ``retries`` times, logged) while its output lost its final lines."""
-    for attempt in range(1, retries + 2):
-        res = run_tool(tc, "llama-perplexity", args, log, check=False)
-        if attempt > retries or not lost_final_lines(res, complete):
-            return res
-        note = (f"{what}: llama-perplexity exited 0 but its output lost its final lines or tore one (unjoined "
-                f"logger thread of b11312): re-run {attempt} of at most {retries}")
-        print(f"warning: {note}", file=sys.stderr, flush=True)
-        if log:
-            with open(log, "a", encoding="utf-8") as fh:
-                fh.write(f"[{note}]\n")
-        time.sleep(TRUNCATION_PAUSE * attempt)
-    return res
+                   what: str, retries: int = LOST_LINES_RETRIES) -> ToolResult:
+    """llama-perplexity, re-run while its output lost its final lines (pipeline/tools_rerun.py)."""
+    return run_complete(tc, "llama-perplexity", args, log, lambda out: _CHUNKS_RE.search(out) is not None, complete,
+                        what, retries)
 
 
 def parse_kld_statistics(output: str) -> dict:
@@ -322,7 +290,7 @@ def eval_quant(recipe_name: str, quant_key: str, es: EvalSet, quant_gguf: str | 
 
 
 def kl_divergence(tc: Toolchain, es: EvalSet, gguf: str | Path, base_logits: str | Path, threads: int,
-                  log: str | Path | None, what: str, retries: int = TRUNCATION_RETRIES) -> tuple[dict, ToolResult]:
+                  log: str | Path | None, what: str, retries: int = LOST_LINES_RETRIES) -> tuple[dict, ToolResult]:
     """``llama-perplexity --kl-divergence`` of ``gguf`` against ``base_logits`` (written on ``es``): its statistics."""
     res = run_perplexity(tc, ["-m", gguf, *_common_args(es, threads), "--kl-divergence-base", base_logits,
                               "--kl-divergence"], Path(log) if log else None, has_kld_statistics, what, retries)

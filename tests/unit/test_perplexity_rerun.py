@@ -1,5 +1,6 @@
-"""The bounded re-run of llama-perplexity when b11312 loses its last output lines at exit or tears one, on captured
-real output (tests/data/perplexity) fed to the evaluation code in place of a run."""
+"""The bounded re-run of llama-perplexity and llama-speculative-simple when b11312 loses their last output lines at
+exit or tears one, on captured real output (tests/data/perplexity, tests/data/speculative) fed to the evaluation code
+in place of a run."""
 
 from __future__ import annotations
 
@@ -53,8 +54,8 @@ def test_eval_reruns_only_when_the_final_lines_are_lost(tmp_path, monkeypatch, r
     from pipeline.stages.evaluate import eval_quant
 
     calls: list = []
-    monkeypatch.setattr("pipeline.stages.evaluate.run_tool", _runner(runs, calls))
-    monkeypatch.setattr("pipeline.stages.evaluate.TRUNCATION_PAUSE", 0.0)
+    monkeypatch.setattr("pipeline.tools.run_tool", _runner(runs, calls))
+    monkeypatch.setattr("pipeline.tools_rerun.LOST_LINES_PAUSE", 0.0)
     rec, logits = _base_record(tmp_path)
     es = EvalSet(name="botchan", text=ROOT / "data" / "botchan.txt", ctx=512, chunks=16)
     log = tmp_path / "eval.log"
@@ -80,7 +81,7 @@ def test_base_eval_reruns_on_a_real_lost_tail(tmp_path, monkeypatch, capsys):
     lost = (TEST_DATA / "lost-tail-base.txt").read_text()
     assert "Final estimate" not in lost and "calculating perplexity over 17 chunks" in lost
     calls: list = []
-    monkeypatch.setattr("pipeline.stages.evaluate.run_tool", _runner([(0, lost), (0, (TEST_DATA / "base.txt").read_text())], calls))
+    monkeypatch.setattr("pipeline.tools.run_tool", _runner([(0, lost), (0, (TEST_DATA / "base.txt").read_text())], calls))
     res = run_perplexity(object(), [], tmp_path / "base.log", has_final_estimate, "r: eval set botchan: base")
     assert has_final_estimate(res.output) and calls == ["llama-perplexity"] * 2
     assert "warning: r: eval set botchan: base: llama-perplexity exited 0 but its output lost its final lines" \
@@ -98,3 +99,36 @@ def test_a_torn_line_is_incomplete_and_a_renamed_label_is_not():
     assert has_kld_statistics(KLD)
     assert has_kld_statistics(KLD.replace("Maximum KLD", "Max KLD"))  # a format change: re-running cannot help
     assert not has_kld_statistics(KLD_CUT)
+
+
+SPEC = (TEST_DATA.parent / "speculative" / "spec-simple-minicpm.txt").read_text()
+# The CI run of 2026-12-04 17:07 (2 cores, two test workers): llama-speculative-simple on this very pair exited 0
+# with its output ending at this piece of the generated text; the counts and the decode line never came.
+SPEC_LOST = SPEC[:SPEC.index("selbst행") + len("selbst행")]
+
+
+@pytest.mark.parametrize("runs,calls_expected,error", [
+    ([(0, SPEC_LOST), (0, SPEC)], 2, None),  # lost once: re-run, logged
+    ([(0, SPEC_LOST)], 7, "printed no n_drafted"),  # bounded: 1 + 6 re-runs, then the parser's error
+    ([(1, SPEC_LOST + "0.00.300.000 E main: failed to process speculative batch\n")], 1, None),  # a failure: no re-run
+])
+def test_speculative_counts_lost_at_exit_are_measured_again(tmp_path, monkeypatch, runs, calls_expected, error):
+    from pipeline.stages.draft import parse_speculative, spec_complete
+    from pipeline.tools_rerun import run_complete
+
+    calls: list = []
+    monkeypatch.setattr("pipeline.tools.run_tool", _runner(runs, calls))
+    monkeypatch.setattr("pipeline.tools_rerun.LOST_LINES_PAUSE", 0.0)
+    assert spec_complete(SPEC) and not spec_complete(SPEC_LOST)
+    log = tmp_path / "spec.log"
+    res = run_complete(object(), "llama-speculative-simple", [], log, None, spec_complete, "acceptance of m + d")
+    assert len(calls) == calls_expected
+    assert (log.read_text().count("lost its final lines") if log.exists() else 0) == min(calls_expected - 1, 6)
+    if res.returncode:
+        return
+    if error:
+        with pytest.raises(PipelineError, match=error):
+            parse_speculative(res.output)
+    else:
+        assert parse_speculative(res.output) == {"n_drafted": 38, "n_accept": 27, "n_predict": 37,
+                                                 "decode_seconds": pytest.approx(0.3, abs=0.1)}
