@@ -13,7 +13,8 @@ Prints, from the build's own records (work/<name>/):
      sensitivity's groups and candidates, plus the solved mixes, each quantized with llama-quantize and measured with
      llama-perplexity on the sensitivity text against the sensitivity's reference logits: the additive prediction
      against the measurement (none of these mixes was measured to fit it);
-3. the sensitivity's cost (measurements, seconds per measurement) and how it grows with layers and candidates.
+3. the sensitivity's cost (evaluations against the exhaustive search's, screens, seconds) and, for a screened
+   search, its segments.
 Exit status 1 when a target fails.
 """
 
@@ -155,16 +156,17 @@ def main(argv: list[str] | None = None) -> int:
     worst = max(abs(p / m - 1) for _, p, m in pairs)
     results.append((f"predicted mean KLD within {PREDICTION:.0%} on {len(pairs)} held-out mixes (worst "
                     f"{worst:.1%})", worst <= PREDICTION))
-    per = cost["seconds"] / max(1, cost["runs"])
-    print(f"\n## sensitivity cost ({sens['flavour']}): {cost['measurements']} measurements = 1 floor + "
-          f"{cost['groups']} groups x {cost['candidates']} candidates; {cost['runs']} run, {cost['skipped']} "
-          f"skipped (written as the floor), {cost['reused']} reused; {cost['seconds']} s "
-          f"({per:.1f} s per run: quantize {cost['quantize_seconds']} s, eval {cost['eval_seconds']} s)")
-    roles = len({g["role"] for g in sens["groups"] if g["band"]})
-    for layers, bands, cands in ((cost["n_layers"], 8, 4), (32, 8, 4), (80, 8, 6)):
-        runs = 1 + (roles * min(bands, layers) + 2) * cands
-        print(f"   {layers} layers, {bands} bands, {cands} candidates: ~{runs} runs (grows with min(bands, layers) "
-              "x roles x candidates, not with layers; each run costs one quantize and one eval of the whole model)")
+    runs = cost["runs"] + cost["reused"]
+    print(f"\n## sensitivity cost ({sens['flavour']}, {cost.get('search', 'exhaustive')} search): {runs} full-model "
+          f"evaluations ({cost['reused']} of them from the cache) of the {cost.get('exhaustive_runs', '?')} the "
+          f"exhaustive search runs (1 floor + {cost['groups']} groups x {cost['candidates']} candidates = "
+          f"{cost['measurements']}, less {cost['skipped']} written as the floor and {cost.get('duplicates', 0)} as "
+          f"another candidate); {cost.get('imatrix_passes', 0)} llama-imatrix pass(es) and {cost.get('screens', 0)} "
+          f"whole-model quantizes for the screen; {cost['seconds']} s (quantize {cost['quantize_seconds']} s, eval "
+          f"{cost['eval_seconds']} s), {cost.get('cpu_seconds', '?')} CPU s")
+    for seg in sens.get("segments", []):
+        print(f"   segment {seg['groups'][0]}..{seg['groups'][-1]} at {seg['anchor']}: +{seg['added_kld']:.6f} mean KLD "
+              f"for {seg['added_error']:.4g} of screened error (scale {seg['scale']:.4g})")
     print("\n## targets")
     for text, ok in results:
         print(f"{'PASS' if ok else 'FAIL'}  {text}")

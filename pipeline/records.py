@@ -384,15 +384,22 @@ class SensitivityRecord(StageRecord):
     """sensitivity: what measuring one flavour cost, and the SHA256 of the measurement file it wrote."""
     KIND: ClassVar[str] = "sensitivity"
     flavour: str
+    search: str  # exhaustive | screened
     groups: int
     candidates: int
     n_layers: int
-    measurements: int
-    runs: int
+    measurements: int  # 1 + groups x candidates
+    exhaustive_runs: int  # the evaluations the exhaustive search runs (every written form once)
+    runs: int  # evaluations run (whole-model quantize + llama-perplexity), cache hits apart
     reused: int
-    skipped: int
+    skipped: int  # candidates written as the floor writes the group
+    duplicates: int  # candidates written as an earlier candidate
+    screens: int  # whole-model quantizes for the screened error, no evaluation
+    imatrix_passes: int  # llama-imatrix passes over the sensitivity text for the screen
     quantize_seconds: float
     eval_seconds: float
+    screen_seconds: float  # the screened errors, dequantized with gguf-py
+    cpu_seconds: float  # this stage's process and the tools it ran
     seconds: float
     sensitivity_sha256: str
 

@@ -64,6 +64,13 @@ def print_plan(p: dict, box: dict) -> None:
         print("  " + _row(j["rule"], j["key"], P.fmt(sum(j["inputs"].values()) * 2**20), s["mem_mb"], s["disk_mb"],
                           s["runtime"], f"{j['hours']:.2f}", ok))
     print(f"  total hours on the box: {p['hours']:.1f} (one job at a time)")
+    for j in p["jobs"]:
+        if "search" in j:
+            r = j["search"]
+            print(f"  sensitivity {j['key']}: {r['search']} search, {r['evaluations']} evaluations"
+                  + (f" and {r['imatrix_passes']} llama-imatrix pass" if r["imatrix_passes"] else "")
+                  + f", {r['quantizes']} whole-model quantizes (exhaustive: {r['exhaustive']} evaluations): "
+                  f"{j['hours']:.2f} h")
 
 
 def print_moe(moe: dict) -> None:

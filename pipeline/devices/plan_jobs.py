@@ -20,11 +20,13 @@ from pipeline.devices.plan import (
     ram_plan,
     source_facts,
 )
+from pipeline.devices.plan_tensors import is_expert, never_quantized, tensor_role
 from pipeline.envs import EnvError, env_python
 from pipeline.gguf import ArrayValue, read_header
 from pipeline.stagedef import LOGITS_VOCAB_BOUND, size_mb
 from pipeline.stages import registry
 from pipeline.stages.fetch import hub_snapshot_dir
+from pipeline.stages.mix.screen import planned_runs
 
 
 # ------------------------------------------------------------------ Slurm resources (each stage declares its own)
@@ -108,7 +110,7 @@ def evaluate_resources(rule: str, sizes) -> dict[str, int]:
 def plan_jobs(recipe, facts: Facts) -> list[dict]:
     """Every job of a recipe's build that the plan covers, in build order: ``{"rule", "key", "wc", "inputs" (MiB),
     "disk" (bytes it writes), "ram" (peak RSS bytes or None), "slurm" ({mem_mb, disk_mb, runtime})}``. Not planned:
-    draft checks and measured mixes (their jobs count 0 here)."""
+    draft checks and the solve of measured mixes (their jobs count 0 here); the sensitivity for its hours only."""
     disk = {(d["stage"], d["key"]): d["bytes"] for d in disk_plan(recipe, facts)}
     ram = {(r["stage"], r["key"]): r["bytes"] for r in ram_plan(recipe, facts)}
     mb = lambda stage, key="": disk.get((stage, key), 0) / MIB  # noqa: E731
@@ -153,6 +155,11 @@ def plan_jobs(recipe, facts: Facts) -> list[dict]:
             add("bench", key, {"bkey": key}, {"gguf": mb("quantize", key) if key != ot else mb("convert", ot)})
     if recipe.conformance.enabled:
         add("conformance", "", {}, {"base": mb("convert", ot), "hf": snap})
+    for f in recipe.mix_flavours:  # hours only: its disk and RAM are an eval's and a quantize's, not planned apart
+        add("sensitivity", f, {"flavour": f}, {"base": mb("convert", ot)})
+        s = recipe.sensitivity
+        jobs[-1]["search"] = {"search": s.search, **planned_runs(quantized_names(facts), s.bands,
+                                                                 len(recipe.mix_candidates(f)), s.search)}
     published = mb("convert", ot) + sum(mb("quantize", q.key) for q in recipe.quants)
     add("publish", "", {}, {"files": published})
     add("gate", "", {}, {"files": published})
@@ -165,7 +172,7 @@ def job_key(rule: str, wc: dict) -> str:
     """The plan's key of a Snakemake job (its wildcards as :func:`plan_jobs` names them)."""
     if rule == "eval":
         return f"{wc.get('es')}/{wc.get('quant')}"
-    for k in ("outtype", "base", "quant", "skey", "es", "bkey"):
+    for k in ("outtype", "base", "quant", "skey", "es", "bkey", "flavour"):
         if k in wc:
             return str(wc[k])
     return ""
@@ -177,9 +184,10 @@ def job_key(rule: str, wc: dict) -> str:
 # the 135M model in 33.6 s (2 x params FLOPs per token: 33 GFLOP/s per core), llama-quantize 258 MiB in 2.6 s at 2
 # threads (52 MB/s per core), the converter 257 MiB in 7.1 s (one core, 38 MB/s: it does not scale with cores),
 # AutoAWQ's scale search (no clipping) 16 x 128 tokens in 762.8 s at 2 threads, counted as 6 x 2 x params FLOPs per
-# calibration token (2.2 GFLOP/s per core).
+# calibration token (2.2 GFLOP/s per core), the mix screen's gguf-py dequantization 163 M weights per type in 8.1 s
+# on one core (20 M weights/s per core; it runs a tensor per thread).
 BOX = {"cores": 32, "ram": 256 * GIB, "net_bps": 100e6, "pp_flops_per_core": 33e9, "convert_bps": 38e6,
-       "quantize_bps_per_core": 52e6, "awq_flops_per_core": 2.2e9}
+       "quantize_bps_per_core": 52e6, "awq_flops_per_core": 2.2e9, "screen_wps_per_core": 20e6}
 
 
 def hours(job: dict, facts: Facts, recipe, box: dict = BOX) -> float:
@@ -207,7 +215,26 @@ def hours(job: dict, facts: Facts, recipe, box: dict = BOX) -> float:
     elif rule == "awq":
         a = recipe.awq
         return 2 * n * a.n_samples * a.seq_len * 6 / (box["awq_flops_per_core"] * box["cores"]) / 3600
+    elif rule == "sensitivity":
+        s, runs = recipe.sensitivity, job["search"]
+        tokens = s.ctx * s.chunks * (1 + runs["evaluations"] + runs["imatrix_passes"])  # reference logits first
+        quantize = runs["quantizes"] * job["inputs"]["base"] * MIB / (box["quantize_bps_per_core"] * box["cores"])
+        screen = runs["screened_types"] * facts.n_params / (box["screen_wps_per_core"] * box["cores"])
+        return (2 * n * tokens / (box["pp_flops_per_core"] * box["cores"]) + quantize + screen) / 3600
     return 2 * n * tokens / (box["pp_flops_per_core"] * box["cores"]) / 3600
+
+
+def quantized_names(facts: Facts) -> list[str]:
+    """The GGUF names of the tensors llama-quantize quantizes, as the mix groups see them (experts one per layer and
+    role, as the GGUF stores them), from the checkpoint's tensor list."""
+    names = {}
+    for name, shape, _ in facts.tensors:
+        role, layer = tensor_role(name)
+        if len(shape) < 2 or role == "other" or never_quantized(name):
+            continue
+        role += "_exps" if is_expert(name) else ""
+        names[f"blk.{layer}.{role}.weight" if layer >= 0 else f"{role}.weight"] = None
+    return list(names)
 
 
 # ------------------------------------------------------------------ pre-flight (the Snakefile's onstart)

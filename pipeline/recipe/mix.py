@@ -69,7 +69,8 @@ class Sensitivity:
     chunks: int = 4
     bands: int = 8
     floor: str = MIX_FLOOR
+    search: str = "exhaustive"
 
     def describe(self) -> dict:
         return {"text": self.text.name, "text_sha256": self.text_sha256, "ctx": self.ctx, "chunks": self.chunks,
-                "bands": self.bands, "floor": self.floor}
+                "bands": self.bands, "floor": self.floor, "search": self.search}

@@ -235,6 +235,11 @@ SENSITIVITY = Section("sensitivity", "`sensitivity:`", (
           "shared experts apart, routers never quantized); groups x candidates files are measured.", 4),
     Field("floor", "ggml tensor type", "Q8_0",
           "The type of every tensor outside the group measured, and a choice of every group.", "F16"),
+    Field("search", "`exhaustive` | `screened`", "exhaustive",
+          "`exhaustive` measures every group at every candidate (each written form once); `screened` measures a few "
+          "runs of bands per role and predicts the rest from each tensor's relative activation-weighted quantization "
+          "error: at most a fifth of the evaluations, its mixes up to 12.5 % worse on the demo so far "
+          "(docs/mixes.md#the-screened-search).", "screened"),
 ))
 
 QUANT_GATES = Section("quants[].gates", "`quants[].gates`: per-quant thresholds", (

@@ -71,7 +71,7 @@ from pipeline.stages.report import write_report
 from pipeline.stages.split import SHARD_RE, model_path
 
 # The manifest schema; what each version added: docs/reproducibility.md, "Schema history".
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 
 
 def _canonical(obj) -> bytes:

@@ -231,8 +231,11 @@ def _speedup(recipe: Recipe, layout: Layout, mkey: str, dkey: str, main_path: st
 
 # The sensitivity cost figures that depend on the build box or on what an earlier build left in the measurement cache:
 # kept out of the rebuild comparison (strip_volatile); `measurements` and `skipped` follow from the inputs.
-SENSITIVITY_VOLATILE = ("seconds", "quantize_seconds", "eval_seconds", "runs", "reused")
-SENSITIVITY_COST = ("measurements", "runs", "reused", "skipped", "seconds", "quantize_seconds", "eval_seconds")
+# what a warm cache or a busy box changes; the rest of the cost is decided by the model and the recipe
+SENSITIVITY_VOLATILE = ("seconds", "quantize_seconds", "eval_seconds", "screen_seconds", "cpu_seconds", "runs", "reused",
+                        "screens", "imatrix_passes")
+SENSITIVITY_COST = ("search", "measurements", "exhaustive_runs", "runs", "reused", "skipped", "duplicates", "screens",
+                    "imatrix_passes", "seconds", "quantize_seconds", "eval_seconds", "screen_seconds", "cpu_seconds")
 
 
 def mix_entry(rec: dict) -> dict:
@@ -274,6 +277,8 @@ def sensitivity_section(recipe: Recipe, layout: Layout) -> dict:
         out[flavour] = {
             "sha256": digest, **{k: data[k] for k in ("text", "text_sha256", "ctx", "chunks", "floor", "candidates",
                                                       "bands")},
+            "search": data.get("search", "exhaustive"),
+            **({"segments": data["segments"]} if "segments" in data else {}),
             "floor_kld_mean": data["floor_kld"]["kld_mean"],
             "groups": [{"group": g["group"], "role": g["role"], "band": g["band"], "bytes": g["bytes"],
                         "kld_mean": {c: g["kld"][c]["kld_mean"] for c in data["candidates"] if c in g["kld"]}}

@@ -1,6 +1,7 @@
 """Measured mixes end to end with the real tools (issue #19 part 2, docs/mixes.md), on the tiny generated Llama of
-tests/conftest.py (2 layers, widths 256 and 512: no shape fallback): the Snakemake build measures the sensitivity,
-solves the map and writes the mix as planned; a budget-only change re-solves and re-quantizes without measuring
+tests/conftest.py (2 layers, widths 256 and 512: no shape fallback): the Snakemake build measures the sensitivity
+(the screened search of issue #32; the exhaustive one's rule for duplicates: tests/unit/test_mix_screen.py), solves
+the map and writes the mix as planned; a budget-only change re-solves and re-quantizes without measuring
 again (the job list); the stages run again in another folder give the same sensitivity, map and GGUF, byte for byte.
 The shape fallback of a mix's candidates on the demo's widths is read from llama-quantize's dry run."""
 
@@ -31,7 +32,7 @@ conformance: false
 quants:
   - Q4_K_M
   - {{type: mix, label: {KEY}, budget: {budget}, candidates: [Q4_K, Q6_K]}}
-sensitivity: {{text: {CALIB}, ctx: 128, chunks: 2, bands: 2}}
+sensitivity: {{text: {CALIB}, ctx: 128, chunks: 2, bands: 2, search: screened}}
 gates:
   - {{name: botchan, text: {BOTCHAN}, ctx: 256, chunks: 17, max_ppl_ratio: 100,
      max_kld_mean: 100, max_kld_p99: 100, min_same_top_p: 0}}
@@ -74,9 +75,15 @@ def test_mix_is_written_as_solved(mix_build):
     assert set(manifest["sensitivity"]) == {"plain"} and (art / "sensitivity-plain.svg").is_file()
     assert "Measured mixes" in (art / "report.md").read_text()
     cost = json.loads((work / "records" / "sensitivity-plain.json").read_text())
-    # 7 roles x 2 bands + token_embd, 2 candidates, and the floor
-    assert (cost["groups"], cost["candidates"], cost["measurements"]) == (15, 2, 31)
-    assert cost["runs"] + cost["skipped"] == 31
+    # 7 roles x 2 bands + token_embd, 2 candidates, and the floor; no fallback at these widths: no duplicate
+    assert (cost["groups"], cost["candidates"], cost["measurements"], cost["exhaustive_runs"]) == (15, 2, 31, 31)
+    # screened: the floor and one segment per group (two bands: each role's halves are its groups),
+    # each at its anchor; the other candidate predicted from the screen (one llama-imatrix pass, two quantizes)
+    assert (cost["search"], cost["runs"], cost["imatrix_passes"], cost["screens"]) == ("screened", 16, 1, 3)
+    assert [len(s["groups"]) for s in sens["segments"]] == [1] * 15
+    sources = [k["source"] for g in sens["groups"] for k in g["kld"].values()]
+    assert sources.count("measured") == 15 and sources.count("screened") == 15
+    assert manifest["sensitivity"]["plain"]["search"] == "screened" and manifest["sensitivity"]["plain"]["segments"]
 
 
 def test_budget_change_resolves_without_measuring(mix_build, tiny_hub):

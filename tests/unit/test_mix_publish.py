@@ -60,9 +60,10 @@ def sensitivity_file() -> dict:
 
 
 def sensitivity_record(**over) -> dict:
-    rec = {"flavour": "plain", "groups": 6, "candidates": 3, "n_layers": 30, "measurements": 19, "runs": 12,
-           "reused": 0, "skipped": 7, "quantize_seconds": 33.0, "eval_seconds": 68.0, "seconds": 106.0,
-           "sensitivity_sha256": SENS_SHA}
+    rec = {"flavour": "plain", "search": "exhaustive", "groups": 6, "candidates": 3, "n_layers": 30,
+           "measurements": 19, "exhaustive_runs": 12, "runs": 12, "reused": 0, "skipped": 7, "duplicates": 0,
+           "screens": 0, "imatrix_passes": 0, "quantize_seconds": 33.0, "eval_seconds": 68.0, "screen_seconds": 0.0, "cpu_seconds": 101.5,
+           "seconds": 106.0, "sensitivity_sha256": SENS_SHA}
     rec.update(over)
     return rec
 
@@ -160,8 +161,10 @@ def test_sensitivity_section_and_volatile_cost(tmp_path):
     assert s["groups"][0] == {"group": "attn_k.0-14", "role": "attn_k", "band": [0, 14],
                               "bytes": {"Q8_0": 3525120, "Q4_0": 1866240, "Q4_K": 2280960, "Q6_K": 3525120},
                               "kld_mean": {"Q4_0": 0.0137, "Q4_K": 0.007033, "Q6_K": 0.0037}}
-    assert s["cost"] == {"measurements": 19, "runs": 12, "reused": 0, "skipped": 7, "seconds": 106.0,
-                         "quantize_seconds": 33.0, "eval_seconds": 68.0}
+    assert s["cost"] == {"search": "exhaustive", "measurements": 19, "exhaustive_runs": 12, "runs": 12, "reused": 0,
+                         "skipped": 7, "duplicates": 0, "screens": 0, "imatrix_passes": 0, "seconds": 106.0,
+                         "quantize_seconds": 33.0, "eval_seconds": 68.0, "screen_seconds": 0.0,
+                         "cpu_seconds": 101.5}
     assert sensitivity_section(SimpleNamespace(name=NAME, mix_flavours=[]), L) == {}  # no mixes: no section
     # a warm cache (reused measurements) and other seconds: the same manifest once the volatile figures are stripped
     m = manifest()
@@ -169,7 +172,8 @@ def test_sensitivity_section_and_volatile_cost(tmp_path):
     warm["sensitivity"]["plain"]["cost"].update(runs=0, reused=12, seconds=3.2, quantize_seconds=0.0, eval_seconds=1.0)
     warm["build"]["timestamp"] = "2027-01-01T00:00:00Z"
     assert strip_volatile(warm) == strip_volatile(m) and "build" not in strip_volatile(m)
-    assert strip_volatile(m)["sensitivity"]["plain"]["cost"] == {"measurements": 19, "skipped": 7}
+    assert strip_volatile(m)["sensitivity"]["plain"]["cost"] == {"search": "exhaustive", "measurements": 19,
+                                                                "exhaustive_runs": 12, "skipped": 7, "duplicates": 0}
     other = copy.deepcopy(m)
     other["sensitivity"]["plain"]["cost"]["measurements"] = 20  # not volatile
     assert strip_volatile(other) != strip_volatile(m)
@@ -181,10 +185,10 @@ def test_sensitivity_section_and_volatile_cost(tmp_path):
 
 
 def test_stock_manifest_unchanged():
-    """Without mixes nothing new: strip_volatile only drops build; the schema is 11 (#31: expert coverage)."""
+    """Without mixes nothing new: strip_volatile only drops build; the schema is 12 (#32: the mix search's kind)."""
     m = {k: v for k, v in manifest().items() if k != "sensitivity"}
     m["artifacts"] = [e for e in m["artifacts"] if "mix" not in e]
-    assert SCHEMA_VERSION == 11
+    assert SCHEMA_VERSION == 12
     assert strip_volatile(m) == {k: v for k, v in m.items() if k != "build"}
 
 
@@ -313,5 +317,5 @@ def test_rebuild_rows(tmp_path):
 def test_docs_name_the_fields():
     docs = Path(__file__).resolve().parents[2] / "docs"
     text = (docs / "publishing.md").read_text() + (docs / "reproducibility.md").read_text()
-    for field in ("tensor-types.txt", "sensitivity-<flavour>.svg", "`mix`", "`sensitivity`", "| `schema_version` | 11 "):
+    for field in ("tensor-types.txt", "sensitivity-<flavour>.svg", "`mix`", "`sensitivity`", "| `schema_version` | 12 "):
         assert field in text, field

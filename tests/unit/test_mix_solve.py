@@ -55,6 +55,7 @@ def test_mix_recipe_loads_with_defaults(tmp_path):
     assert (mix.type, mix.variant, mix.mix.candidates) == ("Q4_K_M", "MIX", ("Q3_K", "Q4_K", "Q5_K", "Q6_K"))
     assert mix.mix.budget == ("size_of", "Q4_K_M") and r.mix_flavours == ["plain"]
     assert r.sensitivity.floor == "Q8_0" and (r.sensitivity.ctx, r.sensitivity.chunks, r.sensitivity.bands) == (512, 4, 8)
+    assert r.sensitivity.search == "exhaustive"
     # a target is also the mix's gate
     assert r.thresholds("Q4_K_S_KLD", "g")["max_kld_mean"] == 0.03
 
@@ -87,6 +88,8 @@ def test_sensitivity_refusals(tmp_path):
     assert exc.field == "quants[0].type" and exc.message.startswith("a mix needs a top-level `sensitivity:`"), exc
     exc = _refused(tmp_path, "[Q4_K_M]")
     assert exc.field == "sensitivity" and exc.message.startswith("no quant is a mix"), exc
+    exc = _refused(tmp_path, mix, extra="sensitivity: {text: sens.txt, search: greedy}\n")
+    assert exc.field == "sensitivity.search" and exc.message == "'greedy' is not one of exhaustive, screened", exc
     exc = _refused(tmp_path, mix, extra=f"sensitivity: {{text: {GATE}}}\n")
     assert exc.field == "sensitivity.text" and exc.message.startswith("gate.txt is the eval text of gates 'g'"), exc
 

@@ -141,6 +141,26 @@ def test_moe_paper_config_plans_experts():
     assert 17.0 < P.gguf_bytes(f, "Q4_K_M") / 2**30 < 17.6  # uploaders' Q4_K_M: about 18.6 GB (recalled, not fetched)
 
 
+@pytest.mark.parametrize("model,groups", [("llama-2-7b", 7 * 8 + 2), ("qwen3-30b-a3b", 7 * 8 + 2)])
+def test_sensitivity_hours_on_paper_configs(tmp_path, model, groups):
+    """A recipe with a mix (data/paper/plan-mix-recipe.yaml) plans its sensitivity: 8 bands x 7 roles (for the
+    mixture, attention q/k/v/o and the three routed-expert roles; routers never quantized) and token_embd, output;
+    the exhaustive search 1 + groups x 4 evaluations, the screened one a fifth of them (its imatrix pass counted)."""
+    f = P.source_facts(ROOT / "data" / "paper" / model)
+    text = (ROOT / "data" / "paper" / "plan-mix-recipe.yaml").read_text().replace("../", f"{ROOT / 'data'}/")
+    rows = {}
+    for search in ("exhaustive", "screened"):
+        path = tmp_path / f"{search}.yaml"
+        path.write_text(text.replace("search: screened", f"search: {search}"))
+        r = load_recipe(path)
+        (job,) = [j for j in J.plan_jobs(r, f) if j["rule"] == "sensitivity"]
+        rows[search] = (job["search"], J.hours(job, f, r))
+    (ex, ex_h), (sc, sc_h) = rows["exhaustive"], rows["screened"]
+    assert ex["evaluations"] == ex["exhaustive"] == sc["exhaustive"] == 1 + groups * 4
+    assert sc["evaluations"] + sc["imatrix_passes"] == ex["evaluations"] // 5 and sc["screened_types"] == 5
+    assert 0 < sc_h < ex_h / 3
+
+
 def test_eight_experts_raise_attn_k_and_v_to_q8_0():
     """src/llama-quant.cpp:599-610: a model of exactly 8 experts gets attn_k/attn_v at Q8_0; 16 do not."""
     assert P.quant_tensor_type("Q4_K_M", "attn_k", 3, 32, 4096, False, 4, n_expert=8) == "Q8_0"

@@ -6,9 +6,11 @@ For one flavour (base GGUF, with or without the importance matrix) of a recipe's
    refuses it), ``llama-perplexity --kl-divergence-base``;
 2. ``llama-quantize --dry-run`` per candidate and for the floor, with a map putting every quantized tensor at that
    type: the type each tensor is really written as (shape fallback included), hence each group's exact bytes;
-3. the floor file (every quantized tensor at ``sensitivity.floor``), then for every group and candidate a file
-   where only that group is at the candidate: ``llama-quantize --tensor-type-file`` and ``llama-perplexity
-   --kl-divergence`` against 1. A candidate that writes a group exactly as the floor does is not measured.
+3. ``search: exhaustive``: the floor file (every quantized tensor at ``sensitivity.floor``), then for every group and
+   candidate a file where only that group is at the candidate: ``llama-quantize --tensor-type-file`` and
+   ``llama-perplexity --kl-divergence`` against 1. A candidate that writes a group exactly as the floor or as an
+   earlier candidate does is not measured again. ``search: screened``: a few such files calibrate each tensor's
+   screened quantization error, which predicts the rest (pipeline/stages/mix/screen.py).
 
 Every measurement is cached under ``work/<name>/mix/<flavour>/runs/`` by the SHA256 of everything that decides it
 (base, reference and importance matrix, the map's text, the text, ctx, chunks, threads, tools): adding a candidate
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import resource
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,8 +44,16 @@ from pipeline.stages.mix.plan import (
     imatrix_args,
     map_text,
 )
+from pipeline.stages.mix.screen import (
+    EVAL_SHARE,
+    SCREEN_VERSION,
+    column_importance,
+    exhaustive_runs,
+    screened_search,
+    weight_errors,
+)
 from pipeline.stages.quantize import explain_failure
-from pipeline.tools import Toolchain, find_toolchain, run_tool
+from pipeline.tools import Toolchain, find_toolchain, run_tool, tail
 
 VERSION = 1
 # llama-quantize's type argument for every measurement: patterns apply only under a quantized type
@@ -103,12 +114,75 @@ def sensitivity(recipe: Recipe, flavour: str, base_gguf: str | Path, ref_gguf: s
     # 3. the floor, then each group at each candidate
     measure = _Measurer(tc, es, base, im, logits, scratch, threads, logp, where,
                         (base_sha, ref_sha, data["imatrix_sha256"]), text_sha)
-    floor, out_groups, n_total = _measure_all(measure, plan, s.floor, cands, flavour)
+    cpu0 = _cpu_seconds()
+    n_total = exhaustive_runs(plan.groups, plan.types, s.floor, cands)
+    if s.search == "exhaustive":
+        floor, out_groups = _measure_all(measure, plan, s.floor, cands, flavour)
+    else:
+        cap = max(1, n_total // EVAL_SHARE)
+        errors = _screen_errors(measure, plan, s.floor, cands, base, base_sha, es, text_sha, flavour)
+        floor, out_groups, segs = screened_search(measure, plan, s.floor, cands, flavour, errors, cap - 1)
+        data["segments"] = [sg.describe() for sg in segs]
+    data["search"] = s.search
     data["floor_kld"] = floor
     data["groups"] = out_groups
     write_json_atomic(out_json, data)
+    measure.cost["cpu_seconds"] = _cpu_seconds() - cpu0
     _write_record(record, flavour, data, len(plan.groups), len(cands), n_total, measure.cost, t0, out_json)
     return data
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds of this process and of the tools it ran and waited for."""
+    own, tools = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + tools.ru_utime + tools.ru_stime
+
+
+def _screen_errors(measure: _Measurer, plan: _Plan, floor_type: str, cands: tuple[str, ...], base: Path,
+                   base_sha: str, es: EvalSet, text_sha: str, flavour: str) -> dict[str, dict[str, float]]:
+    """type -> tensor -> screened error (pipeline/stages/mix/screen.py): the importance from one llama-imatrix pass on
+    the sensitivity text, then one whole-model quantize per distinct written form; each cached by its key."""
+    folder = measure.scratch / "screen"
+    folder.mkdir(exist_ok=True)
+    tools = [measure.tc.build_number, measure.tc.commit]
+    im_key = hashlib.sha256(json.dumps([base_sha, text_sha, es.ctx, es.chunks, measure.threads, *tools])
+                            .encode()).hexdigest()
+    im = folder / f"{im_key[:16]}.imatrix"
+    if not im.is_file():
+        print(f"[sensitivity {flavour}] screen: llama-imatrix on {es.text.name} ({es.chunks} x {es.ctx})", flush=True)
+        with atomic_output(im) as tmp:
+            args = ["-m", base, "-f", es.text, "-o", tmp.resolve(), "--output-format", "gguf", "-c", es.ctx,
+                    "--chunks", es.chunks, "-b", es.ctx, "-t", max(1, measure.threads), "-ofreq", 1 << 30]
+            res = run_tool(measure.tc, "llama-imatrix", args, measure.logp, check=False)
+            if res.returncode != 0 or not tmp.is_file():
+                raise ToolError("llama-imatrix", res.returncode, measure.logp,
+                                f"{measure.where}: screen: llama-imatrix failed: {tail(res.output)}")
+        measure.cost["imatrix_passes"] += 1
+    importance = column_importance(im)
+    out: dict[str, dict[str, float]] = {}
+    by_form: dict[tuple, dict[str, float]] = {}
+    for c in (floor_type, *cands):
+        form = tuple(plan.types[c][n] for n in plan.quantized)
+        if form in by_form:  # written exactly as another type: the same tensors, the same errors
+            out[c] = by_form[form]
+            continue
+        text = map_text(dict.fromkeys(plan.quantized, c))
+        key = hashlib.sha256(json.dumps([*measure.shas, im_key, text, MEASURE_FTYPE, *tools, SCREEN_VERSION])
+                             .encode()).hexdigest()
+        cached = folder / f"{key[:16]}.json"
+        if cached.is_file():
+            errs = json.loads(cached.read_text())
+        else:
+            print(f"[sensitivity {flavour}] screen: every tensor at {c}", flush=True)
+            gguf = measure.quantize(f"screen at {c}", text)
+            t = time.monotonic()
+            errs = weight_errors(base, gguf, plan.quantized, importance, measure.threads)
+            measure.cost["screen_seconds"] += time.monotonic() - t
+            gguf.unlink()
+            measure.cost["screens"] += 1
+            write_json_atomic(cached, errs)
+        out[c] = by_form[form] = errs
+    return out
 
 
 def _reference_logits(tc: Toolchain, es: EvalSet, ref: Path, ref_sha: str, text_sha: str, threads: int,
@@ -190,8 +264,9 @@ class _Measurer:
     where: str
     shas: tuple[str, str, str | None]  # base, reference, importance matrix
     text_sha: str
-    cost: dict = field(default_factory=lambda: {"runs": 0, "reused": 0, "skipped": 0, "quantize_seconds": 0.0,
-                                                "eval_seconds": 0.0})
+    cost: dict = field(default_factory=lambda: {"runs": 0, "reused": 0, "skipped": 0, "duplicates": 0, "screens": 0,
+                                                "imatrix_passes": 0, "quantize_seconds": 0.0, "eval_seconds": 0.0,
+                                                "screen_seconds": 0.0})
 
     def __call__(self, label: str, assign: dict[str, str]) -> dict:
         text = map_text(assign)
@@ -206,8 +281,8 @@ class _Measurer:
             tmp.write_text(json.dumps(kept, sort_keys=True) + "\n")
         return kept
 
-    def _run(self, label: str, text: str) -> dict:
-        """Quantizes ``base`` with the map ``text``, then the KL divergence of that file: the KEPT statistics."""
+    def quantize(self, label: str, text: str) -> Path:
+        """``base`` quantized with the map ``text``, as ``scratch/measure.gguf``."""
         mp = self.scratch / "measure.map"
         mp.write_text(text)
         out = self.scratch / "measure.gguf"
@@ -220,6 +295,11 @@ class _Measurer:
             raise ToolError("llama-quantize", res.returncode, self.logp,
                             f"{self.where}: {label}: llama-quantize failed: {explain_failure(res.output, out)}")
         self.cost["quantize_seconds"] += time.monotonic() - t
+        return out
+
+    def _run(self, label: str, text: str) -> dict:
+        """Quantizes ``base`` with the map ``text``, then the KL divergence of that file: the KEPT statistics."""
+        out = self.quantize(label, text)
         t = time.monotonic()
         metrics, _ = kl_divergence(self.tc, self.es, out, self.logits, self.threads, self.logp,
                                    f"{self.where}: {label}", RETRIES)
@@ -230,9 +310,9 @@ class _Measurer:
 
 
 def _measure_all(measure: _Measurer, plan: _Plan, floor_type: str, cands: tuple[str, ...],
-                 flavour: str) -> tuple[dict, list[dict], int]:
-    """The floor, then every group at every candidate, in that order: the floor's figures, the groups' entries and
-    the count of measurements (skipped ones included)."""
+                 flavour: str) -> tuple[dict, list[dict]]:
+    """The exhaustive search: the floor, then every group at every candidate, in that order; a candidate that writes
+    the group exactly as the floor or as an earlier candidate does takes that one's figures, unmeasured."""
     floor_map = dict.fromkeys(plan.quantized, floor_type)
     n_total = 1 + len(plan.groups) * len(cands)
     floor = measure("floor", floor_map)
@@ -242,26 +322,29 @@ def _measure_all(measure: _Measurer, plan: _Plan, floor_type: str, cands: tuple[
     for g in plan.groups:
         entry = {"group": g.name, "role": g.role, "band": list(g.band) if g.band else None, "tensors": list(g.tensors),
                  "bytes": {c: plan.group_bytes(g, c) for c in (floor_type, *cands)}, "kld": {}}
+        seen = {tuple(plan.types[floor_type][n] for n in g.tensors): floor}
         for c in cands:
             done += 1
-            if all(plan.types[c][n] == plan.types[floor_type][n] for n in g.tensors):
-                measure.cost["skipped"] += 1  # written as the floor writes it: the floor's figures
-                entry["kld"][c] = dict(floor)
+            form = tuple(plan.types[c][n] for n in g.tensors)
+            if form in seen:
+                measure.cost["skipped" if seen[form] is floor else "duplicates"] += 1
+                entry["kld"][c] = dict(seen[form])
                 continue
-            entry["kld"][c] = measure(f"{g.name} at {c}", {**floor_map, **dict.fromkeys(g.tensors, c)})
+            entry["kld"][c] = seen[form] = measure(f"{g.name} at {c}", {**floor_map, **dict.fromkeys(g.tensors, c)})
             print(f"[sensitivity {flavour}] {done}/{n_total} {g.name} at {c}: mean KLD "
                   f"{entry['kld'][c]['kld_mean']:.6f}", flush=True)
         out_groups.append(entry)
-    return floor, out_groups, n_total
+    return floor, out_groups
 
 
 def _write_record(record: str | Path, flavour: str, data: dict, n_groups: int, n_cands: int, n_total: int,
                   cost: dict, t0: float, out_json: str | Path) -> None:
     """The stage record: counts, seconds (rounded) and the SHA256 of the file written."""
-    SensitivityRecord(flavour=flavour, groups=n_groups, candidates=n_cands,
-                      n_layers=len(data["bands"]) and data["bands"][-1][1] + 1, measurements=n_total,
-                      **{**cost, "quantize_seconds": round(cost["quantize_seconds"], 1),
-                         "eval_seconds": round(cost["eval_seconds"], 1)},
+    SensitivityRecord(flavour=flavour, search=data["search"], groups=n_groups, candidates=n_cands,
+                      n_layers=len(data["bands"]) and data["bands"][-1][1] + 1,
+                      measurements=1 + n_groups * n_cands, exhaustive_runs=n_total,
+                      **{**cost, **{k: round(cost[k], 1) for k in ("quantize_seconds", "eval_seconds", "screen_seconds",
+                                                                    "cpu_seconds")}},
                       seconds=round(time.monotonic() - t0, 1), sensitivity_sha256=sha256_file(out_json)).write(record)
 
 

@@ -1,0 +1,237 @@
+"""The screened search of the sensitivity stage (issue #32, docs/mixes.md#the-screened-search): a few whole-model
+evaluations calibrate a measurement-free error, which predicts the rest.
+
+The exhaustive search measures every group at every candidate (one quantize and one evaluation each). The screened
+one measures instead:
+
+1. a **screen** per tensor and type, no evaluation: the tensor as llama-quantize writes it at that type (one whole-model
+   quantize per distinct type), dequantized (gguf-py), against the base file's tensor, as a relative
+   activation-weighted squared error ``sum_ij (W'_ij - W_ij)^2 a_j / sum_ij W_ij^2 a_j``, with ``a_j`` the mean
+   squared input of column ``j`` on the sensitivity text (llama-imatrix's ``in_sum2 / counts``: one pass of the model
+   over the text): about the share of the tensor's output the quantization changes. Relative, because absolute
+   errors grow with the activations along the depth while the KLD they cause does not (measured:
+   docs/mixes.md#the-screened-search). A tensor llama-imatrix does not see (``token_embd``, a lookup) weighs its
+   columns alike;
+2. **segments**: each role's groups cut into runs of bands (two to start with), each tensor outside the blocks alone.
+   One evaluation per segment, at its anchor (the candidate with the largest screened error over it, the strongest
+   signal), gives its scale: the mean KLD it added over the floor's, per unit of screened error added;
+3. **adaptive bands**: while evaluations remain (at most :data:`EVAL_SHARE`-th of the exhaustive search's, the
+   llama-imatrix pass counted as one), a segment whose scale differs from a neighbour's of its role by more than
+   :data:`SPLIT_RATIO` x is cut in two, the one with the most KLD at stake first (the log of the disagreement times
+   the KLD it measured): its first half is measured and the second takes what the segment measured beyond it
+   (additive; measured too when that leaves it under :data:`IMPLAUSIBLE` x the segment's scale);
+4. every group and candidate is then predicted as the floor's mean KLD plus its segment's scale x the screened error
+   that candidate adds over the floor's: what the solver reads, as it reads a measurement.
+
+A candidate written exactly as another (or as the floor) has the same screen, so the same prediction.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pipeline.errors import PipelineError
+
+# What the screened error is; part of its cache key.
+SCREEN_VERSION = 2
+# Adjacent segments of a role whose scales differ by more than this factor are cut further.
+SPLIT_RATIO = 1.25
+# A split measures one half and takes the other's KLD as the parent's less it (the additive model); when that leaves
+# the other half less than this share of the parent's scale, the halves interact and it is measured too.
+IMPLAUSIBLE = 0.1
+# The screened search spends at most 1/EVAL_SHARE of the exhaustive search's evaluations (issue #32's target).
+EVAL_SHARE = 5
+
+
+def column_importance(imatrix: str | Path) -> dict[str, object]:
+    """tensor name -> the mean squared input of each of its columns (numpy), from a llama-imatrix GGUF:
+    ``<name>.in_sum2`` over ``<name>.counts`` (tools/imatrix/imatrix.cpp:614-629 of b11312). Experts' matrices
+    (``[ne0, n_expert]``) are summed over experts."""
+    import numpy as np
+    from gguf import GGUFReader
+
+    sums, counts = {}, {}
+    for t in GGUFReader(str(imatrix)).tensors:
+        if t.name.endswith(".in_sum2"):
+            sums[t.name.removesuffix(".in_sum2")] = np.asarray(t.data, dtype=np.float64).reshape(-1, int(t.shape[0]))
+        elif t.name.endswith(".counts"):
+            counts[t.name.removesuffix(".counts")] = np.asarray(t.data, dtype=np.float64).reshape(-1)
+    out = {}
+    for name, s in sums.items():
+        c = counts.get(name)
+        if c is None or c.sum() <= 0:
+            continue
+        out[name] = s.sum(axis=0) / c.sum()
+    return out
+
+
+def weight_errors(base: str | Path, quant: str | Path, names: list[str], importance: dict,
+                  threads: int = 1) -> dict[str, float]:
+    """name -> the relative activation-weighted squared error of the tensor as ``quant`` holds it, against ``base``'s;
+    ``threads`` tensors at a time (numpy leaves the interpreter lock while it works on whole arrays)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    def tensors(path):
+        return {t.name: t for t in GGUFReader(str(path)).tensors}
+
+    b, q = tensors(base), tensors(quant)
+    for n in names:
+        if n not in b or n not in q:
+            raise PipelineError(f"screen: tensor {n} is missing from {Path(base).name} or {Path(quant).name}")
+
+    def one(n: str) -> float:
+        w = dequantize(b[n].data, b[n].tensor_type).astype(np.float32, copy=False)
+        d = dequantize(q[n].data, q[n].tensor_type).astype(np.float32, copy=False) - w
+        w, d = w.reshape(-1, w.shape[-1]), d.reshape(-1, w.shape[-1])
+        err, ref = (np.einsum("ij,ij->j", x, x, dtype=np.float64) for x in (d, w))  # per input column
+        a = importance.get(n)
+        if a is None or a.shape[0] != err.shape[0]:  # a lookup table (token_embd), or a tensor imatrix did not see
+            a = np.ones_like(err)
+        ref_sum = float(ref @ a)
+        return float(err @ a) / ref_sum if ref_sum > 0 else 0.0
+
+    with ThreadPoolExecutor(max(1, threads)) as pool:
+        return dict(zip(names, pool.map(one, names), strict=True))
+
+
+@dataclass
+class Segment:
+    """A run of one role's groups (or one group outside the blocks) measured together at ``anchor``."""
+    role: str
+    groups: tuple[str, ...]  # group names, in band order
+    anchor: str = ""
+    added_error: float = 0.0  # screened error the anchor adds over the floor, over the segment's tensors
+    added_kld: float = 0.0  # measured mean KLD over the floor's
+    scale: float = 0.0
+    measured: dict = field(default_factory=dict)  # the anchor's KEPT statistics
+    derived: bool = False  # added_kld is its parent's less its measured sibling's
+
+    def describe(self) -> dict:
+        return {"role": self.role, "groups": list(self.groups), "anchor": self.anchor,
+                "added_error": float(f"{self.added_error:.6g}"), "added_kld": round(self.added_kld, 8),
+                "scale": float(f"{self.scale:.6g}"), **({"derived": True} if self.derived else {})}
+
+
+def first_segments(groups: list) -> list[Segment]:
+    """Each role's groups (band order) in two runs (one when it has one group); a group outside the blocks alone."""
+    by_role: dict[str, list] = {}
+    for g in groups:
+        by_role.setdefault(g.role, []).append(g)
+    out = []
+    for role, gs in sorted(by_role.items()):
+        names = tuple(g.name for g in sorted(gs, key=lambda g: g.band or (0, 0)))
+        half = (len(names) + 1) // 2
+        out += [Segment(role, part) for part in (names[:half], names[half:]) if part]
+    return out
+
+
+def split(seg: Segment) -> tuple[Segment, Segment]:
+    half = (len(seg.groups) + 1) // 2
+    return Segment(seg.role, seg.groups[:half]), Segment(seg.role, seg.groups[half:])
+
+
+def disagreement(segs: list[Segment], i: int) -> float:
+    """How many times segment ``i``'s scale differs from its neighbours' of the same role (1: alike)."""
+    worst = 1.0
+    for j in (i - 1, i + 1):
+        if 0 <= j < len(segs) and segs[j].role == segs[i].role:
+            a, b = sorted((segs[i].scale, segs[j].scale))
+            worst = max(worst, math.inf if a <= 0 < b else (b / a if a > 0 else 1.0))
+    return worst
+
+
+def exhaustive_runs(groups: list, types: dict[str, dict[str, str]], floor: str, cands: tuple[str, ...]) -> int:
+    """The evaluations the exhaustive search runs: the floor and, per group, each distinct written form of its
+    candidates other than the floor's."""
+    n = 1
+    for g in groups:
+        forms = {tuple(types[c][t] for t in g.tensors) for c in cands}
+        forms.discard(tuple(types[floor][t] for t in g.tensors))
+        n += len(forms)
+    return n
+
+
+def screened_search(measure, plan, floor_type: str, cands: tuple[str, ...], flavour: str, errors: dict,
+                    cap: int) -> tuple[dict, list[dict], list[Segment]]:
+    """The floor, the segments measured (adaptive bands within ``cap`` evaluations) and every group's predicted
+    entry. ``measure(label, assign)``: the KEPT statistics of a map (cached); ``errors``: type -> tensor -> screened
+    error (:func:`weight_errors`); ``cap``: evaluations allowed, the floor's included."""
+    floor_map = dict.fromkeys(plan.quantized, floor_type)
+    floor = measure("floor", floor_map)
+    print(f"[sensitivity {flavour}] floor {floor_type}: mean KLD {floor['kld_mean']:.6f}", flush=True)
+    by_name = {g.name: g for g in plan.groups}
+
+    def added(names, c) -> float:
+        return sum(max(0.0, errors[c][t] - errors[floor_type][t]) for g in names for t in by_name[g].tensors)
+
+    def run(seg: Segment, anchor: str | None = None) -> Segment:
+        seg.anchor = anchor or max(cands, key=lambda c: (added(seg.groups, c), -cands.index(c)))
+        seg.added_error = added(seg.groups, seg.anchor)
+        tensors = [t for g in seg.groups for t in by_name[g].tensors]
+        got = measure(f"{'+'.join(seg.groups)} at {seg.anchor}", {**floor_map, **dict.fromkeys(tensors, seg.anchor)})
+        seg.added_kld = got["kld_mean"] - floor["kld_mean"]
+        seg.scale = max(0.0, seg.added_kld) / seg.added_error if seg.added_error > 0 else 0.0
+        seg.measured = got
+        print(f"[sensitivity {flavour}] segment {seg.groups[0]}..{seg.groups[-1]} at {seg.anchor}: mean KLD "
+              f"{got['kld_mean']:.6f}", flush=True)
+        return seg
+
+    # groups every candidate writes as the floor: nothing to measure, nothing to choose
+    live = [g for g in plan.groups if any(errors[c][t] != errors[floor_type][t] for c in cands for t in g.tensors)]
+    segs = [run(s) for s in first_segments(live)]
+    used = 1 + len(segs)
+    while used < cap:
+        # the most KLD at stake where the scale is least certain: the disagreement's log times the KLD measured
+        ranked = sorted(((math.log(disagreement(segs, i)) * max(s.added_kld, 0.0), -i) for i, s in enumerate(segs)
+                         if len(s.groups) > 1 and disagreement(segs, i) > SPLIT_RATIO), reverse=True)
+        if not ranked or ranked[0][0] <= 0:
+            break
+        i = -ranked[0][1]
+        parent, (first, rest) = segs[i], split(segs[i])
+        run(first, parent.anchor)  # one evaluation: the rest is what the parent measured beyond it (additive)
+        used += 1
+        rest.anchor, rest.added_error, rest.derived = parent.anchor, added(rest.groups, parent.anchor), True
+        rest.added_kld = parent.added_kld - first.added_kld
+        rest.scale = max(0.0, rest.added_kld) / rest.added_error if rest.added_error > 0 else 0.0
+        if rest.scale < IMPLAUSIBLE * parent.scale and used < cap:  # the parts interact: measure the rest too
+            run(rest, parent.anchor)
+            rest.derived = False
+            used += 1
+        segs[i:i + 1] = [first, rest]
+    seg_of = {g: s for s in segs for g in s.groups}
+    out_groups = []
+    for g in plan.groups:
+        entry = {"group": g.name, "role": g.role, "band": list(g.band) if g.band else None, "tensors": list(g.tensors),
+                 "bytes": {c: plan.group_bytes(g, c) for c in (floor_type, *cands)}, "kld": {}}
+        s = seg_of.get(g.name)
+        for c in cands:
+            if s is not None and s.groups == (g.name,) and c == s.anchor and not s.derived:
+                entry["kld"][c] = {**s.measured, "source": "measured"}
+            else:
+                d = s.scale * added((g.name,), c) if s is not None else 0.0
+                entry["kld"][c] = {"kld_mean": round(floor["kld_mean"] + d, 8), "source": "screened"}
+        out_groups.append(entry)
+    return floor, out_groups, segs
+
+
+def planned_runs(names: list[str], n_bands: int, n_cands: int, search: str) -> dict:
+    """What a search of quantized tensors ``names`` will run, before any file exists (``ggufpipe plan``): the
+    exhaustive count counts every candidate (the dry run that finds duplicates needs the file), the screened one its
+    cap (the llama-imatrix pass counted in it) and one whole-model quantize per type."""
+    from pipeline.stages.mix.groups import group_tensors
+
+    groups = group_tensors(names, n_bands)
+    exhaustive = 1 + len(groups) * n_cands
+    if search == "exhaustive":
+        return {"evaluations": exhaustive, "quantizes": exhaustive, "imatrix_passes": 0, "screened_types": 0,
+                "exhaustive": exhaustive}
+    first = 1 + len(first_segments(groups))
+    evals = max(first, exhaustive // EVAL_SHARE - 1)
+    return {"evaluations": evals, "quantizes": evals + 1 + n_cands, "imatrix_passes": 1, "screened_types": 1 + n_cands,
+            "exhaustive": exhaustive}
