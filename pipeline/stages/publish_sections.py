@@ -230,8 +230,8 @@ def _speedup(recipe: Recipe, layout: Layout, mkey: str, dkey: str, main_path: st
 # --------------------------------------------------------------------------- measured mixes (docs/mixes.md)
 
 # The sensitivity cost figures that depend on the build box or on what an earlier build left in the measurement cache:
-# kept out of the rebuild comparison (strip_volatile); `measurements` and `skipped` follow from the inputs.
-# what a warm cache or a busy box changes; the rest of the cost is decided by the model and the recipe
+# kept out of the rebuild comparison (strip_volatile); `search`, `measurements`, `exhaustive_runs`, `skipped` and
+# `duplicates` follow from the inputs.
 SENSITIVITY_VOLATILE = ("seconds", "quantize_seconds", "eval_seconds", "screen_seconds", "cpu_seconds", "runs", "reused",
                         "screens", "imatrix_passes")
 SENSITIVITY_COST = ("search", "measurements", "exhaustive_runs", "runs", "reused", "skipped", "duplicates", "screens",

@@ -77,12 +77,12 @@ def test_mix_is_written_as_solved(mix_build):
     cost = json.loads((work / "records" / "sensitivity-plain.json").read_text())
     # 7 roles x 2 bands + token_embd, 2 candidates, and the floor; no fallback at these widths: no duplicate
     assert (cost["groups"], cost["candidates"], cost["measurements"], cost["exhaustive_runs"]) == (15, 2, 31, 31)
-    # screened: the floor and one segment per group (two bands: each role's halves are its groups),
-    # each at its anchor; the other candidate predicted from the screen (one llama-imatrix pass, two quantizes)
-    assert (cost["search"], cost["runs"], cost["imatrix_passes"], cost["screens"]) == ("screened", 16, 1, 3)
-    assert [len(s["groups"]) for s in sens["segments"]] == [1] * 15
+    # screened: the floor and each role whole (its two bands), token_embd alone, each at its anchor; a fifth of 31
+    # leaves no cut; the rest predicted from the screen (one llama-imatrix pass, one quantize per type)
+    assert (cost["search"], cost["runs"], cost["imatrix_passes"], cost["screens"]) == ("screened", 9, 1, 3)
+    assert [len(s["groups"]) for s in sens["segments"]] == [2] * 7 + [1]
     sources = [k["source"] for g in sens["groups"] for k in g["kld"].values()]
-    assert sources.count("measured") == 15 and sources.count("screened") == 15
+    assert sources.count("measured") == 1 and sources.count("screened") == 29
     assert manifest["sensitivity"]["plain"]["search"] == "screened" and manifest["sensitivity"]["plain"]["segments"]
 
 

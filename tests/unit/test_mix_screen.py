@@ -12,6 +12,7 @@ import pytest
 
 from pipeline.stages.mix.groups import group_tensors
 from pipeline.stages.mix.screen import (
+    UNSEEN,
     Segment,
     column_importance,
     disagreement,
@@ -89,7 +90,10 @@ NAMES = [f"blk.{i}.{r}.weight" for i in range(8) for r in ("attn_q", "ffn_down")
 
 def test_segments_split_and_disagree():
     groups = group_tensors(NAMES, 4)
-    segs = first_segments(groups)
+    assert [(s.role, s.groups) for s in first_segments(groups)] == [
+        ("attn_q", ("attn_q.0-1", "attn_q.2-3", "attn_q.4-5", "attn_q.6-7")),
+        ("ffn_down", ("ffn_down.0-1", "ffn_down.2-3", "ffn_down.4-5", "ffn_down.6-7")), ("token_embd", ("token_embd",))]
+    segs = first_segments(groups, 2)
     assert [(s.role, s.groups) for s in segs] == [
         ("attn_q", ("attn_q.0-1", "attn_q.2-3")), ("attn_q", ("attn_q.4-5", "attn_q.6-7")),
         ("ffn_down", ("ffn_down.0-1", "ffn_down.2-3")), ("ffn_down", ("ffn_down.4-5", "ffn_down.6-7")),
@@ -99,7 +103,7 @@ def test_segments_split_and_disagree():
         s.scale = k
     assert disagreement(segs, 0) == pytest.approx(1.2)
     assert disagreement(segs, 3) == pytest.approx(3.0)  # not compared with token_embd, another role
-    assert disagreement(segs, 4) == 1.0
+    assert disagreement(segs, 4) == UNSEEN  # a role of one segment: nothing to compare with
 
 
 def test_exhaustive_runs_count_each_written_form_once():
@@ -145,7 +149,8 @@ def _search(scale_of_layer, cap: int):
 
 def test_screened_search_predicts_a_role_of_one_scale_from_two_evaluations_per_role():
     calls, out, segs, expected = _search(lambda i: 0.02 if i is None else 0.005, cap=40)
-    assert len(calls) == 1 + 5  # the floor, two runs per role, token_embd
+    # the floor, each role whole and token_embd, then one cut per role, whose halves agree: no further cut
+    assert len(calls) == 1 + 3 + 2 and [len(s.groups) for s in segs] == [2, 2, 2, 2, 1]
     for g in out:
         for c, want in expected[g["group"]].items():
             assert g["kld"][c]["kld_mean"] == pytest.approx(want, rel=1e-6), (g["group"], c)
@@ -157,12 +162,12 @@ def test_screened_search_splits_where_depth_changes_the_scale_within_its_cap():
     calls, out, segs, expected = _search(steep, cap=40)
     # each role's halves disagree 0.004+ vs 0.016 (and 0.001 vs 0.004): cut until every group is its own segment
     assert [len(s.groups) for s in segs] == [1, 1, 1, 1, 1, 1, 1, 1, 1]
-    assert len(calls) == 1 + 5 + 4  # one evaluation per cut: the second half by subtraction
-    assert [s.derived for s in segs] == [False, True, False, True, False, True, False, True, False]
+    assert len(calls) == 1 + 3 + 6  # one evaluation per cut: the second half by subtraction
+    assert sum(s.derived for s in segs) == 4 and not segs[-1].derived
     for g in out:
         for c, want in expected[g["group"]].items():
             assert g["kld"][c]["kld_mean"] == pytest.approx(want, rel=1e-6), (g["group"], c)
-    # a tighter cap stops the cuts: the floor and the first five segments, then two cuts
+    # a tighter cap stops the cuts: the floor and the first three segments, then four cuts
     calls, _, segs, _ = _search(steep, cap=8)
     assert len(calls) == 8 and len(segs) == 7
 

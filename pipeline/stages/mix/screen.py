@@ -12,12 +12,12 @@ one measures instead:
    errors grow with the activations along the depth while the KLD they cause does not (measured:
    docs/mixes.md#the-screened-search). A tensor llama-imatrix does not see (``token_embd``, a lookup) weighs its
    columns alike;
-2. **segments**: each role's groups cut into runs of bands (two to start with), each tensor outside the blocks alone.
+2. **segments**: each role's groups as one run of bands to start with, each tensor outside the blocks alone.
    One evaluation per segment, at its anchor (the candidate with the largest screened error over it, the strongest
    signal), gives its scale: the mean KLD it added over the floor's, per unit of screened error added;
 3. **adaptive bands**: while evaluations remain (at most :data:`EVAL_SHARE`-th of the exhaustive search's, the
-   llama-imatrix pass counted as one), a segment whose scale differs from a neighbour's of its role by more than
-   :data:`SPLIT_RATIO` x is cut in two, the one with the most KLD at stake first (the log of the disagreement times
+   llama-imatrix pass counted as one), a segment of a role measured whole, or whose scale differs from a neighbour's
+   of its role by more than :data:`SPLIT_RATIO` x, is cut in two, the one with the most KLD at stake first (the log of the disagreement times
    the KLD it measured): its first half is measured and the second takes what the segment measured beyond it
    (additive; measured too when that leaves it under :data:`IMPLAUSIBLE` x the segment's scale);
 4. every group and candidate is then predicted as the floor's mean KLD plus its segment's scale x the screened error
@@ -38,6 +38,9 @@ from pipeline.errors import PipelineError
 SCREEN_VERSION = 2
 # Adjacent segments of a role whose scales differ by more than this factor are cut further.
 SPLIT_RATIO = 1.25
+# A role measured whole has no neighbour to disagree with: cut as if its halves differed this much (the KLD at stake
+# then decides the order).
+UNSEEN = 2.0
 # A split measures one half and takes the other's KLD as the parent's less it (the additive model); when that leaves
 # the other half less than this share of the parent's scale, the halves interact and it is measured too.
 IMPLAUSIBLE = 0.1
@@ -118,16 +121,17 @@ class Segment:
                 "scale": float(f"{self.scale:.6g}"), **({"derived": True} if self.derived else {})}
 
 
-def first_segments(groups: list) -> list[Segment]:
-    """Each role's groups (band order) in two runs (one when it has one group); a group outside the blocks alone."""
+def first_segments(groups: list, runs: int = 1) -> list[Segment]:
+    """Each role's groups (band order) in ``runs`` runs (fewer when it has fewer groups); a group outside the blocks
+    alone."""
     by_role: dict[str, list] = {}
     for g in groups:
         by_role.setdefault(g.role, []).append(g)
     out = []
     for role, gs in sorted(by_role.items()):
         names = tuple(g.name for g in sorted(gs, key=lambda g: g.band or (0, 0)))
-        half = (len(names) + 1) // 2
-        out += [Segment(role, part) for part in (names[:half], names[half:]) if part]
+        k = min(runs, len(names))
+        out += [Segment(role, names[i * len(names) // k:(i + 1) * len(names) // k]) for i in range(k)]
     return out
 
 
@@ -137,13 +141,14 @@ def split(seg: Segment) -> tuple[Segment, Segment]:
 
 
 def disagreement(segs: list[Segment], i: int) -> float:
-    """How many times segment ``i``'s scale differs from its neighbours' of the same role (1: alike)."""
-    worst = 1.0
+    """How many times segment ``i``'s scale differs from its neighbours' of the same role (1: alike);
+    :data:`UNSEEN` when the role has no other segment yet."""
+    worst = None
     for j in (i - 1, i + 1):
         if 0 <= j < len(segs) and segs[j].role == segs[i].role:
             a, b = sorted((segs[i].scale, segs[j].scale))
-            worst = max(worst, math.inf if a <= 0 < b else (b / a if a > 0 else 1.0))
-    return worst
+            worst = max(worst or 1.0, math.inf if a <= 0 < b else (b / a if a > 0 else 1.0))
+    return UNSEEN if worst is None else worst
 
 
 def exhaustive_runs(groups: list, types: dict[str, dict[str, str]], floor: str, cands: tuple[str, ...]) -> int:
