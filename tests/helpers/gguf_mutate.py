@@ -235,7 +235,9 @@ def parse_bounded(path: Path) -> str | None:
     from pipeline.gguf import reader
 
     size = path.stat().st_size
-    t0 = time.perf_counter()
+    # CPU time of this process, not wall time: the bound is on the parse's own work, and on two busy cores a test
+    # worker can wait longer than the bound for a parse of milliseconds (docs/testing.md, 2026-12-04 evening)
+    t0 = time.process_time()
     try:
         reader._read_header(path)
         err = None
@@ -243,9 +245,9 @@ def parse_bounded(path: Path) -> str | None:
         err = _check_error(exc, path, "read_header")
     except Exception as exc:  # noqa: BLE001  the contract under test
         raise Crash(f"read_header: {type(exc).__name__}: {exc}") from exc
-    seconds = time.perf_counter() - t0
+    seconds = time.process_time() - t0
     if seconds > MAX_SECONDS:
-        raise Crash(f"read_header took {seconds:.2f} s on {size} bytes")
+        raise Crash(f"read_header took {seconds:.2f} s of CPU on {size} bytes")
     tracemalloc.start()
     try:
         try:

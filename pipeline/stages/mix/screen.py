@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.errors import PipelineError
+from pipeline.stages.mix.groups import group_tensors
 
 # What the screened error is; part of its cache key.
 SCREEN_VERSION = 2
@@ -229,8 +230,6 @@ def planned_runs(names: list[str], n_bands: int, n_cands: int, search: str) -> d
     """What a search of quantized tensors ``names`` will run, before any file exists (``ggufpipe plan``): the
     exhaustive count counts every candidate (the dry run that finds duplicates needs the file), the screened one its
     cap (the llama-imatrix pass counted in it) and one whole-model quantize per type."""
-    from pipeline.stages.mix.groups import group_tensors
-
     groups = group_tensors(names, n_bands)
     exhaustive = 1 + len(groups) * n_cands
     if search == "exhaustive":
