@@ -17,10 +17,11 @@ from pipeline.devices.plan import (
     fmt,
     free_disk,
     free_memory,
+    model_shape,
     ram_plan,
     source_facts,
 )
-from pipeline.devices.plan_tensors import is_expert, never_quantized, tensor_role
+from pipeline.devices.plan_tensors import is_expert, tensor_role
 from pipeline.envs import EnvError, env_python
 from pipeline.gguf import ArrayValue, read_header
 from pipeline.stagedef import LOGITS_VOCAB_BOUND, size_mb
@@ -225,14 +226,14 @@ def hours(job: dict, facts: Facts, recipe, box: dict = BOX) -> float:
 
 
 def quantized_names(facts: Facts) -> list[str]:
-    """The GGUF names of the tensors llama-quantize quantizes, as the mix groups see them (experts one per layer and
-    role, as the GGUF stores them), from the checkpoint's tensor list."""
+    """The GGUF names of the tensors llama-quantize quantizes, as the mix groups see them: those :func:`model_shape`
+    plans at a quantized type (experts merged per layer and weight, as the GGUF stores them), named by role."""
     names = {}
-    for name, shape, _ in facts.tensors:
-        role, layer = tensor_role(name)
-        if len(shape) < 2 or role == "other" or never_quantized(name):
+    for t in model_shape(facts, "Q8_0").tensors:
+        if t.type_name == "F32":
             continue
-        role += "_exps" if is_expert(name) else ""
+        role, layer = tensor_role(t.name)
+        role += "_exps" if is_expert(t.name) else ""
         names[f"blk.{layer}.{role}.weight" if layer >= 0 else f"{role}.weight"] = None
     return list(names)
 
