@@ -279,6 +279,7 @@ def sensitivity_section(recipe: Recipe, layout: Layout) -> dict:
                                                       "bands")},
             "search": data.get("search", "exhaustive"),
             **({"segments": data["segments"]} if "segments" in data else {}),
+            **({"probes": data["probes"]} if "probes" in data else {}),
             "floor_kld_mean": data["floor_kld"]["kld_mean"],
             "groups": [{"group": g["group"], "role": g["role"], "band": g["band"], "bytes": g["bytes"],
                         "kld_mean": {c: g["kld"][c]["kld_mean"] for c in data["candidates"] if c in g["kld"]}}

@@ -81,6 +81,7 @@ def test_mix_is_written_as_solved(mix_build):
     # leaves no cut; the rest predicted from the screen (one llama-imatrix pass, one quantize per type)
     assert (cost["search"], cost["runs"], cost["imatrix_passes"], cost["screens"]) == ("screened", 9, 1, 3)
     assert [len(s["groups"]) for s in sens["segments"]] == [2] * 7 + [1]
+    assert sens["probes"] == []  # no evaluation left for a type probe either
     sources = [k["source"] for g in sens["groups"] for k in g["kld"].values()]
     assert sources.count("measured") == 1 and sources.count("screened") == 29
     assert manifest["sensitivity"]["plain"]["search"] == "screened" and manifest["sensitivity"]["plain"]["segments"]

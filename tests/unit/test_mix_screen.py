@@ -20,6 +20,7 @@ from pipeline.stages.mix.screen import (
     first_segments,
     screened_search,
     split,
+    type_ratio,
     weight_errors,
 )
 
@@ -117,13 +118,13 @@ def test_exhaustive_runs_count_each_written_form_once():
     assert exhaustive_runs(groups, types, "Q8_0", ("Q4_K", "Q5_K", "Q6_K")) == 1 + 2 + 2
 
 
-def _search(scale_of_layer, cap: int):
+def _search(scale_of_layer, cap: int, type_factor: dict | None = None):
     """The screened search on NAMES at 4 bands, measured by an additive truth: each tensor adds
-    scale_of_layer(layer or None) x its screened error over the floor's."""
+    scale_of_layer(layer or None) x type_factor[type] (1 by default) x its screened error over the floor's."""
     quantized = [n for n in NAMES if n != "token_embd.weight"] + ["token_embd.weight"]
     groups = group_tensors(quantized, 4)
     cands = ("Q3_K", "Q4_K")
-    errors = {"Q8_0": dict.fromkeys(quantized, 0.01)}
+    errors = {"Q8_0": dict.fromkeys(quantized, 0.0)}  # errors proportional across types: a probe's ratio is exact
     for c, e in (("Q3_K", 1.0), ("Q4_K", 0.4)):
         errors[c] = {n: e * (1 + i % 3) for i, n in enumerate(quantized)}
 
@@ -131,7 +132,7 @@ def _search(scale_of_layer, cap: int):
         return int(n.split(".")[1]) if n.startswith("blk.") else None
 
     def truth(assign):
-        return 0.001 + sum(scale_of_layer(layer(n)) * (errors[c][n] - errors["Q8_0"][n])
+        return 0.001 + sum(scale_of_layer(layer(n)) * (type_factor or {}).get(c, 1.0) * (errors[c][n] - errors["Q8_0"][n])
                            for n, c in assign.items() if c != "Q8_0")
 
     calls = []
@@ -141,41 +142,72 @@ def _search(scale_of_layer, cap: int):
         return {"kld_mean": truth(assign), "kld_p99": 0.0, "same_top_p": 1.0, "ppl_ratio": 1.0}
 
     plan = SimpleNamespace(quantized=quantized, groups=groups, group_bytes=lambda g, c: len(g.tensors))
-    floor, out, segs = screened_search(measure, plan, "Q8_0", cands, "plain", errors, cap)
+    floor, out, segs, probes = screened_search(measure, plan, "Q8_0", cands, "plain", errors, cap)
     expected = {g["group"]: {c: truth({**dict.fromkeys(quantized, "Q8_0"),
                                        **dict.fromkeys(g["tensors"], c)}) for c in cands} for g in out}
-    return calls, out, segs, expected
+    return calls, out, segs, expected, probes
 
 
 def test_screened_search_predicts_a_role_of_one_scale_from_two_evaluations_per_role():
-    calls, out, segs, expected = _search(lambda i: 0.02 if i is None else 0.005, cap=40)
-    # the floor, each role whole and token_embd, then one cut per role, whose halves agree: no further cut
-    assert len(calls) == 1 + 3 + 2 and [len(s.groups) for s in segs] == [2, 2, 2, 2, 1]
+    calls, out, segs, expected, probes = _search(lambda i: 0.02 if i is None else 0.005, cap=40)
+    # the floor, each role whole and token_embd, each at its other type (a probe), then one cut per role, whose
+    # halves agree: no further cut
+    assert len(calls) == 1 + 3 + 3 + 2 and [len(s.groups) for s in segs] == [2, 2, 2, 2, 1]
+    assert [(p["role"], p["type"], p["ratio"]) for p in probes] == [
+        ("attn_q", "Q4_K", pytest.approx(1.0)), ("ffn_down", "Q4_K", pytest.approx(1.0)),
+        ("token_embd", "Q4_K", pytest.approx(1.0))]
     for g in out:
         for c, want in expected[g["group"]].items():
             assert g["kld"][c]["kld_mean"] == pytest.approx(want, rel=1e-6), (g["group"], c)
-    assert out[-1]["kld"]["Q3_K"]["source"] == "measured" and out[-1]["kld"]["Q4_K"]["source"] == "screened"
+    # token_embd, a role of one group: measured at its anchor and at its probe; a group of a larger role, screened
+    assert out[-1]["kld"]["Q3_K"]["source"] == out[-1]["kld"]["Q4_K"]["source"] == "measured"
+    assert out[0]["kld"]["Q4_K"]["source"] == "screened"
 
 
 def test_screened_search_splits_where_depth_changes_the_scale_within_its_cap():
     steep = lambda i: 0.02 if i is None else (0.001 if i < 2 else 0.004 if i < 6 else 0.016)  # noqa: E731
-    calls, out, segs, expected = _search(steep, cap=40)
+    calls, out, segs, expected, _ = _search(steep, cap=40)
     # each role's halves disagree 0.004+ vs 0.016 (and 0.001 vs 0.004): cut until every group is its own segment
     assert [len(s.groups) for s in segs] == [1, 1, 1, 1, 1, 1, 1, 1, 1]
-    assert len(calls) == 1 + 3 + 6  # one evaluation per cut: the second half by subtraction
+    assert len(calls) == 1 + 3 + 3 + 6  # the probes, then one evaluation per cut: the second half by subtraction
     assert sum(s.derived for s in segs) == 4 and not segs[-1].derived
     for g in out:
         for c, want in expected[g["group"]].items():
             assert g["kld"][c]["kld_mean"] == pytest.approx(want, rel=1e-6), (g["group"], c)
-    # a tighter cap stops the cuts: the floor and the first three segments, then four cuts
-    calls, _, segs, _ = _search(steep, cap=8)
-    assert len(calls) == 8 and len(segs) == 7
+    # a tighter cap: the floor and the first three segments, half of what is left for probes (2 of 4, the roles
+    # with the most bytes first: attn_q and ffn_down tie at 8 tensors, token_embd has 1), then two cuts
+    calls, _, segs, _, probes = _search(steep, cap=8)
+    assert len(calls) == 8 and len(segs) == 5 and [p["role"] for p in probes] == ["attn_q", "ffn_down"]
+
+
+def test_a_type_probe_prices_a_type_whose_kld_per_error_differs():
+    """Q4_K adds twice the KLD per unit of screened error that the anchor (Q3_K) does (on the demo: Q5_1 against
+    Q5_0 on 576-wide rows): each role's probe at Q4_K measures the ratio, and every group's Q4_K prediction is
+    exact; the roles without a probe (the cap spent) keep the anchor's ratio, half the truth."""
+    flat = lambda i: 0.02 if i is None else 0.005  # noqa: E731
+    calls, out, segs, expected, probes = _search(flat, cap=40, type_factor={"Q4_K": 2.0})
+    assert [p["ratio"] for p in probes] == [pytest.approx(2.0)] * 3
+    for g in out:
+        for c, want in expected[g["group"]].items():
+            assert g["kld"][c]["kld_mean"] == pytest.approx(want, rel=1e-6), (g["group"], c)
+    calls, out, segs, expected, probes = _search(flat, cap=6, type_factor={"Q4_K": 2.0})
+    assert [p["role"] for p in probes] == ["attn_q"]
+    for g in out:
+        added = expected[g["group"]]["Q4_K"] - 0.001
+        want = added if g["role"] == "attn_q" else added / 2
+        assert g["kld"]["Q4_K"]["kld_mean"] - 0.001 == pytest.approx(want, rel=1e-6), g["group"]
+
+
+def test_type_ratio_is_the_probes_own_or_one():
+    probes = [{"role": "r", "type": "Q5_K", "ratio": 3.0}, {"role": "q", "type": "Q4_K", "ratio": 9.0}]
+    assert type_ratio(probes, "r", "Q5_K") == 3.0 and type_ratio(probes, "r", "Q4_K") == 1.0
+    assert type_ratio([], "r", "Q5_K") == 1.0
 
 
 def test_a_cut_whose_rest_is_implausible_measures_it():
     """Halves that interact (the parent measured more than the sum of its parts would give the first alone, so the
     rest by subtraction is near zero): the rest is measured as well."""
-    calls, out, segs, expected = _search(lambda i: 0.02 if i is None else (0.016 if i < 2 else 0.0001), cap=40)
+    calls, out, segs, expected, _ = _search(lambda i: 0.02 if i is None else (0.016 if i < 2 else 0.0001), cap=40)
     rest = {s.groups: s for s in segs}
     assert not rest[("attn_q.2-3",)].derived and not rest[("ffn_down.2-3",)].derived
     assert "attn_q.2-3 at Q3_K" in calls and "ffn_down.2-3 at Q3_K" in calls

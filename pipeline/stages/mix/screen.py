@@ -15,13 +15,20 @@ one measures instead:
 2. **segments**: each role's groups as one run of bands to start with, each tensor outside the blocks alone.
    One evaluation per segment, at its anchor (the candidate with the largest screened error over it, the strongest
    signal), gives its scale: the mean KLD it added over the floor's, per unit of screened error added;
-3. **adaptive bands**: while evaluations remain (at most :data:`EVAL_SHARE`-th of the exhaustive search's, the
+3. **type probes**: half of the evaluations left (:data:`PROBE_SHARE`) measure a role whole at another of its
+   written forms, the least screened error first, the role with the most bytes per probe first (so a large role of
+   one group, ``output`` or ``token_embd``, is measured at each of its forms). The probe gives that type's ratio: its
+   KLD per unit of screened error over the anchor's. Measured ratios are neither 1 nor monotonic in the type
+   (docs/mixes.md#the-screened-search), so a type without a probe keeps the anchor's ratio, never an interpolated
+   one;
+4. **adaptive bands**: while evaluations remain (at most :data:`EVAL_SHARE`-th of the exhaustive search's, the
    llama-imatrix pass counted as one), a segment of a role measured whole, or whose scale differs from a neighbour's
    of its role by more than :data:`SPLIT_RATIO` x, is cut in two, the one with the most KLD at stake first (the log of the disagreement times
    the KLD it measured): its first half is measured and the second takes what the segment measured beyond it
    (additive; measured too when that leaves it under :data:`IMPLAUSIBLE` x the segment's scale);
-4. every group and candidate is then predicted as the floor's mean KLD plus its segment's scale x the screened error
-   that candidate adds over the floor's: what the solver reads, as it reads a measurement.
+5. every group and candidate is then predicted as the floor's mean KLD plus its segment's scale x its role's ratio at
+   that type x the screened error that candidate adds over the floor's: what the solver reads, as it reads a
+   measurement.
 
 A candidate written exactly as another (or as the floor) has the same screen, so the same prediction.
 """
@@ -37,6 +44,8 @@ from pipeline.stages.mix.groups import group_tensors
 
 # What the screened error is; part of its cache key.
 SCREEN_VERSION = 2
+# The screened search's rules (2: type probes); a rerun trigger of a screened sensitivity.
+SEARCH_VERSION = 2
 # Adjacent segments of a role whose scales differ by more than this factor are cut further.
 SPLIT_RATIO = 1.25
 # A role measured whole has no neighbour to disagree with: cut as if its halves differed this much (the KLD at stake
@@ -45,6 +54,8 @@ UNSEEN = 2.0
 # A split measures one half and takes the other's KLD as the parent's less it (the additive model); when that leaves
 # the other half less than this share of the parent's scale, the halves interact and it is measured too.
 IMPLAUSIBLE = 0.1
+# At most this share of the evaluations left after the first segments goes to type probes; the rest to cuts.
+PROBE_SHARE = 0.5
 # The screened search spends at most 1/EVAL_SHARE of the exhaustive search's evaluations (issue #32's target).
 EVAL_SHARE = 5
 
@@ -164,10 +175,10 @@ def exhaustive_runs(groups: list, types: dict[str, dict[str, str]], floor: str, 
 
 
 def screened_search(measure, plan, floor_type: str, cands: tuple[str, ...], flavour: str, errors: dict,
-                    cap: int) -> tuple[dict, list[dict], list[Segment]]:
-    """The floor, the segments measured (adaptive bands within ``cap`` evaluations) and every group's predicted
-    entry. ``measure(label, assign)``: the KEPT statistics of a map (cached); ``errors``: type -> tensor -> screened
-    error (:func:`weight_errors`); ``cap``: evaluations allowed, the floor's included."""
+                    cap: int) -> tuple[dict, list[dict], list[Segment], list[dict]]:
+    """The floor, the segments measured (adaptive bands within ``cap`` evaluations), the type probes and every
+    group's predicted entry. ``measure(label, assign)``: the KEPT statistics of a map (cached); ``errors``: type ->
+    tensor -> screened error (:func:`weight_errors`); ``cap``: evaluations allowed, the floor's included."""
     floor_map = dict.fromkeys(plan.quantized, floor_type)
     floor = measure("floor", floor_map)
     print(f"[sensitivity {flavour}] floor {floor_type}: mean KLD {floor['kld_mean']:.6f}", flush=True)
@@ -176,11 +187,14 @@ def screened_search(measure, plan, floor_type: str, cands: tuple[str, ...], flav
     def added(names, c) -> float:
         return sum(max(0.0, errors[c][t] - errors[floor_type][t]) for g in names for t in by_name[g].tensors)
 
+    def tensors_of(names) -> list[str]:
+        return [t for g in names for t in by_name[g].tensors]
+
     def run(seg: Segment, anchor: str | None = None) -> Segment:
         seg.anchor = anchor or max(cands, key=lambda c: (added(seg.groups, c), -cands.index(c)))
         seg.added_error = added(seg.groups, seg.anchor)
-        tensors = [t for g in seg.groups for t in by_name[g].tensors]
-        got = measure(f"{'+'.join(seg.groups)} at {seg.anchor}", {**floor_map, **dict.fromkeys(tensors, seg.anchor)})
+        got = measure(f"{'+'.join(seg.groups)} at {seg.anchor}",
+                      {**floor_map, **dict.fromkeys(tensors_of(seg.groups), seg.anchor)})
         seg.added_kld = got["kld_mean"] - floor["kld_mean"]
         seg.scale = max(0.0, seg.added_kld) / seg.added_error if seg.added_error > 0 else 0.0
         seg.measured = got
@@ -192,6 +206,18 @@ def screened_search(measure, plan, floor_type: str, cands: tuple[str, ...], flav
     live = [g for g in plan.groups if any(errors[c][t] != errors[floor_type][t] for c in cands for t in g.tensors)]
     segs = [run(s) for s in first_segments(live)]
     used = 1 + len(segs)
+    # type probes: each role whole at its other written forms, the roles with the most bytes per probe first
+    probes: list[dict] = []
+    order = probe_order(segs, cands, added, lambda s: sum(plan.group_bytes(by_name[g], floor_type) for g in s.groups))
+    for role_seg, c in order[:max(0, int((cap - used) * PROBE_SHARE))]:
+        got = measure(f"{role_seg.role} at {c}", {**floor_map, **dict.fromkeys(tensors_of(role_seg.groups), c)})
+        e = added(role_seg.groups, c)
+        k = got["kld_mean"] - floor["kld_mean"]
+        probes.append({"role": role_seg.role, "type": c, "added_error": e, "added_kld": k, "measured": got,
+                       "ratio": (max(0.0, k) / e) / role_seg.scale if e > 0 and role_seg.scale > 0 else 1.0})
+        used += 1
+        print(f"[sensitivity {flavour}] probe {role_seg.role} at {c}: mean KLD {got['kld_mean']:.6f}", flush=True)
+    whole = {s.role: s for s in segs}
     while used < cap:
         # the most KLD at stake where the scale is least certain: the disagreement's log times the KLD measured
         ranked = sorted(((math.log(disagreement(segs, i)) * max(s.added_kld, 0.0), -i) for i, s in enumerate(segs)
@@ -217,13 +243,49 @@ def screened_search(measure, plan, floor_type: str, cands: tuple[str, ...], flav
                  "bytes": {c: plan.group_bytes(g, c) for c in (floor_type, *cands)}, "kld": {}}
         s = seg_of.get(g.name)
         for c in cands:
+            probe = next((p for p in probes if p["role"] == g.role and p["type"] == c), None)
             if s is not None and s.groups == (g.name,) and c == s.anchor and not s.derived:
                 entry["kld"][c] = {**s.measured, "source": "measured"}
+            elif probe is not None and whole[g.role].groups == (g.name,):
+                entry["kld"][c] = {**probe["measured"], "source": "measured"}
             else:
-                d = s.scale * added((g.name,), c) if s is not None else 0.0
+                d = s.scale * added((g.name,), c) * type_ratio(probes, g.role, c) if s is not None else 0.0
                 entry["kld"][c] = {"kld_mean": round(floor["kld_mean"] + d, 8), "source": "screened"}
         out_groups.append(entry)
-    return floor, out_groups, segs
+    return floor, out_groups, segs, [{k: (float(f"{v:.6g}") if isinstance(v, float) else v) for k, v in p.items()
+                                      if k != "measured"} for p in probes]
+
+
+def probe_order(segs: list[Segment], cands: tuple[str, ...], added, role_bytes) -> list[tuple[Segment, str]]:
+    """The type probes in the order they are measured. Per role (a first segment): its candidates other than the
+    anchor whose screened error differs from the anchor's and each other's (written differently), the least error
+    first (the types a budget near the role's top chooses between). Across roles: the most bytes per probe first
+    (a role's bytes over one more than the probes it already has), so that a large role of one group (``output``,
+    ``token_embd``) is measured at each of its forms before a small role gets its first."""
+    forms = {}
+    for s in segs:
+        seen, forms[s.role] = {round(s.added_error, 12), 0.0}, []
+        for c in sorted(cands, key=lambda c: (added(s.groups, c), cands.index(c))):
+            e = round(added(s.groups, c), 12)
+            if e not in seen:
+                seen.add(e)
+                forms[s.role].append(c)
+    order, taken = [], dict.fromkeys(forms, 0)
+    by_role = {s.role: s for s in segs}
+    while True:
+        left = [s for s in segs if taken[s.role] < len(forms[s.role])]
+        if not left:
+            return order
+        s = max(left, key=lambda s: (role_bytes(s) / (1 + taken[s.role]), [-ord(ch) for ch in s.role]))
+        order.append((by_role[s.role], forms[s.role][taken[s.role]]))
+        taken[s.role] += 1
+
+
+def type_ratio(probes: list[dict], role: str, c: str) -> float:
+    """How many times the KLD per unit of screened error of ``role`` at type ``c`` differs from the anchor's: its
+    probe's measured ratio, else 1. Not interpolated between types: measured ratios are not monotonic in the type
+    (docs/mixes.md#the-screened-search)."""
+    return next((p["ratio"] for p in probes if p["role"] == role and p["type"] == c), 1.0)
 
 
 def planned_runs(names: list[str], n_bands: int, n_cands: int, search: str) -> dict:

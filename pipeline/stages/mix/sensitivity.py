@@ -47,6 +47,7 @@ from pipeline.stages.mix.plan import (
 from pipeline.stages.mix.screen import (
     EVAL_SHARE,
     SCREEN_VERSION,
+    SEARCH_VERSION,
     column_importance,
     exhaustive_runs,
     screened_search,
@@ -121,8 +122,9 @@ def sensitivity(recipe: Recipe, flavour: str, base_gguf: str | Path, ref_gguf: s
     else:
         cap = max(1, n_total // EVAL_SHARE)
         errors = _screen_errors(measure, plan, s.floor, cands, base, base_sha, es, text_sha, flavour)
-        floor, out_groups, segs = screened_search(measure, plan, s.floor, cands, flavour, errors, cap - 1)
+        floor, out_groups, segs, probes = screened_search(measure, plan, s.floor, cands, flavour, errors, cap - 1)
         data["segments"] = [sg.describe() for sg in segs]
+        data["probes"] = probes
     data["search"] = s.search
     data["floor_kld"] = floor
     data["groups"] = out_groups
@@ -368,7 +370,8 @@ STAGE = Stage(
     # not the budgets or targets: changing those re-solves, never re-measures
     trigger=lambda r, wc, s: {"sensitivity": r.sensitivity.describe(), "candidates": r.mix_candidates(wc["flavour"]),
                               "eval_threads": s.eval_threads, "build": s.build_number, "commit": s.commit,
-                              "offload": s.offload},
+                              "offload": s.offload,
+                              **({"search_version": SEARCH_VERSION} if r.sensitivity.search == "screened" else {})},
     resources={"mem_mb": lambda s: mem_mb(s.total, 1.3, 1024), "disk_mb": lambda s: mem_mb(s.mb("base"), 1.0, 1024),
                "runtime": lambda s: int(60 + s.total)},
 )
