@@ -18,9 +18,9 @@ from pipeline.stages.mix.screen import (
     disagreement,
     exhaustive_runs,
     first_segments,
+    probe_for,
     screened_search,
     split,
-    type_ratio,
     weight_errors,
 )
 
@@ -198,10 +198,11 @@ def test_a_type_probe_prices_a_type_whose_kld_per_error_differs():
         assert g["kld"]["Q4_K"]["kld_mean"] - 0.001 == pytest.approx(want, rel=1e-6), g["group"]
 
 
-def test_type_ratio_is_the_probes_own_or_one():
-    probes = [{"role": "r", "type": "Q5_K", "ratio": 3.0}, {"role": "q", "type": "Q4_K", "ratio": 9.0}]
-    assert type_ratio(probes, "r", "Q5_K") == 3.0 and type_ratio(probes, "r", "Q4_K") == 1.0
-    assert type_ratio([], "r", "Q5_K") == 1.0
+def test_a_probe_prices_its_written_form_only():
+    probes = [{"role": "r", "type": "Q5_K", "added_error": 0.25, "ratio": 3.0},
+              {"role": "q", "type": "Q4_K", "added_error": 0.5, "ratio": 9.0}]
+    assert probe_for(probes, "r", 0.25)["ratio"] == 3.0  # Q5_K, or a candidate written as it
+    assert probe_for(probes, "r", 0.5) is None and probe_for(probes, "q", 0.25) is None and not probe_for([], "r", 1)
 
 
 def test_a_cut_whose_rest_is_implausible_measures_it():

@@ -243,13 +243,15 @@ def screened_search(measure, plan, floor_type: str, cands: tuple[str, ...], flav
                  "bytes": {c: plan.group_bytes(g, c) for c in (floor_type, *cands)}, "kld": {}}
         s = seg_of.get(g.name)
         for c in cands:
-            probe = next((p for p in probes if p["role"] == g.role and p["type"] == c), None)
+            w = whole.get(g.role)
+            probe = probe_for(probes, g.role, added(w.groups, c)) if w else None  # a probe prices a written form
             if s is not None and s.groups == (g.name,) and c == s.anchor and not s.derived:
                 entry["kld"][c] = {**s.measured, "source": "measured"}
-            elif probe is not None and whole[g.role].groups == (g.name,):
+            elif probe is not None and w.groups == (g.name,):
                 entry["kld"][c] = {**probe["measured"], "source": "measured"}
             else:
-                d = s.scale * added((g.name,), c) * type_ratio(probes, g.role, c) if s is not None else 0.0
+                ratio = probe["ratio"] if probe is not None else 1.0
+                d = s.scale * added((g.name,), c) * ratio if s is not None else 0.0
                 entry["kld"][c] = {"kld_mean": round(floor["kld_mean"] + d, 8), "source": "screened"}
         out_groups.append(entry)
     return floor, out_groups, segs, [{k: (float(f"{v:.6g}") if isinstance(v, float) else v) for k, v in p.items()
@@ -276,16 +278,16 @@ def probe_order(segs: list[Segment], cands: tuple[str, ...], added, role_bytes) 
         left = [s for s in segs if taken[s.role] < len(forms[s.role])]
         if not left:
             return order
-        s = max(left, key=lambda s: (role_bytes(s) / (1 + taken[s.role]), [-ord(ch) for ch in s.role]))
+        s = min(left, key=lambda s: (-role_bytes(s) / (1 + taken[s.role]), s.role))
         order.append((by_role[s.role], forms[s.role][taken[s.role]]))
         taken[s.role] += 1
 
 
-def type_ratio(probes: list[dict], role: str, c: str) -> float:
-    """How many times the KLD per unit of screened error of ``role`` at type ``c`` differs from the anchor's: its
-    probe's measured ratio, else 1. Not interpolated between types: measured ratios are not monotonic in the type
-    (docs/mixes.md#the-screened-search)."""
-    return next((p["ratio"] for p in probes if p["role"] == role and p["type"] == c), 1.0)
+def probe_for(probes: list[dict], role: str, error: float) -> dict | None:
+    """The probe of ``role`` at the written form whose screened error over the role is ``error`` (candidates written
+    alike share it), or None: that type keeps the anchor's ratio. Not interpolated between forms: measured ratios are
+    not monotonic in the type (docs/mixes.md#the-screened-search)."""
+    return next((p for p in probes if p["role"] == role and round(p["added_error"], 12) == round(error, 12)), None)
 
 
 def planned_runs(names: list[str], n_bands: int, n_cands: int, search: str) -> dict:
