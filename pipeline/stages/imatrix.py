@@ -35,6 +35,19 @@ def imatrix_facts(path: str | Path) -> dict:
     }
 
 
+def run_imatrix(tc: Toolchain, base_gguf: str | Path, text: str | Path, out: Path, ctx: int, chunks: int,
+                threads: int, log: Path | None, where: str, cwd: str | Path | None = None):
+    """``llama-imatrix`` of ``base_gguf`` over ``chunks`` x ``ctx`` tokens of ``text`` into ``out`` (GGUF format);
+    the tool's result. A failure, or no file written, raises one line starting with ``where``."""
+    args = ["-m", base_gguf, "-f", text, "-o", out.resolve(), "--output-format", "gguf", "-c", ctx,
+            "--chunks", chunks, "-b", ctx, "-t", max(1, threads), "-ofreq", 1 << 30]
+    res = run_tool(tc, "llama-imatrix", args, log, check=False, cwd=cwd)
+    if res.returncode != 0 or not out.is_file():
+        raise ToolError("llama-imatrix", res.returncode, log, f"{where}: llama-imatrix failed: {tail(res.output)}"
+                        + (f" [log: {log}]" if log else ""))
+    return res
+
+
 def imatrix(recipe: Recipe, base: str, base_gguf: str | Path, out: str | Path, record: str | Path,
             log: str | Path | None = None, threads: int = 2, tc: Toolchain | None = None) -> dict:
     """Entry function: compute the importance matrix of ``base_gguf`` into ``out`` (GGUF format)."""
@@ -56,12 +69,8 @@ def imatrix(recipe: Recipe, base: str, base_gguf: str | Path, out: str | Path, r
                           f"chunks = {cfg.ctx} x {cfg.chunks} = {need}; use a longer text or lower imatrix.chunks")
     with tempfile.TemporaryDirectory(prefix="ggufpipe-imatrix-") as scratch, atomic_output(out) as tmp:
         (Path(scratch) / text.name).symlink_to(text)
-        args = ["-m", base_gguf, "-f", text.name, "-o", tmp.resolve(), "--output-format", "gguf", "-c", cfg.ctx,
-                "--chunks", cfg.chunks, "-b", cfg.ctx, "-t", max(1, threads), "-ofreq", 1 << 30]
-        res = run_tool(tc, "llama-imatrix", args, log, check=False, cwd=scratch)
-        if res.returncode != 0 or not tmp.is_file():
-            raise ToolError("llama-imatrix", res.returncode, log, f"{recipe.path}: imatrix ({base}): llama-imatrix failed: "
-                            f"{tail(res.output)}" + (f" [log: {log}]" if log else ""))
+        res = run_imatrix(tc, base_gguf, text.name, tmp, cfg.ctx, cfg.chunks, threads, log,
+                          f"{recipe.path}: imatrix ({base})", cwd=scratch)
         facts = imatrix_facts(tmp)
         experts = coverage(expert_counts(tmp), cfg.min_expert_tokens)
         failed = coverage_failures(experts, cfg.min_expert_coverage, cfg.min_expert_tokens,

@@ -290,6 +290,12 @@ def probe_for(probes: list[dict], role: str, error: float) -> dict | None:
     return next((p for p in probes if p["role"] == role and round(p["added_error"], 12) == round(error, 12)), None)
 
 
+def screened_cap(exhaustive: int) -> int:
+    """The evaluations the screened search may run, the floor's included: a fifth (:data:`EVAL_SHARE`) of the
+    exhaustive search's, its llama-imatrix pass counted as one."""
+    return max(1, exhaustive // EVAL_SHARE) - 1
+
+
 def planned_runs(names: list[str], n_bands: int, n_cands: int, search: str) -> dict:
     """What a search of quantized tensors ``names`` will run, before any file exists (``ggufpipe plan``): the
     exhaustive count counts every candidate (the dry run that finds duplicates needs the file), the screened one its
@@ -300,6 +306,6 @@ def planned_runs(names: list[str], n_bands: int, n_cands: int, search: str) -> d
         return {"evaluations": exhaustive, "quantizes": exhaustive, "imatrix_passes": 0, "screened_types": 0,
                 "exhaustive": exhaustive}
     first = 1 + len(first_segments(groups))
-    evals = max(first, exhaustive // EVAL_SHARE - 1)
+    evals = max(first, screened_cap(exhaustive))
     return {"evaluations": evals, "quantizes": evals + 1 + n_cands, "imatrix_passes": 1, "screened_types": 1 + n_cands,
             "exhaustive": exhaustive}

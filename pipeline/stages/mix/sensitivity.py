@@ -35,6 +35,7 @@ from pipeline.recipe import EvalSet, Recipe
 from pipeline.records import SensitivityRecord
 from pipeline.stagedef import Stage, mem_mb
 from pipeline.stages.evaluate import check_text, kl_divergence, write_base_logits
+from pipeline.stages.imatrix import run_imatrix
 from pipeline.stages.mix.groups import Group, bands, group_tensors
 from pipeline.stages.mix.plan import (
     check_budgets,
@@ -45,16 +46,16 @@ from pipeline.stages.mix.plan import (
     map_text,
 )
 from pipeline.stages.mix.screen import (
-    EVAL_SHARE,
     SCREEN_VERSION,
     SEARCH_VERSION,
     column_importance,
     exhaustive_runs,
+    screened_cap,
     screened_search,
     weight_errors,
 )
 from pipeline.stages.quantize import explain_failure
-from pipeline.tools import Toolchain, find_toolchain, run_tool, tail
+from pipeline.tools import Toolchain, find_toolchain, run_tool
 
 VERSION = 1
 # llama-quantize's type argument for every measurement: patterns apply only under a quantized type
@@ -120,9 +121,9 @@ def sensitivity(recipe: Recipe, flavour: str, base_gguf: str | Path, ref_gguf: s
     if s.search == "exhaustive":
         floor, out_groups = _measure_all(measure, plan, s.floor, cands, flavour)
     else:
-        cap = max(1, n_total // EVAL_SHARE)
         errors = _screen_errors(measure, plan, s.floor, cands, base, base_sha, es, text_sha, flavour)
-        floor, out_groups, segs, probes = screened_search(measure, plan, s.floor, cands, flavour, errors, cap - 1)
+        floor, out_groups, segs, probes = screened_search(measure, plan, s.floor, cands, flavour, errors,
+                                                          screened_cap(n_total))
         data["segments"] = [sg.describe() for sg in segs]
         data["probes"] = probes
     data["search"] = s.search
@@ -153,12 +154,8 @@ def _screen_errors(measure: _Measurer, plan: _Plan, floor_type: str, cands: tupl
     if not im.is_file():
         print(f"[sensitivity {flavour}] screen: llama-imatrix on {es.text.name} ({es.chunks} x {es.ctx})", flush=True)
         with atomic_output(im) as tmp:
-            args = ["-m", base, "-f", es.text, "-o", tmp.resolve(), "--output-format", "gguf", "-c", es.ctx,
-                    "--chunks", es.chunks, "-b", es.ctx, "-t", max(1, measure.threads), "-ofreq", 1 << 30]
-            res = run_tool(measure.tc, "llama-imatrix", args, measure.logp, check=False)
-            if res.returncode != 0 or not tmp.is_file():
-                raise ToolError("llama-imatrix", res.returncode, measure.logp,
-                                f"{measure.where}: screen: llama-imatrix failed: {tail(res.output)}")
+            run_imatrix(measure.tc, base, es.text, tmp, es.ctx, es.chunks, measure.threads, measure.logp,
+                        f"{measure.where}: screen")
         measure.cost["imatrix_passes"] += 1
     importance = column_importance(im)
     out: dict[str, dict[str, float]] = {}
