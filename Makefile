@@ -67,10 +67,18 @@ locks: $(BIN)/.installed
 # The pinned llama.cpp tools into the cache (a no-op when that folder exists). pipeline/tools.py is standard
 # library only, so this runs with the system Python and needs no venv: `setup` builds both at once.
 # `make tools BACKEND=cuda CUDA_ARCHS=90`: the same tree with CUDA, opt-in, into its own folder (docs/gpu.md).
+# `make tools ARCH=aarch64 PROFILE=cortex-a76`: the device tools cross-built for an ARM core (docs/devices.md#arm); on
+# an aarch64 build box `make tools PROFILE=...` gives its own tools the profile's -march (GGUFPIPE_CPU_PROFILE).
 BACKEND    ?= cpu
 CUDA_ARCHS ?=
+ARCH       ?=
+PROFILE    ?=
+ifneq ($(PROFILE),)
+export GGUFPIPE_CPU_PROFILE := $(PROFILE)
+endif
+TOOLS_TARGET = $(if $(ARCH), --arch $(ARCH))$(if $(PROFILE), --profile $(PROFILE))
 tools-build:
-	$(PYTHON) -m pipeline.tools install$(if $(filter-out cpu,$(BACKEND)), --backend $(BACKEND))$(if $(CUDA_ARCHS), --cuda-archs '$(CUDA_ARCHS)')
+	$(PYTHON) -m pipeline.tools install$(if $(filter-out cpu,$(BACKEND)), --backend $(BACKEND))$(if $(CUDA_ARCHS), --cuda-archs '$(CUDA_ARCHS)')$(TOOLS_TARGET)
 
 # Then the gguf-py of that tree into the venv: the pipeline reads GGUFs with the same gguf-py that the pinned
 # tools come with (PyPI's gguf lacks newer types).
@@ -84,9 +92,14 @@ ifneq ($(BACKEND),cpu)
 tools: export GGUFPIPE_BACKEND := $(BACKEND)
 tools: export GGUFPIPE_CUDA_ARCHS := $(CUDA_ARCHS)
 endif
+ifneq ($(ARCH),)
+tools:  # a cross build: the device tools only, no venv
+	@$(MAKE) --no-print-directory tools-build
+else
 tools:
 	@$(MAKE) --no-print-directory -j2 venv tools-build
 	@$(MAKE) --no-print-directory $(BIN)/.gguf-py-$(LLAMA_BUILD)
+endif
 
 # Bytecode of the pipeline package, which the editable install leaves uncompiled: every stage is a fresh
 # interpreter, and under PYTHONDONTWRITEBYTECODE (set on some build boxes) each one compiled the modules

@@ -14,7 +14,10 @@ The memory is the one model of the project (pipeline/memory.py: :func:`component
 slot (``output_reserve(n_seq_max)``, src/llama-context.cpp:377); a separate draft adds its own
 :func:`components` in the same process (its process base counted once). The MTP heads of ``draft: {mtp: true}`` run
 on the main model's weights in a small context of their own that the model does not count (said in ``note``).
-GPU offload (``-ngl``/``-ngld``) waits for GPU profiles: ``gpu`` is null for every CPU profile.
+A Jetson profile (``arch: jetson-orin``, ``jetson-xavier``) offloads every layer (``-ngl``, and ``-ngld`` for a draft)
+with ``--no-mmap``: the pinned ggml-cuda treats the GPU as discrete (ggml/src/ggml-cuda/ggml-cuda.cu:308), so mapped
+pages would stay beside the copies in the same memory; ``gpu`` then says so, and that its memory is derived, not
+measured. ``gpu`` is null for every CPU profile.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.memory import FIT, ModelShape, components
+from pipeline.memory_profiles import JETSON_ARCHES
 
 CTX_MIN = 256  # the KV cache's cell padding (src/llama-context.cpp:290): a slot of fewer cells is no smaller
 MIB = 1 << 20
@@ -70,13 +74,28 @@ def kv_flags(kv_type: str, draft: bool) -> list[str]:
     return ["-ctk", kv_type, "-ctv", kv_type, *(["-ctkd", kv_type, "-ctvd", kv_type] if draft else [])]
 
 
+def gpu(arch: str) -> dict | None:
+    """A Jetson profile's GPU as a launch entry states it; None on a CPU profile."""
+    if arch not in JETSON_ARCHES:
+        return None
+    return {"cuda_arch": JETSON_ARCHES[arch], "layers": "all", "mmap": False,
+            "memory": "derived: ggml-cuda treats the GPU as discrete (copies beside mapped pages); not measured"}
+
+
+def gpu_flags(arch: str, draft: bool) -> list[str]:
+    """``-ngl 999`` (every layer; ``-ngld`` for a separate draft) and ``--no-mmap`` on a Jetson profile."""
+    if arch not in JETSON_ARCHES:
+        return []
+    return ["-ngl", "999", *(["-ngld", "999"] if draft else []), "--no-mmap"]
+
+
 def launch(device, candidates: list[tuple[str, Path]], drafts: dict[str, dict], shape=ModelShape.from_gguf) -> dict:
     """A device's launch entry. ``candidates``: (file name, path) of the published quants that fit the device at its
     context, largest first; ``drafts``: per main file name, the measured draft that helps (``file``, ``path`` (None:
     MTP heads inside the main file), ``spec``: the speculative arguments after ``-m``, ``label``, ``speedup``).
     Without a candidate, no line: ``why`` says so."""
     head = {"device": device.name, "parallel": device.parallel, "threads": device.threads, "kv_type": device.kv_type,
-            "gpu": None}
+            "gpu": gpu(device.arch)}
     if not candidates:
         return {**head, "line": None, "why": f"no published quant fits {device.memory} at ctx {device.ctx} "
                                               f"(KV {device.kv_type}, {device.arch}): see the fit table"}
@@ -99,7 +118,8 @@ def launch(device, candidates: list[tuple[str, Path]], drafts: dict[str, dict], 
         c, mem = got
         spec = d["spec"] if d else []
         line = ["llama-server", "-m", file, *spec, "-c", str(c), "-np", str(device.parallel), "-t",
-                str(device.threads), *kv_flags(device.kv_type, bool(d and d["path"] is not None))]
+                str(device.threads), *kv_flags(device.kv_type, bool(d and d["path"] is not None)),
+                *gpu_flags(device.arch, bool(d and d["path"] is not None))]
         margin = device.memory_bytes - mem["total"]
         cache_ram = min(max(margin // MIB, 0), CACHE_RAM_MAX_MIB)
         line += ["--cache-ram", str(cache_ram)]

@@ -18,7 +18,14 @@ ARCH_FEATURES: dict[str, frozenset[str]] = {
     "arm64": frozenset({"neon", "dotprod", "i8mm"}),  # ARMv8.6+ (Graviton 3/4, Apple M2+, recent phones)
     "arm64-dotprod": frozenset({"neon", "dotprod"}),  # ARMv8.2/8.4 without int8 matmul (Graviton 2, Pi 5)
     "generic": frozenset(),  # no repack (a build with GGML_CPU_REPACK=OFF)
+    # Jetson, every layer on the GPU: nothing stays on the CPU to repack (JETSON_ARCHES)
+    "jetson-orin": frozenset(),
+    "jetson-xavier": frozenset(),
 }
+# Jetson profiles -> their CUDA architecture (pipeline/tools_cross.py JETSON). The pinned ggml-cuda treats every GPU
+# as discrete (ggml/src/ggml-cuda/ggml-cuda.cu:308): weights are copied into CUDA buffers in the same DRAM while the
+# file's mapped pages stay, so a launch line passes --no-mmap and the fit of such a profile is derived, not measured.
+JETSON_ARCHES = {"jetson-orin": "87", "jetson-xavier": "72"}
 
 # KV cache types llama.cpp accepts for -ctk/-ctv (common/arg.cpp kv_cache_types)
 KV_TYPES = {"f32": "F32", "f16": "F16", "bf16": "BF16", "q8_0": "Q8_0", "q4_0": "Q4_0", "q4_1": "Q4_1",

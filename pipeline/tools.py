@@ -1,15 +1,13 @@
 """The one place that finds, installs and runs llama.cpp.
 
-Every llama.cpp call of the pipeline (the converter script and the compiled tools) goes through
-:func:`run_tool` / :func:`run_converter`, which locate the binaries, record the build they come
-from and capture their output in the stage's log file.
+Every llama.cpp call of the pipeline (the converter script and the compiled tools) goes through :func:`run_tool` /
+:func:`run_converter`, which locate the binaries, record the build they come from and capture their output in a log.
 
 Where the tools come from, in order:
 
-1. ``LLAMA_CPP_DIR`` (environment) or the ``llama_cpp_dir`` config key: a user's own llama.cpp
-   build (CUDA, Metal...). It may be a llama.cpp checkout with ``build/bin`` or a folder of
-   binaries with ``convert_hf_to_gguf.py`` and ``gguf-py`` beside them. Its build number is read
-   from ``llama-perplexity --version`` and must be at least :data:`MIN_BUILD`.
+1. ``LLAMA_CPP_DIR`` (environment) or the ``llama_cpp_dir`` config key: a user's own llama.cpp build (CUDA,
+   Metal...): a llama.cpp checkout with ``build/bin`` or a folder of binaries with ``convert_hf_to_gguf.py`` and
+   ``gguf-py`` beside them; its build number (``llama-perplexity --version``) must be at least :data:`MIN_BUILD`.
 2. The pinned build installed by :func:`pipeline.tools_install.install` into the cache folder
    (``$GGUFPIPE_CACHE`` or ``~/.cache/ggufpipe``), in a folder keyed by everything that shapes it
    (:func:`cache_key`: build, commit, sdist, targets, cmake flags, copied assets, the helpers' sources), so
@@ -44,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline import tools_backend as tb
+from pipeline import tools_cross
 from pipeline.envs import env_python
 from pipeline.errors import PipelineError, ToolError
 from pipeline.fsutil import kill_hook, kill_now, mid_write_limit, sha256_file
@@ -142,7 +141,7 @@ def cache_key(helpers: dict[str, str] | None = None, backend: str = "cpu", archs
     the CPU also the backend, its CUDA architectures and flags (pipeline/tools_backend.py: the CPU key is the same
     as before backends existed). Part of the cache folder's name."""
     spec = {"build": PINNED_BUILD, "commit": PINNED_COMMIT, "sdist_sha256": SDIST_SHA256, "tools": list(TOOLS),
-            "cmake_flags": list(CMAKE_FLAGS), "assets": list(ASSETS),
+            "cmake_flags": [*CMAKE_FLAGS, *tools_cross.host_flags()], "assets": list(ASSETS),
             "helpers": helper_sources() if helpers is None else helpers, "helper_cmake": HELPER_CMAKE}
     return hashlib.sha256(json.dumps(tb.key_spec(spec, backend, archs), sort_keys=True).encode()).hexdigest()[:12]
 
@@ -167,6 +166,7 @@ class Toolchain:
     origin: str  # "pinned" or "user"
     backend: str = "cpu"  # pipeline/tools_backend.py
     ngl: int = 0  # layers offloaded by the tools that compute (-ngl); 0 on the CPU
+    runner: tuple[str, ...] = ()  # a command before each tool: qemu for the emulated aarch64 tools (tools_cross.py)
 
     def tool(self, name: str) -> Path:
         """A llama.cpp tool (:data:`TOOLS`) or a helper (:data:`HELPERS`, see :meth:`helper`)."""
@@ -280,10 +280,10 @@ _VERSION_RES = (
 )
 
 
-def read_build_version(exe: Path) -> tuple[int, str]:
-    """Return (build number, commit) printed by ``<tool> --version``."""
+def read_build_version(exe: Path, runner: tuple[str, ...] = ()) -> tuple[int, str]:
+    """Return (build number, commit) printed by ``<tool> --version`` (run through ``runner``, if any)."""
     try:
-        out = subprocess.run([str(exe), "--version"], capture_output=True, text=True, timeout=60)
+        out = subprocess.run([*runner, str(exe), "--version"], capture_output=True, text=True, timeout=60)
     except OSError as exc:
         raise PipelineError(f"cannot run {exe}: {exc}; rebuild it or {INSTALL_HINT}") from exc
     text = out.stdout + out.stderr
@@ -356,7 +356,7 @@ def run_tool(tc: Toolchain, name: str, args: list[str], log: Path | None, check:
              cwd: str | Path | None = None) -> ToolResult:
     """Run a compiled llama.cpp tool; raise PipelineError with the log's tail if it fails."""
     argv = tb.tool_argv(name, [str(a) for a in args], tc.backend, tc.ngl)  # -ngl on a GPU backend; as given on the CPU
-    res = _run_logged([str(tc.tool(name)), *argv], log, tb.tool_env(name), name, str(cwd) if cwd else None)
+    res = _run_logged([*tc.runner, str(tc.tool(name)), *argv], log, tb.tool_env(name), name, str(cwd) if cwd else None)
     if check and res.returncode != 0:
         raise ToolError(name, res.returncode, log,
                         f"{name} failed (exit {res.returncode}): {tail(res.output)}" + (f" [log: {log}]" if log else ""))
@@ -416,7 +416,7 @@ def serve_tool(tc: Toolchain, args: list, log: Path | None, timeout: float = 120
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [str(tc.tool("llama-server")), *map(str, args), "--host", "127.0.0.1", "--port", str(port)]
+    cmd = [*tc.runner, str(tc.tool("llama-server")), *map(str, args), "--host", "127.0.0.1", "--port", str(port)]
     out = tempfile.TemporaryFile()
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=str(cwd) if cwd else None,
                             env=tb.tool_env("llama-server"))

@@ -6,6 +6,7 @@ pipeline/tools.py, so that it runs before anything else is installed."""
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -17,7 +18,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from pipeline import tools, tools_backend
+from pipeline import tools, tools_backend, tools_cross
 from pipeline.errors import PipelineError
 from pipeline.fsutil import sha256_file
 from pipeline.tools import (
@@ -40,11 +41,30 @@ from pipeline.tools import (
 )
 
 
-def cmake_commands(src: Path, build: Path, jobs: int, backend: str = "cpu", archs: str | None = None) -> list[list[str]]:
-    """The cmake configure and build command lines of an install: the CPU flags (:data:`CMAKE_FLAGS`) and, for another
-    backend, its own (pipeline/tools_backend.py: CUDA with explicit architectures)."""
-    return [["cmake", "-S", str(src), "-B", str(build), *CMAKE_FLAGS, *tools_backend.backend_flags(backend, archs)],
-            ["cmake", "--build", str(build), "--config", "Release", "-j", str(jobs), "--target", *TOOLS, *HELPERS]]
+def cmake_flags(backend: str = "cpu", archs: str | None = None, device=None) -> list[str]:
+    """The cmake flags of an install: :data:`CMAKE_FLAGS`; a device profile's cross flags (pipeline/tools_cross.py)
+    for a cross build, else the build box's own (an aarch64 box: its profile's ``-march``); another backend's."""
+    arm = tools_cross.cross_flags(device) if device else tools_cross.host_flags()
+    return [*CMAKE_FLAGS, *arm, *tools_backend.backend_flags(backend, archs)]
+
+
+def cmake_commands(src: Path, build: Path, jobs: int, backend: str = "cpu", archs: str | None = None,
+                   device=None) -> list[list[str]]:
+    """The cmake configure and build command lines of an install (:func:`cmake_flags`): every tool and helper, or a
+    cross build's :data:`~pipeline.tools_cross.DEVICE_TOOLS`."""
+    targets = tools_cross.DEVICE_TOOLS if device else (*TOOLS, *HELPERS)
+    return [["cmake", "-S", str(src), "-B", str(build), *cmake_flags(backend, archs, device)],
+            ["cmake", "--build", str(build), "--config", "Release", "-j", str(jobs), "--target", *targets]]
+
+
+def cross_dir(device) -> Path:
+    """The cache folder of a profile's cross-built tools, ``b<build>-<commit>-aarch64-<profile>-<key>``: the key covers
+    the source, the targets, the flags (the profile's ``-march`` among them) and the cross compiler's version."""
+    spec = {"build": PINNED_BUILD, "commit": tools.PINNED_COMMIT, "sdist_sha256": SDIST_SHA256, "arch": "aarch64",
+            "profile": device.name, "tools": list(tools_cross.DEVICE_TOOLS), "cmake_flags": cmake_flags(device=device),
+            "compiler": tools_cross.compiler_id()}
+    key = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
+    return cache_root() / "llama.cpp" / f"b{PINNED_BUILD}-{tools.PINNED_COMMIT}-aarch64-{device.name}-{key}"
 
 
 def _paths(final: Path) -> tuple[Path, Path, Path]:
@@ -53,26 +73,30 @@ def _paths(final: Path) -> tuple[Path, Path, Path]:
     return work, work / "src" / f"{SDIST_FILE.removesuffix('.tar.gz')}" / "vendor" / "llama.cpp", work / "build"
 
 
-def print_cmake(backend: str = "cpu", archs: str | None = None, jobs: int | None = None, out=print) -> None:
+def print_cmake(backend: str = "cpu", archs: str | None = None, jobs: int | None = None, out=print,
+                device=None) -> None:
     """``install --print-cmake``: the cmake command lines an install would run, one per line; builds nothing."""
     archs = tools_backend.normalize_archs(backend, archs)
-    _work, src, build = _paths(cache_root() / "llama.cpp" / tools.pinned_name(backend, archs))
-    for cmd in cmake_commands(src, build, jobs or os.cpu_count() or 2, backend, archs):
+    final = cross_dir(device) if device else cache_root() / "llama.cpp" / tools.pinned_name(backend, archs)
+    _work, src, build = _paths(final)
+    for cmd in cmake_commands(src, build, jobs or os.cpu_count() or 2, backend, archs, device):
         out(shlex.join(cmd))
 
 
-def install(jobs: int | None = None, force: bool = False, backend: str = "cpu", archs: str | None = None) -> Path:
-    """Build the pinned llama.cpp tools (for ``backend``, pipeline/tools_backend.py) into the cache; a no-op when
-    already installed."""
+def install(jobs: int | None = None, force: bool = False, backend: str = "cpu", archs: str | None = None,
+            device=None) -> Path:
+    """Build the pinned llama.cpp tools (for ``backend``, pipeline/tools_backend.py) into the cache, or with
+    ``device`` (a pipeline/tools_cross.py profile) cross-build the device tools for it; a no-op when already
+    installed."""
     archs = tools_backend.normalize_archs(backend, archs)  # cuda without architectures: refused here, in one line
-    final = tools.pinned_dir(backend, archs)  # through the module: the unit tier patches it there
+    final = cross_dir(device) if device else tools.pinned_dir(backend, archs)  # through the module: tests patch it
     if (final / "toolchain.json").is_file() and not force:
         print(f"[tools] llama.cpp b{PINNED_BUILD} already installed in {final}", flush=True)
         return final
     if shutil.which("cmake") is None:
         raise PipelineError("cmake is not installed: install it (e.g. `apt-get install cmake`) to build llama.cpp")
     root = cache_root()
-    with _lock(root / "llama.cpp" / ".install.lock"):
+    with _lock(root / "llama.cpp" / f".install-{final.name}.lock"):  # one build per folder at a time
         if (final / "toolchain.json").is_file() and not force:
             return final
         t0 = time.monotonic()
@@ -83,26 +107,31 @@ def install(jobs: int | None = None, force: bool = False, backend: str = "cpu", 
             shutil.rmtree(work / "src")
         shutil.rmtree(work / "out", ignore_errors=True)
         work.mkdir(parents=True, exist_ok=True)
-        ok = False
         try:
             print(f"[tools] unpacking {sdist.name}", flush=True)
             with tarfile.open(sdist) as tar:
                 members = [m for m in tar.getmembers() if "/vendor/llama.cpp/" in m.name]
                 tar.extractall(work / "src", members=members, filter="data")
             src = next((work / "src").glob("*/vendor/llama.cpp"))
-            helpers = _add_helpers(src)
-            if final.name != tools.pinned_name(backend, archs, helpers):  # as pinned_dir() named it
+            helpers = {} if device else _add_helpers(src)
+            if not device and final.name != tools.pinned_name(backend, archs, helpers):  # as pinned_dir() named it
                 raise PipelineError(f"a helper's source in {NATIVE_DIR} changed while installing: run the install again")
             jobs = jobs or os.cpu_count() or 2
-            configure, compile_ = cmake_commands(src, build, jobs, backend, archs)
-            print(f"[tools] configuring llama.cpp b{PINNED_BUILD} ({backend}) with cmake", flush=True)
+            configure, compile_ = cmake_commands(src, build, jobs, backend, archs, device)
+            what = f"aarch64, profile {device.name}, -march={device.march}" if device else backend
+            print(f"[tools] configuring llama.cpp b{PINNED_BUILD} ({what}) with cmake", flush=True)
             _check_call(configure, work / "cmake.log")
-            print(f"[tools] building {' '.join((*TOOLS, *HELPERS))} with {jobs} jobs (several minutes)", flush=True)
+            targets = compile_[compile_.index("--target") + 1:]
+            print(f"[tools] building {' '.join(targets)} with {jobs} jobs (several minutes)", flush=True)
             _check_call(compile_, work / "build.log", progress=True)
             stage = work / "out"
             (stage / "bin").mkdir(parents=True)
-            for name in (*TOOLS, *HELPERS):
+            for name in targets:
                 shutil.copy2(build / "bin" / name, stage / "bin" / name)
+            if device:
+                shutil.copy2(src / "LICENSE", stage / "LICENSE")
+                _write_cross_info(stage, final, device, configure, t0)
+                return _finish(stage, final, work, t0)
             for pattern, dest in ASSETS:
                 for path in sorted(src.glob(pattern)):
                     target = stage / dest / path.name
@@ -125,15 +154,37 @@ def install(jobs: int | None = None, force: bool = False, backend: str = "cpu", 
                 "cache_key": cache_key(helpers, backend, archs),
             }
             (stage / "toolchain.json").write_text(json.dumps(info, indent=2) + "\n")
-            if final.exists():
-                shutil.rmtree(final)
-            os.replace(stage, final)
-            ok = True
+            return _finish(stage, final, work, t0)
         finally:
-            if ok:
-                shutil.rmtree(work, ignore_errors=True)
-        print(f"[tools] installed llama.cpp b{PINNED_BUILD} in {final} ({time.monotonic() - t0:.0f}s)", flush=True)
+            if not (final / "toolchain.json").is_file():
+                print(f"[tools] install into {final} did not finish: the next run resumes in {work}", flush=True)
+
+
+def _finish(stage: Path, final: Path, work: Path, t0: float) -> Path:
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(stage, final)
+    shutil.rmtree(work, ignore_errors=True)
+    print(f"[tools] installed llama.cpp b{PINNED_BUILD} in {final} ({time.monotonic() - t0:.0f}s)", flush=True)
     return final
+
+
+def _write_cross_info(stage: Path, final: Path, device, configure: list[str], t0: float) -> None:
+    """toolchain.json of a cross build, once its binaries prove the profile: the version they print under qemu
+    (``max``: only ``--version`` runs) and the dot-product instructions in each (none: the flags did not take)."""
+    build_no, commit = tools.read_build_version(stage / "bin" / "llama-perplexity", tools_cross.qemu_prefix(None))
+    if build_no != PINNED_BUILD:
+        raise PipelineError(f"built llama.cpp reports b{build_no}, expected b{PINNED_BUILD}")
+    sdot = {name: tools_cross.count_sdot(stage / "bin" / name) for name in tools_cross.DEVICE_TOOLS}
+    if "DOTPROD" in device.features and not all(sdot.values()):
+        raise PipelineError(f"profile {device.name}: no sdot/udot in {', '.join(n for n, c in sdot.items() if not c)} "
+                            f"although -march={device.march} has dotprod: the flags did not reach ggml-cpu")
+    info = {"build_number": build_no, "commit": commit, "sdist": f"{SDIST_NAME}=={SDIST_VERSION}",
+            "sdist_sha256": SDIST_SHA256, "arch": "aarch64", "profile": device.name, "march": device.march,
+            "compiler": tools_cross.compiler_id(), "cmake_flags": configure[5:], "tools": list(tools_cross.DEVICE_TOOLS),
+            "dot_instructions": sdot, "build_seconds": round(time.monotonic() - t0, 1),
+            "cache_key": final.name.rsplit("-", 1)[1]}
+    (stage / "toolchain.json").write_text(json.dumps(info, indent=2) + "\n")
 
 
 def gguf_py_source() -> Path:
@@ -184,8 +235,36 @@ def _check_call(cmd: list[str], log: Path, progress: bool = False) -> None:
             if progress and re.match(r"^\[\s*\d+%\]", line) and ("Linking" in line or "Built target" in line):
                 print(f"[tools] {line.strip()}", flush=True)
         rc = proc.wait()
-    if rc != 0:
-        raise PipelineError(f"`{' '.join(cmd[:3])} ...` failed (exit {rc}): {tail(log.read_text(), 5)}")
+    if rc != 0:  # the whole command line first (a flag the compiler rejects is in it), then the one-line error
+        print(f"[tools] {shlex.join(cmd)}", file=sys.stderr, flush=True)
+        raise PipelineError(f"`{' '.join(cmd[:3])} ...` failed (exit {rc}): {tail(log.read_text(), 5)} [log: {log}]")
+
+
+def _target(args) -> tuple[str, str | None, object]:
+    """(backend, CUDA architectures, device profile of a cross build or None) of ``install``'s arguments. On an
+    aarch64 box the profile shapes the native build (through :data:`~pipeline.tools_cross.PROFILE_ENV`); a Jetson
+    profile also selects CUDA at its architecture; on x86 ``--arch aarch64`` cross-builds the device tools."""
+    if not args.arch and not args.profile and not tools_cross.host_is_arm():
+        return args.backend, args.cuda_archs, None
+    if args.arch is None and not tools_cross.host_is_arm():
+        raise PipelineError(f"PROFILE={args.profile}: a device profile is for an aarch64 build: add ARCH=aarch64")
+    device = tools_cross.profile(args.profile, args.arch or "aarch64")  # no profile: refused, saying why
+    if device.baseline:
+        print(f"[tools] PROFILE={device.name}, asked for by name: {tools_cross.BASELINE_WHY}", flush=True)
+    jetson = tools_cross.JETSON.get(args.profile or "")
+    if tools_cross.host_is_arm():
+        os.environ[tools_cross.PROFILE_ENV] = device.name
+        if jetson:
+            return "cuda", args.cuda_archs or jetson.cuda_arch, None
+        return args.backend, args.cuda_archs, None
+    if jetson:
+        raise PipelineError(f"PROFILE={jetson.name}: a Jetson's tools build on the Jetson, with JetPack {jetson.jetpack}'s "
+                            f"CUDA {jetson.cuda} (sm_{jetson.cuda_arch}): there, `make tools PROFILE={jetson.name}` "
+                            "(docs/devices.md#jetson); from here `make tools ARCH=aarch64 "
+                            f"PROFILE={jetson.cpu}` cross-builds its CPU tools")
+    if args.backend != "cpu":
+        raise PipelineError("a cross build is CPU only: a Jetson's CUDA tools build on the Jetson (docs/devices.md)")
+    return "cpu", None, device
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -197,6 +276,9 @@ def main(argv: list[str] | None = None) -> int:
     p_inst.add_argument("--backend", choices=tools_backend.BACKENDS, default="cpu",
                         help="cpu (default) or cuda: opt-in, with --cuda-archs (docs/gpu.md)")
     p_inst.add_argument("--cuda-archs", metavar="LIST", help="CMAKE_CUDA_ARCHITECTURES for --backend cuda, e.g. 90")
+    p_inst.add_argument("--arch", choices=tools_cross.ARCHES,
+                        help="cross-build the device tools for aarch64 with --profile (docs/devices.md#arm)")
+    p_inst.add_argument("--profile", help=f"the device CPU profile of an aarch64 build: {tools_cross.names()}")
     p_inst.add_argument("--print-cmake", action="store_true",
                         help="print the cmake configure and build command lines and exit without building")
     sub.add_parser("where", help="print the folder of the tools in use")
@@ -205,10 +287,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="the pinned tree's, unpacked from the sdist if need be: needs no compiled tools")
     args = ap.parse_args(argv)
     try:
-        if args.cmd == "install" and args.print_cmake:
-            print_cmake(args.backend, args.cuda_archs, args.jobs)
-        elif args.cmd == "install":
-            install(args.jobs, args.force, args.backend, args.cuda_archs)
+        if args.cmd == "install":
+            backend, archs, device = _target(args)
+            if args.print_cmake:
+                print_cmake(backend, archs, args.jobs, device=device)
+            else:
+                install(args.jobs, args.force, backend, archs, device)
         elif args.cmd == "where":
             print(tools.find_toolchain().bin_dir)
         elif args.cmd == "gguf-py":  # LLAMA_CPP_DIR: the user's own tree's, compiled or not

@@ -11,7 +11,7 @@ from pipeline.errors import PipelineError
 def cmd_device_check(args) -> None:
     result = device_check(args.file, manifest=args.manifest, threads=args.threads, bench=not args.no_bench,
                           label=args.device, out=args.out, llama_cpp_dir=args.llama_cpp_dir, draft=args.draft,
-                          mtp=args.mtp)
+                          mtp=args.mtp, emulate=args.emulate, power_mode=args.power_mode, profile=args.profile)
     line = summary(result)
     if not result["passed"]:
         raise PipelineError(line + (f" (result written to {args.out})" if args.out else ""))
@@ -39,6 +39,13 @@ def register(sub) -> None:
     p.add_argument("--draft", help="a published draft of FILE (its manifest beside it): also measure the speed-up it "
                                    "gives with this device's llama-server, with and without it")
     p.add_argument("--mtp", action="store_true", help="the same for the MTP heads inside FILE (draft: {mtp: true})")
+    p.add_argument("--power-mode", help="the device's power mode, kept beside its result (a Jetson: `nvpmodel -q`, "
+                                        "e.g. MAXN or 15W)")
+    p.add_argument("--profile", help="the device CPU profile the tools were built for (`make tools ARCH=aarch64 "
+                                     "PROFILE=...`): their system_info must show its features")
+    p.add_argument("--emulate", metavar="PROFILE",
+                   help="on this build box: the profile's cross-built aarch64 tools under qemu as its core "
+                        "(`make tools ARCH=aarch64 PROFILE=...`; docs/devices.md#arm); no speeds")
     p.add_argument("--llama-cpp-dir", help="the llama.cpp build to use (default: $LLAMA_CPP_DIR, then PATH)")
     p.set_defaults(func=cmd_device_check)
     c = sub.add_parser("collect", help="add `device-check --out` results to artifacts/<name>/devices.json (an input "

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pipeline.errors import PipelineError
 from pipeline.launch import draft_memory
 from pipeline.memory import ModelShape, components, experts
-from pipeline.memory_profiles import ARCH_FEATURES, KV_TYPES, parse_size
+from pipeline.memory_profiles import ARCH_FEATURES, JETSON_ARCHES, KV_TYPES, parse_size
 
 
 def _mib(n: float) -> str:
@@ -41,6 +41,11 @@ def cmd_fit(args) -> None:
     what = (f"llama-server -c {args.ctx} -np {args.parallel}" + (" with the draft" if args.draft else "")
             if args.draft or args.parallel > 1 else f"llama-bench -p {args.ctx}")
     print(f"  {'total':9} {_mib(p['total'])}   (peak RSS of {what}; docs/devices.md)")
+    if args.arch in JETSON_ARCHES:  # what no Jetson has measured yet: the breakdown above is read from the source
+        print(f"  DERIVED for {args.arch} (sm_{JETSON_ARCHES[args.arch]}), not measured: every layer on the GPU "
+              "(-ngl), which the pinned ggml-cuda treats as discrete (ggml-cuda.cu:308), so the weights are CUDA "
+              f"buffers in the same memory; with --no-mmap, as the launch line runs. With mmap the mapped pages "
+              f"stay as well: +{_mib(p['weights']).strip()}. The CUDA context is not counted (docs/devices.md#jetson)")
     moe = experts(shape)
     if moe:  # every expert is mapped (and counted above); each token reads only the routed ones
         print(f"  experts   {moe['n_expert_used']} of {moe['n_expert']} per token: {moe['params_total'] / 1e6:.1f} M "
@@ -61,7 +66,8 @@ def register(sub) -> None:
     p.add_argument("--ctx", type=int, default=4096, help="context size (default 4096)")
     p.add_argument("--kv-type", default="f16", choices=sorted(KV_TYPES), help="KV cache type (default f16)")
     p.add_argument("--arch", default="x86_64", choices=sorted(ARCH_FEATURES),
-                   help="CPU profile: which tensor types ggml-cpu repacks (default x86_64, the pinned build)")
+                   help="CPU profile: which tensor types ggml-cpu repacks (default x86_64, the pinned build); "
+                        "jetson-orin/jetson-xavier: every layer on the GPU, derived")
     p.add_argument("--threads", type=int, default=2, help="threads (default 2)")
     p.add_argument("--parallel", type=int, default=1,
                    help="server slots (llama-server -np, sharing --ctx): one row of logits each (default 1)")

@@ -25,9 +25,10 @@ import time
 from pathlib import Path
 
 from pipeline import tools_backend as tb
+from pipeline import tools_cross
 from pipeline.devices.check_draft import draft_speedup, prepare
 from pipeline.distribution.verify import check_slice_file, find_entry, locate, verify_located
-from pipeline.errors import PipelineError
+from pipeline.errors import PipelineError, ToolError
 from pipeline.fsutil import write_json_atomic
 from pipeline.stages.bench import measure as llama_bench
 from pipeline.stages.evaluate import (
@@ -39,6 +40,7 @@ from pipeline.stages.evaluate import (
 )
 from pipeline.stages.publish_devices import same_top_p_limit
 from pipeline.tools import Toolchain, bin_dir_of, find_toolchain, read_build_version
+from pipeline.tools_install import cross_dir
 
 RESULT_KIND = "ggufpipe-device-check"
 RESULT_VERSION = 1
@@ -84,6 +86,33 @@ def find_device_tools(llama_cpp_dir: str | None = None):
                      commit=commit, origin="device", backend=backend, ngl=tb.selected_ngl(backend))
 
 
+def emulated_tools(name: str) -> tuple[Toolchain, tools_cross.CpuProfile]:
+    """The cross-built tools of profile ``name`` (``make tools ARCH=aarch64 PROFILE=name``) run under qemu as the
+    profile's core (pipeline/tools_cross.py), and the profile."""
+    prof = tools_cross.profile(name)
+    runner = tools_cross.qemu_prefix(prof)  # a profile with no emulated core: refused here, saying why
+    root = cross_dir(prof)
+    if not (root / "toolchain.json").is_file():
+        raise PipelineError(f"--emulate {name}: the aarch64 tools of profile {prof.name} are not built: run "
+                            f"`make tools ARCH=aarch64 PROFILE={prof.name}`")
+    build, commit = read_build_version(root / "bin" / "llama-perplexity", runner)
+    return Toolchain(root=root, bin_dir=root / "bin", convert_script=root, gguf_py=root, build_number=build,
+                     commit=commit, origin="emulated", runner=runner), prof
+
+
+_BUFFER_RE = re.compile(r"^[\w.]+:\s+(\S+)\s+(model|KV|compute|output|RS) buffer size =\s*([\d.]+) MiB", re.M)
+
+
+def buffers(output: str) -> dict:
+    """The buffers llama.cpp printed (src/llama-model.cpp:1930, src/llama-kv-cache.cpp:291,
+    src/llama-context.cpp:381 and 740), in
+    MiB by ``"<buffer type> <kind>"``: ``CPU_REPACK model`` is the repack the memory model predicts."""
+    out: dict[str, float] = {}
+    for name, kind, mib in _BUFFER_RE.findall(output):
+        out[f"{name} {kind}"] = round(out.get(f"{name} {kind}", 0.0) + float(mib), 2)
+    return out
+
+
 def judge(expected: dict, measured: dict, tolerance: dict, scored_tokens: int) -> dict:
     """The verdict on the slice: each metric's delta (device - build box) and limit, and ``passed``."""
     kld_limit = max(tolerance["kld_mean_abs"], tolerance["kld_mean_rel"] * expected["kld_mean"])
@@ -107,8 +136,15 @@ def device_label(label: str | None) -> str:
     return host if LABEL_RE.match(host) else "device"
 
 
-def device_facts(label: str | None) -> dict:
-    """What the result says of this device: a label (:func:`device_label`), machine, system, CPU, memory."""
+POWER_MODE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_. -]{0,31}$")
+
+
+def device_facts(label: str | None, power_mode: str | None = None) -> dict:
+    """What the result says of this device: a label (:func:`device_label`), machine, system, CPU, memory and, where
+    given, its power mode (a Jetson's ``nvpmodel -q``: every speed depends on it)."""
+    if power_mode is not None and not POWER_MODE_RE.match(power_mode):
+        raise PipelineError(f"--power-mode {power_mode!r}: a plain name such as MAXN or 15W (letters, digits, "
+                            "'_', '.', '-', space; at most 32)")
     cpu = platform.processor() or ""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -122,29 +158,45 @@ def device_facts(label: str | None) -> dict:
     except (ValueError, OSError, AttributeError):
         mem = None
     return {"label": device_label(label), "machine": platform.machine(), "system": platform.system(),
-            "cpu": cpu, "memory_bytes": mem, "cpu_count": os.cpu_count()}
+            "cpu": cpu, "memory_bytes": mem, "cpu_count": os.cpu_count(),
+            **({"power_mode": power_mode} if power_mode else {})}
 
 
-def measure(tc, model: Path, slice_path: Path, dc: dict, threads: int) -> dict:
-    """llama-perplexity --kl-divergence of ``model`` on the slice: its statistics."""
+def measure(tc, model: Path, slice_path: Path, dc: dict, threads: int, prof=None) -> dict:
+    """llama-perplexity --kl-divergence of ``model`` on the slice: its statistics, seconds and buffers; with a CPU
+    profile ``prof`` (an emulated run) also the features its system_info printed, each checked against the profile."""
     what = f"device-check of {model.name}"
     args = ["-m", model, "-c", str(dc["ctx"]), "--chunks", str(dc["chunks"]), "-b", str(dc["ctx"]), "-t", str(threads),
             "--kl-divergence-base", slice_path, "--kl-divergence"]
-    res = run_perplexity(tc, args, None, has_kld_statistics, what)
+    try:
+        res = run_perplexity(tc, args, None, has_kld_statistics, what)
+    except ToolError as exc:
+        if prof is not None:  # SIGILL: one line naming the profile
+            tools_cross.check_features(prof, str(exc), exc.returncode, what)
+        raise
+    features = tools_cross.check_features(prof, res.output, res.returncode, what) if prof else None
     _fail_on_tool_errors(res, what)
     m = _CHUNKS_RE.search(res.output)
     if not m or (int(m.group(1)), int(m.group(2))) != (dc["chunks"], dc["ctx"]):
         raise PipelineError(f"{what}: llama-perplexity did not evaluate {dc['chunks']} chunk(s) at ctx {dc['ctx']}")
-    return {**parse_kld_statistics(res.output), "seconds": round(res.seconds, 2)}
+    return {**parse_kld_statistics(res.output), "seconds": round(res.seconds, 2), "buffers": buffers(res.output),
+            **({"features": features} if features else {})}
 
 
 def device_check(path: str | Path, manifest: str | Path | None = None, threads: int | None = None, bench: bool = True,
                  label: str | None = None, out: str | Path | None = None, llama_cpp_dir: str | None = None,
-                 draft: str | Path | None = None, mtp: bool = False) -> dict:
+                 draft: str | Path | None = None, mtp: bool = False, emulate: str | None = None,
+                 power_mode: str | None = None, profile: str | None = None) -> dict:
     """Entry function: verify ``path`` and its slice, re-measure it where llama.cpp is, judge; with ``draft`` (or
     ``mtp``: the heads inside the file) also measure the draft's speed-up (pipeline/devices/check_draft.py); write
-    ``out``."""
-    facts = device_facts(label)  # a label that is not plain fails before any work
+    ``out``. ``emulate``: a device CPU profile whose cross-built tools run under qemu here (no speeds: emulated);
+    ``profile``: on a device, the profile its tools must have been built for (their system_info is checked)."""
+    facts = device_facts(label, power_mode)  # a label that is not plain fails before any work
+    if emulate and (draft is not None or mtp):
+        raise PipelineError("--emulate with --draft/--mtp: a speed-up under emulation means nothing")
+    if emulate and profile:
+        raise PipelineError("--emulate and --profile: --emulate names the profile")
+    tc, prof = emulated_tools(emulate) if emulate else (None, tools_cross.profile(profile) if profile else None)
     path, mpath, data = locate(path, manifest)  # a shard stands for its split file, as in `ggufpipe verify`
     verified = verify_located(path, data)
     entry = find_entry(data, path.name)
@@ -158,7 +210,7 @@ def device_check(path: str | Path, manifest: str | Path | None = None, threads: 
               "file": entry["file"], "sha256": entry["sha256"], "quant_type": entry["quant_type"],
               "device": facts, "verified": verified,
               "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    tc = find_device_tools(llama_cpp_dir)
+    tc = tc or find_device_tools(llama_cpp_dir)
     if tc is None and spec is not None:
         raise PipelineError("--draft/--mtp measure with llama-server: this device has no llama.cpp tools (set "
                             "LLAMA_CPP_DIR to a build with llama-server)")
@@ -167,14 +219,19 @@ def device_check(path: str | Path, manifest: str | Path | None = None, threads: 
                       note="no llama.cpp tools (LLAMA_CPP_DIR, PATH): verified only, numerics not checked")
     else:
         threads = threads or min(4, os.cpu_count() or 1)
-        measured = measure(tc, model, slice_path, dc, threads)
+        measured = measure(tc, model, slice_path, dc, threads, prof)
         expected = entry["slice"]
         verdict = judge(expected, measured, dc["tolerance"], dc["scored_tokens"])
         result.update(checked=True, passed=verdict["passed"], threads=threads,
-                      tools=tc.describe(),
+                      tools=tc.describe(), buffers_mib=measured["buffers"],
                       slice={"expected": expected, "measured": {k: measured[k] for k in expected},
-                             "seconds": measured["seconds"], **verdict})
-        result["bench"] = llama_bench(tc, model, threads, **BENCH) if bench else None
+                             "seconds": None if emulate else measured["seconds"], **verdict})
+        result["bench"] = llama_bench(tc, model, threads, **BENCH) if bench and not emulate else None
+        if emulate:
+            result["emulated"] = {"profile": prof.name, "march": prof.march, "qemu_cpu": prof.qemu_cpu,
+                                  "features": measured["features"], "note": "qemu-user: no speeds recorded"}
+        elif prof:
+            result["profile"] = {"name": prof.name, "features": measured["features"]}
         if spec is not None:
             result["speedup"] = draft_speedup(tc, model, spec, slice_path, threads, facts["label"])
     if out:

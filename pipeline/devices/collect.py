@@ -18,7 +18,7 @@ import math
 import re
 from pathlib import Path
 
-from pipeline.devices.check import LABEL_RE, RESULT_KIND, RESULT_VERSION, judge
+from pipeline.devices.check import LABEL_RE, POWER_MODE_RE, RESULT_KIND, RESULT_VERSION, judge
 from pipeline.errors import PipelineError
 from pipeline.fsutil import write_text_atomic
 from pipeline.layout import plain_name
@@ -40,6 +40,9 @@ def check_result(path: Path, r: dict, manifest: dict) -> None:
     if r.get("kind") != RESULT_KIND or r.get("version") != RESULT_VERSION:
         raise PipelineError(f"{path}: kind {r.get('kind')!r} version {r.get('version')!r}: not a `ggufpipe device-check "
                             f"--out` result (version {RESULT_VERSION})")
+    if r.get("emulated"):
+        raise PipelineError(f"{path}: emulated ({r['emulated'].get('profile')} under qemu): evidence for the tolerance "
+                            "(bench/arm_emulated.py), not a device's result")
     for key in ("name", "build_id", "file", "sha256", "device", "passed", "checked"):
         if key not in r:
             raise PipelineError(f"{path}: field {key} missing")
@@ -81,6 +84,9 @@ def _check_shown_fields(path: Path, r: dict) -> None:
     if not isinstance(d.get("machine"), str) or not _MACHINE_RE.match(d["machine"]):
         raise PipelineError(f"{path}: field device.machine: {d.get('machine')!r} is not a machine name "
                             "(A-Z a-z 0-9 . _ -, at most 32)")
+    if "power_mode" in d and not (isinstance(d["power_mode"], str) and POWER_MODE_RE.match(d["power_mode"])):
+        raise PipelineError(f"{path}: field device.power_mode: {d['power_mode']!r} is not a plain power mode name "
+                            "(such as MAXN or 15W)")
     for key in ("checked", "passed"):
         if not isinstance(r[key], bool):
             raise PipelineError(f"{path}: field {key}: must be true or false, got {r[key]!r}")

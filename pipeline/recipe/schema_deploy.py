@@ -77,9 +77,11 @@ DEVICE = Section("devices[]", "`devices[]`: each target device", (
     Field("ctx", "int >= 16", 4096, "The context size the device runs the model at.", 8192),
     Field("kv_type", "`f32` | `f16` | `bf16` | `q8_0` | `q4_0` | `q4_1` | `iq4_nl` | `q5_0` | `q5_1`", "f16",
           "KV cache type (llama.cpp `-ctk`/`-ctv`), case-insensitive.", "q8_0"),
-    Field("arch", "`x86_64` | `x86_64-avx512` | `arm64` | `arm64-dotprod` | `generic`", "x86_64",
+    Field("arch", "`x86_64` | `x86_64-avx512` | `arm64` | `arm64-dotprod` | `generic` | `jetson-orin` | "
+                  "`jetson-xavier`", "x86_64",
           "CPU profile: which tensor types ggml-cpu repacks into a second buffer (docs/devices.md#repack-profiles-arch). "
-          "For an `arm64` profile the publish stage warns when no published quant has a tensor repacked there.",
+          "For an `arm64` profile the publish stage warns when no published quant has a tensor repacked there. A "
+          "Jetson profile offloads every layer (`-ngl`, `--no-mmap`; derived memory: docs/devices.md#jetson).",
           "arm64"),
     Field("require", "bool", False,
           "A published quant must fit this device: none fitting fails the build (naming the device and the smallest "

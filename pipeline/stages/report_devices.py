@@ -82,12 +82,12 @@ def device_check_text(manifest: dict, measured: list[dict] | None = None, short:
             "|---|---|---|---|---|---|---|---|"]
         for r in measured:
             if not r.get("checked"):  # a device without llama.cpp tools: the file verified, nothing re-measured
-                lines.append(f"| {r['device']['label']} ({r['device']['machine']}) | `{r['file']}` | – | – | – | – | – | "
+                lines.append(f"| {_who(r['device'])} | `{r['file']}` | – | – | – | – | – | "
                              "verified only |")
                 continue
             m, d = r["slice"]["measured"], r["slice"]["delta"]
             tg = r.get("bench") or {}
-            lines.append(f"| {r['device']['label']} ({r['device']['machine']}) | `{r['file']}` | "
+            lines.append(f"| {_who(r['device'])} | `{r['file']}` | "
                          f"b{r['tools']['llama_cpp_build']} | {m['kld_mean']:.5f} ({d['kld_mean']:+.5f}) | "
                          f"{100 * m['same_top_p']:.2f} % ({d['same_top_p_points']:+.2f}) | "
                          f"{tg.get('tg_tokens_per_s', float('nan')):.1f} | {_speedup_cell(r.get('speedup'))} | "
@@ -95,6 +95,11 @@ def device_check_text(manifest: dict, measured: list[dict] | None = None, short:
     elif not short:
         lines += ["", "No device has reported yet (`ggufpipe device-check FILE --out R.json`, then `ggufpipe collect R.json`)."]
     return "\n".join(lines)
+
+
+def _who(d: dict) -> str:
+    """A device's cell: its label, machine and, where the result recorded one, its power mode (a Jetson's)."""
+    return f"{d['label']} ({d['machine']}{', ' + d['power_mode'] if d.get('power_mode') else ''})"
 
 
 def _speedup_cell(sp: dict | None) -> str:

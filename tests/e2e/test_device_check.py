@@ -136,3 +136,43 @@ def test_collect_feeds_publish_and_leaves_the_manifest(demo_build, demo_recipe, 
     assert "## On-device check" in report and "| pi5-8g (" in report and f"`{NAME}-Q8_0.gguf` | b11312 |" in report
     assert "## Checked on devices" in (arts / NAME / "README.md").read_text()
     assert f"{sp['speedup']:.2f}x ({sp['interval'][0]:.2f}-{sp['interval'][1]:.2f}) with `{draft.name}`" in report
+
+
+@pytest.fixture(scope="session")
+def a76_tools():
+    """The Cortex-A76 profile's cross-built tools (issue #34), from the cache like the x86 ones (built on a miss)."""
+    from pipeline import tools_cross
+    from pipeline.tools_install import install
+
+    if shutil.which("aarch64-linux-gnu-g++") is None or shutil.which(tools_cross.QEMU) is None:
+        pytest.skip(f"no aarch64 cross compiler or qemu-user: apt-get install {tools_cross.DEBIAN_PACKAGES} (.ci/run "
+                    "does, as root)")
+    return install(device=tools_cross.PROFILES["cortex-a76"])
+
+
+def test_emulated_check_on_a_cortex_a76(tiny_build, a76_tools, tmp_path):
+    """The one emulated check of the suite: a tiny Q4_0 through the A76's tools under qemu -cpu cortex-a76. Its kernels
+    are the ARM ones (dotprod, repack), its numbers within the tolerance of the x86 build box's, its repack buffer the
+    memory model's; no speeds, and collect refuses it."""
+    from pipeline.memory import ModelShape, components
+
+    info = json.loads((a76_tools / "toolchain.json").read_text())
+    assert info["profile"] == "cortex-a76" and all(n > 100 for n in info["dot_instructions"].values()), info
+    folder = tiny_build / "artifacts" / TINY_NAME
+    m = _manifest(folder)
+    file = next(e["file"] for e in m["artifacts"] if e["quant_type"] == "Q4_0")
+    out = tmp_path / "a76.json"
+    res = _device_check(folder / file, "--emulate", "cortex-a76", "--threads", "2", "--out", out)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.startswith(f"PASS  {file} on ")
+    r = json.loads(out.read_text())
+    assert r["emulated"]["qemu_cpu"] == "cortex-a76" and r["tools"]["origin"] == "emulated"
+    assert r["emulated"]["features"]["DOTPROD"] == "1" and r["emulated"]["features"]["REPACK"] == "1"
+    assert r["bench"] is None and r["slice"]["seconds"] is None
+    s = r["slice"]
+    assert abs(s["delta"]["kld_mean"]) <= s["limit"]["kld_mean"] / 2, s  # well inside, not just inside
+    predicted = components(ModelShape.from_gguf(folder / file), m["device_check"]["ctx"], arch="arm64-dotprod")
+    assert r["buffers_mib"]["CPU_REPACK model"] == pytest.approx(predicted["repack"] / (1 << 20), abs=0.01)
+    res = subprocess.run([sys.executable, "-m", "pipeline.cli", "collect", out, "--artifacts", tiny_build / "artifacts"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert res.returncode == 1 and "emulated (cortex-a76 under qemu)" in res.stderr

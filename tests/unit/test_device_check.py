@@ -246,6 +246,11 @@ def test_collect_adds_replaces_and_is_read_back_by_publish(tmp_path):
     collect([_result(folder, entry, label="phone", checked=False, slice=None, bench=None, tools=None)], root)
     text = device_check_text({**manifest, "artifacts": [entry]}, device_results(layout, "m", manifest), short=True)
     assert "| phone (aarch64) | `m-Q8_0.gguf` | – | – | – | – | – | verified only |" in text
+    # a Jetson's power mode is kept beside its result and shown with it
+    jetson = {"label": "orin-nano", "machine": "aarch64", "power_mode": "15W"}
+    collect([_result(folder, entry, label="orin-nano", device=jetson)], root)
+    text = device_check_text({**manifest, "artifacts": [entry]}, device_results(layout, "m", manifest))
+    assert "| orin-nano (aarch64, 15W) | `m-Q8_0.gguf` | b11312 |" in text
 
 
 @pytest.mark.parametrize("over,what", [
@@ -292,6 +297,7 @@ def test_collect_judges_every_verdict_again(tmp_path):
      "field device.label: 'evil|pipe <img src=x onerror=alert(1)>\\n## injected' is not a plain label"),
     ({"device": {"label": "Pi5", "machine": "aarch64"}}, "field device.label: 'Pi5' is not a plain label"),
     ({"device": {"label": "pi5", "machine": "arm|64"}}, "field device.machine: 'arm|64' is not a machine name"),
+    ({"device": {"label": "pi5", "machine": "aarch64", "power_mode": "MAXN | <b>"}}, "field device.power_mode"),
     ({"passed": "yes"}, "field passed: must be true or false, got 'yes'"),
     ({"tools": {"llama_cpp_build": "11312 | <b>"}}, "field tools.llama_cpp_build: must be a build number"),
     ({"bench": {"tg_tokens_per_s": "fast"}}, "field bench.tg_tokens_per_s: must be a finite number, got 'fast'"),

@@ -130,3 +130,15 @@ def test_the_demo_declares_edge_devices():
     assert [(d.name, d.arch, d.parallel) for d in r.devices] == [
         ("pi5-8g", "arm64-dotprod", 1), ("phone-4g", "arm64", 1), ("laptop-16g", "x86_64", 2)]
     assert [d.memory_bytes for d in r.devices] == [6 << 30, 2 << 30, 12 << 30]
+
+
+def test_a_jetson_line_offloads_every_layer_without_mmap(files):
+    main, draft = files
+    e = launch(_device(64 << 30, arch="jetson-orin"), [("main.gguf", main)], {"main.gguf": _draft(draft)})
+    assert " -ngl 999 -ngld 999 --no-mmap --cache-ram " in e["line"]
+    assert e["gpu"]["cuda_arch"] == "87" and e["gpu"]["mmap"] is False and "derived" in e["gpu"]["memory"]
+    cpu = launch(_device(64 << 30, arch="arm64-dotprod"), [("main.gguf", main)], {})
+    assert cpu["gpu"] is None and "-ngl" not in cpu["line"] and "--no-mmap" not in cpu["line"]
+    # the MTP heads live in the main file: no -ngld
+    mtp = launch(_device(64 << 30, arch="jetson-xavier"), [("main.gguf", main)], {"main.gguf": _draft(None)})
+    assert " -ngl 999 --no-mmap " in mtp["line"] and "-ngld" not in mtp["line"] and mtp["gpu"]["cuda_arch"] == "72"

@@ -246,6 +246,16 @@ def test_fit_command_options(tmp_path, capsys):
         main(["fit", str(f), "--mem", "8G", "--arch", "sparc"])
 
 
+def test_fit_on_a_jetson_is_marked_derived(tmp_path, capsys):
+    f = llama_like(tmp_path, wtype="Q4_0", embd_type="Q8_0")
+    assert main(["fit", str(f), "--mem", "8G", "--arch", "jetson-orin", "--ctx", "1024"]) == 0
+    out = capsys.readouterr().out
+    assert "DERIVED for jetson-orin (sm_87), not measured" in out and "--no-mmap" in out
+    # nothing stays on the CPU to repack, which the same file on the Orin's CPU alone would
+    assert predict_memory(f, 1024, arch="jetson-orin")["repack"] == 0 < predict_memory(f, 1024, arch="arm64-dotprod")[
+        "repack"]
+
+
 def test_moe_total_and_active_parameters(tmp_path, capsys):
     """pipeline.memory.experts (issue #31): every expert is mapped, each token reads n_expert_used of n_expert."""
     from pipeline.memory import ModelShape, experts
