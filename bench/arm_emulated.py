@@ -39,12 +39,13 @@ def main() -> int:
     ap.add_argument("--profile", default="cortex-a76")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", help="write every result here (JSON)")
+    ap.add_argument("--files", nargs="+", help="only these published files (default: every one with a slice)")
     args = ap.parse_args()
     folder = Path(args.folder)
     m = json.loads((folder / "manifest.json").read_text())
     dc, tol = m["device_check"], m["device_check"]["tolerance"]
     prof = tools_cross.profile(args.profile)
-    files = [e["file"] for e in m["artifacts"] if e.get("slice")]
+    files = [e["file"] for e in m["artifacts"] if e.get("slice") and (not args.files or e["file"] in args.files)]
     print(f"{m['name']}: slice {dc['chunks']} x {dc['ctx']} ({dc['scored_tokens']} scored); profile {prof.name} "
           f"(-march={prof.march}) under qemu -cpu {prof.qemu_cpu}; tolerance |Δ KLD| <= max({tol['kld_mean_abs']}, "
           f"{tol['kld_mean_rel']:.0%}), |Δ same top p| <= {same_top_p_limit(tol, dc['scored_tokens'])} points")

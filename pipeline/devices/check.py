@@ -100,7 +100,7 @@ def emulated_tools(name: str) -> tuple[Toolchain, tools_cross.CpuProfile]:
                      commit=commit, origin="emulated", runner=runner), prof
 
 
-_BUFFER_RE = re.compile(r"^[\w.]+:\s+(\S+)\s+(model|KV|compute|output|RS) buffer size =\s*([\d.]+) MiB", re.M)
+_BUFFER_RE = re.compile(r"(\S+)\s+(model|KV|compute|output|RS) buffer size =\s*([\d.]+) MiB")
 
 
 def buffers(output: str) -> dict:
@@ -166,8 +166,9 @@ def measure(tc, model: Path, slice_path: Path, dc: dict, threads: int, prof=None
     """llama-perplexity --kl-divergence of ``model`` on the slice: its statistics, seconds and buffers; with a CPU
     profile ``prof`` (an emulated run) also the features its system_info printed, each checked against the profile."""
     what = f"device-check of {model.name}"
+    # -lv 4: llama-perplexity then prints libllama's buffer sizes (trace verbosity in b11312), the repack among them
     args = ["-m", model, "-c", str(dc["ctx"]), "--chunks", str(dc["chunks"]), "-b", str(dc["ctx"]), "-t", str(threads),
-            "--kl-divergence-base", slice_path, "--kl-divergence"]
+            "-lv", "4", "--kl-divergence-base", slice_path, "--kl-divergence"]
     try:
         res = run_perplexity(tc, args, None, has_kld_statistics, what)
     except ToolError as exc:

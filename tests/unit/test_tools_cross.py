@@ -129,7 +129,7 @@ def test_feature_check():
 
 
 def test_buffers_as_llama_cpp_prints_them():
-    out = ("load_tensors:   CPU_REPACK model buffer size =    52.59 MiB\n"
+    out = ("0.00.239.767 I load_tensors:   CPU_REPACK model buffer size =    52.59 MiB\n"
            "load_tensors:   CPU_Mapped model buffer size =   100.00 MiB\n"
            "llama_context:        CPU  output buffer size =     0.19 MiB\n"
            "llama_kv_cache:        CPU KV buffer size =    12.00 MiB\n")
