@@ -238,6 +238,7 @@ class EvalRecord(StageRecord):
     metrics: dict
     chunk_rows: list  # the running statistics after each chunk (the device slice's values)
     seconds: float
+    kv: dict = ABSENT  # eval set kv_types: {kv type: statistics} of the runs with -ctk/-ctv (f16 is ``metrics``)
 
 
 @record

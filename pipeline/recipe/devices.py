@@ -31,10 +31,12 @@ class Device:
     require: bool = False
     threads: int = 4
     parallel: int = 1
+    kv_auto: str | None = None  # kv_type was auto: why the publish stage chose it (publish_sections.kv_choice)
 
     def describe(self) -> dict:
         return {"memory_bytes": self.memory_bytes, "ctx": self.ctx, "kv_type": self.kv_type, "arch": self.arch,
-                "require": self.require, "threads": self.threads, "parallel": self.parallel}
+                "require": self.require, "threads": self.threads, "parallel": self.parallel,
+                **({"kv_auto": self.kv_auto} if self.kv_auto else {})}
 
 
 def parse_devices(ctx, value) -> tuple[Device, ...]:
@@ -68,8 +70,9 @@ def parse_devices(ctx, value) -> tuple[Device, ...]:
         if isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx < DEVICE_CTX_MIN:
             ctx.fail(f"{where}.ctx", f"must be an integer >= {DEVICE_CTX_MIN}, got {n_ctx!r}")
         kv = d.get("kv_type", "f16")
-        if not isinstance(kv, str) or kv.lower() not in KV_TYPES:
-            ctx.fail(f"{where}.kv_type", f"{kv!r} is not a KV cache type llama.cpp takes (one of {', '.join(KV_TYPES)})")
+        if not isinstance(kv, str) or (kv.lower() not in KV_TYPES and kv.lower() != "auto"):
+            ctx.fail(f"{where}.kv_type", f"{kv!r} is not a KV cache type llama.cpp takes (one of {', '.join(KV_TYPES)})"
+                                         " or auto (the smallest measured inside the thresholds: gates kv_types)")
         arch = d.get("arch", "x86_64")
         if not isinstance(arch, str) or arch.lower() not in ARCH_FEATURES:
             ctx.fail(f"{where}.arch", f"{arch!r} is not a CPU profile of the memory model (one of "

@@ -125,6 +125,10 @@ def _parse_other_fields(ctx: _Ctx, d: dict, eval_sets: tuple) -> dict:
             ctx.fail("tokenizer_pre", f"{pre!r} is not a BPE pre-tokenizer llama.cpp b11312 knows "
                                       "(src/llama-vocab.cpp; e.g. llama-bpe, qwen2, minicpm5)")
     devices = parse_devices(ctx, d.get("devices"))
+    auto = next((i for i, dev in enumerate(devices) if dev.kv_type == "auto"), None)
+    if auto is not None and not any(es.kv_types for es in eval_sets):
+        ctx.fail(f"devices[{auto}].kv_type", "auto takes the smallest KV type measured inside the thresholds: it "
+                                            "needs a gates eval set with kv_types (e.g. [f16, q8_0, q4_0])")
     device_slice = _parse_device_slice(ctx, d, eval_sets)
     for key in ("description", "license"):
         if key in d and d[key] is not None:

@@ -131,9 +131,18 @@ class EvalSet:
     chunks: int
     thresholds: tuple[tuple[str, float], ...] = ()
     text_sha256: str | None = None
+    kv_types: tuple[str, ...] = ()  # () or ("f16", more...): each quant also measured with these KV caches
 
     def describe(self) -> dict:
-        return {"name": self.name, "text": self.text.name, "ctx": self.ctx, "chunks": self.chunks}
+        return {"name": self.name, "text": self.text.name, "ctx": self.ctx, "chunks": self.chunks, **self.describe_kv()}
+
+    def describe_kv(self) -> dict:  # only where set: a recipe without kv_types keeps its keys and triggers
+        return {"kv_types": list(self.kv_types)} if self.kv_types else {}
+
+    @property
+    def kv_extra(self) -> tuple[str, ...]:
+        """The KV types measured besides the default f16 cache."""
+        return tuple(k for k in self.kv_types if k != "f16")
 
 
 @dataclass(frozen=True)

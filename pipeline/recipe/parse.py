@@ -9,6 +9,7 @@ from typing import Any
 
 from pipeline.errors import PipelineError
 from pipeline.gguf import read_header
+from pipeline.memory_profiles import KV_TYPES
 from pipeline.recipe import naming
 from pipeline.recipe.imatrix import parse_coverage
 from pipeline.recipe.model import (
@@ -97,8 +98,28 @@ def _parse_eval_sets(ctx: _Ctx, value) -> tuple[EvalSet, ...]:
         if any(es.name == name for es in sets):
             ctx.fail(f"{where}.name", f"eval set {name!r} repeats")
         sets.append(EvalSet(name=name, text=text, ctx=n_ctx, chunks=chunks,
-                            thresholds=_thresholds(ctx, d, where), text_sha256=sha))
+                            thresholds=_thresholds(ctx, d, where), text_sha256=sha,
+                            kv_types=_kv_types(ctx, d.get("kv_types"), f"{where}.kv_types")))
     return tuple(sets)
+
+
+def _kv_types(ctx: _Ctx, value, where: str) -> tuple[str, ...]:
+    """``kv_types``: KV cache types llama.cpp accepts for -ctk/-ctv (common/arg.cpp), f16 (the base's) first."""
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not value:
+        ctx.fail(where, "must be a list of KV cache types, f16 first (e.g. [f16, q8_0, q4_0])")
+    out = []
+    for i, v in enumerate(value):
+        if not isinstance(v, str) or v.lower() not in KV_TYPES:
+            ctx.fail(f"{where}[{i}]", f"{v!r} is not a KV cache type llama.cpp accepts (one of {', '.join(KV_TYPES)})")
+        if v.lower() in out:
+            ctx.fail(f"{where}[{i}]", f"{v!r} repeats")
+        out.append(v.lower())
+    if out[0] != "f16":
+        ctx.fail(f"{where}[0]", "must be f16: the base logits are computed with an f16 cache, and each other type is "
+                                "measured against them")
+    return tuple(out)
 
 
 def _parse_quant(ctx: _Ctx, item, where: str, known, build, set_names: set[str]) -> Quant:

@@ -269,6 +269,10 @@ EVAL_SET = Section("gates[]", "`gates[]`: each eval set", (
           "2680fa93dfc313ac6270fbf44128f4ba4c4f409ab5498f612b0e106965fdea99"),
     Field("ctx", "int >= 16", REQUIRED, "Context length of each chunk (llama-perplexity `-c`).", 512),
     Field("chunks", "int >= 1", REQUIRED, "Number of chunks evaluated (llama-perplexity `--chunks`).", 16),
+    Field("kv_types", "list of KV cache types (`f16`, `q8_0`, `q4_0`, ...), `f16` first", Note("none: f16 only"),
+          "Also measure each quant with these KV cache types (`-ctk/-ctv`) against the same base logits (the F16 file "
+          "with an f16 cache); a device with `kv_type: auto` is launched with the smallest one inside the quant's "
+          "thresholds (docs/quality-gates.md#kv-cache-types).", ["f16", "q8_0", "q4_0"]),
     *(Field(key, typ, Note("the quant family's default (see below)"), doc, ex) for key, typ, doc, ex in _THRESHOLD_TYPES),
 ))
 

@@ -75,8 +75,9 @@ DEVICE = Section("devices[]", "`devices[]`: each target device", (
           "Memory the model may take on the device, parsed like `ggufpipe fit --mem`: binary units (K, M, G, T "
           "= 2^10, 2^20, 2^30, 2^40 bytes; `8G` is 8 GiB), a trailing `B` or `iB` allowed.", "6144M"),
     Field("ctx", "int >= 16", 4096, "The context size the device runs the model at.", 8192),
-    Field("kv_type", "`f32` | `f16` | `bf16` | `q8_0` | `q4_0` | `q4_1` | `iq4_nl` | `q5_0` | `q5_1`", "f16",
-          "KV cache type (llama.cpp `-ctk`/`-ctv`), case-insensitive.", "q8_0"),
+    Field("kv_type", "`f32` | `f16` | `bf16` | `q8_0` | `q4_0` | `q4_1` | `iq4_nl` | `q5_0` | `q5_1` | `auto`", "f16",
+          "KV cache type (llama.cpp `-ctk`/`-ctv`), case-insensitive. `auto`: the smallest of a gates eval set's "
+          "`kv_types` inside the thresholds of every published quant (docs/quality-gates.md#kv-cache-types).", "q8_0"),
     Field("arch", "`x86_64` | `x86_64-avx512` | `arm64` | `arm64-dotprod` | `generic` | `jetson-orin` | "
                   "`jetson-xavier`", "x86_64",
           "CPU profile: which tensor types ggml-cpu repacks into a second buffer (docs/devices.md#repack-profiles-arch). "

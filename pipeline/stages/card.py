@@ -14,6 +14,7 @@ from pipeline.stages.report import (
     conformance_text,
     draft_table,
     eval_desc,
+    kv_table,
     label,
     markdown_table,
     mtp_text,
@@ -203,6 +204,9 @@ def card_text(manifest: dict, measured: list[dict] | None = None) -> str:
     mixes = card_mix_lines(manifest)
     if mixes:  # two lines each: what the mix is, how to make it again from its published map
         body += ["## Measured mixes", "", *mixes, ""]
+    kv = kv_table(manifest, short=True)
+    if kv:
+        body += ["## KV cache types", "", kv, ""]
     fits = fits_table(manifest, short=True)
     if fits:  # recipe `devices:`: the best file per target device
         body += ["## Fits on", "", fits, ""]

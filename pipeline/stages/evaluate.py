@@ -27,6 +27,7 @@ from pathlib import Path
 
 from pipeline.errors import PipelineError, ToolError
 from pipeline.fsutil import atomic_output, sha256_file
+from pipeline.memory import ModelShape
 from pipeline.recipe import EvalSet, scored_tokens
 from pipeline.records import EvalBaseRecord, EvalRecord
 from pipeline.stagedef import Stage, logits_bytes, mem_mb
@@ -279,20 +280,52 @@ def eval_quant(recipe_name: str, quant_key: str, es: EvalSet, quant_gguf: str | 
     base = EvalBaseRecord.read(base_record, "eval")
     if not Path(base_logits).is_file():
         raise PipelineError(f"{what}: base logits {base_logits} are missing (run eval-base first)")
+    check_kv_types(es, quant_gguf, what)  # before any run: nothing is measured half
     restore_base_logits(tc, es, base_gguf, base_logits, base_record, threads, log, what)
     metrics, res = kl_divergence(tc, es, quant_gguf, base_logits, threads, log, what)
+    seconds = res.seconds
+    kv = {}
+    for t in es.kv_extra:  # the same quant with a quantized cache, against the f16-cache base logits
+        kv[t], r = kl_divergence(tc, es, quant_gguf, base_logits, threads, log, f"{what}: KV {t}", extra=kv_args(t))
+        seconds += r.seconds
     # chunk_rows: the running statistics after each chunk, the slice a device re-measures (pipeline/devices/check.py)
     rec = EvalRecord(eval_set=es.name, text=base.text, text_sha256=base.text_sha256, ctx=es.ctx, chunks=es.chunks,
                      scored_tokens=base.scored_tokens, threads=threads, metrics=metrics,
-                     chunk_rows=parse_chunk_rows(res.output), seconds=round(res.seconds, 1))
+                     chunk_rows=parse_chunk_rows(res.output), seconds=round(seconds, 1), **({"kv": kv} if kv else {}))
     rec.write(record)
     return rec.to_dict()
 
 
+# Block size of each quantized KV cache type llama.cpp takes (ggml's QK4_0, QK8_0, ...): a quantized K (V) cache needs
+# every layer's K (V) head size to be a multiple of it (src/llama-context.cpp:3851-3871 of b11312)
+KV_BLOCK = {"q8_0": 32, "q4_0": 32, "q4_1": 32, "iq4_nl": 32, "q5_0": 32, "q5_1": 32}
+
+
+def kv_args(kv_type: str) -> list[str]:
+    """``-ctk/-ctv`` for a KV cache type. A quantized V cache needs flash attention, which the default ``-fa auto``
+    turns on (and ``-fa off`` makes an error): src/llama-context.cpp:3840-3849."""
+    return ["-ctk", kv_type, "-ctv", kv_type]
+
+
+def check_kv_types(es: EvalSet, gguf: str | Path, what: str) -> None:
+    """Refuse, in one line naming the field, a KV type of ``es`` whose block does not divide the model's head sizes."""
+    if not es.kv_extra:
+        return
+    s = ModelShape.from_gguf(gguf)
+    heads = {h for h in (s.head_k, s.head_v, s.head_k_swa, s.head_v_swa) if h}
+    for t in es.kv_extra:
+        bad = sorted(h for h in heads if h % KV_BLOCK.get(t, 1))
+        if bad:
+            raise PipelineError(f"{what}: gates {es.name}.kv_types: {t} has blocks of {KV_BLOCK[t]}, which do not divide "
+                                f"the head size {bad[0]} of {Path(gguf).name} (src/llama-context.cpp:3851-3871)")
+
+
 def kl_divergence(tc: Toolchain, es: EvalSet, gguf: str | Path, base_logits: str | Path, threads: int,
-                  log: str | Path | None, what: str, retries: int = LOST_LINES_RETRIES) -> tuple[dict, ToolResult]:
-    """``llama-perplexity --kl-divergence`` of ``gguf`` against ``base_logits`` (written on ``es``): its statistics."""
-    res = run_perplexity(tc, ["-m", gguf, *_common_args(es, threads), "--kl-divergence-base", base_logits,
+                  log: str | Path | None, what: str, retries: int = LOST_LINES_RETRIES,
+                  extra: list[str] = ()) -> tuple[dict, ToolResult]:
+    """``llama-perplexity --kl-divergence`` of ``gguf`` against ``base_logits`` (written on ``es``): its statistics;
+    ``extra``: more arguments (a KV cache type's)."""
+    res = run_perplexity(tc, ["-m", gguf, *_common_args(es, threads), *extra, "--kl-divergence-base", base_logits,
                               "--kl-divergence"], Path(log) if log else None, has_kld_statistics, what, retries)
     _fail_on_tool_errors(res, what)
     _check_chunks(res.output, es, what)
@@ -400,7 +433,7 @@ EVAL = Stage(
     inputs=lambda r, wc, L: {"gguf": L.quant(r, wc["quant"]), "logits": L.base_logits(r.name, wc["es"]),
                              "base_record": L.base_record(r.name, wc["es"]), "base": L.base_gguf(r)},
     outputs=lambda L: {"record": L.eval_record("{name}", "{es}", "{quant}")},
-    trigger=lambda r, wc, s: eval_fields(r, wc["es"], s),
+    trigger=lambda r, wc, s: {**eval_fields(r, wc["es"], s), **r.eval_set(wc["es"]).describe_kv()},
     # the mapped file and, for the types the CPU build repacks (Q4_K on x86-64 AVX2), a second copy: docs/planning.md
     resources={"mem_mb": lambda s: mem_mb(s.mb("gguf"), 2.2, 1024), "disk_mb": 1024,
                "runtime": lambda s: int(30 + s.mb("gguf") / 20)},

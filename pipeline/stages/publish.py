@@ -63,6 +63,7 @@ from pipeline.stages.publish_sections import (
     artifact_key,
     check_mix_sources,
     devices_section,
+    kv_costs_section,
     launch_section,
     sensitivity_section,
     strip_sensitivity_cost,
@@ -71,7 +72,7 @@ from pipeline.stages.report import write_report
 from pipeline.stages.split import SHARD_RE, model_path
 
 # The manifest schema; what each version added: docs/reproducibility.md, "Schema history".
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
 
 
 def _canonical(obj) -> bytes:
@@ -155,6 +156,7 @@ class _Sections:
     draft_failures: list[dict]
     draft_timings: dict
     launch: dict
+    kv_costs: dict | None = None
 
 
 def build_manifest(recipe: Recipe, layout: Layout) -> tuple[dict, dict]:
@@ -221,7 +223,7 @@ def _eval_sets(recipe: Recipe, layout: Layout) -> tuple[list[dict], dict, dict]:
     for es in recipe.eval_sets:
         rec = EvalBaseRecord.read(layout.base_record(recipe.name, es.name))
         eval_sets.append({"name": es.name, "text": rec.text, "text_sha256": rec.text_sha256, "ctx": es.ctx,
-                          "chunks": es.chunks, "scored_tokens": rec.scored_tokens})
+                          "chunks": es.chunks, "scored_tokens": rec.scored_tokens, **es.describe_kv()})
         eval_threads[es.name] = rec.threads  # follows --cores (results do not): build section
         eval_base[es.name] = {"ppl": rec.ppl, "ppl_stderr": rec.ppl_stderr}
     return eval_sets, eval_base, eval_threads
@@ -244,7 +246,8 @@ def _recipe_sections(recipe: Recipe, layout: Layout, files: ModelFiles) -> _Sect
     draft, draft_failures, draft_timings = _draft_section(recipe, layout, paths) if recipe.draft else (None, [], {})
     launch = launch_section(recipe, layout, devices, files.artifacts, draft, draft_timings.get("speedup") or {})
     return _Sections(device_check, sensitivity, conformance, conformance_failures, conformance_seconds, devices,
-                     device_failures, draft, draft_failures, draft_timings, launch)
+                     device_failures, draft, draft_failures, draft_timings, launch,
+                     kv_costs_section(recipe, layout, files.artifacts))
 
 
 def _optional_sections(recipe: Recipe, converted: ConvertRecord, files: ModelFiles, s: _Sections) -> dict:
@@ -258,6 +261,8 @@ def _optional_sections(recipe: Recipe, converted: ConvertRecord, files: ModelFil
         out["mtp"] = _mtp_section(recipe, converted.to_dict(), files.artifacts)
     if s.devices:
         out["devices"] = s.devices
+    if s.kv_costs:
+        out["kv_costs"] = s.kv_costs
     if s.device_check:
         out["device_check"] = s.device_check
     if s.draft is not None:

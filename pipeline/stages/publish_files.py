@@ -91,6 +91,7 @@ def _calibration(recipe: Recipe, layout: Layout, q, gguf_path: Path, seconds: di
 
 GATE_METRICS = ("ppl_q", "ppl_ratio", "ln_ppl_ratio", "kld_mean", "kld_median", "kld_p99", "kld_max", "rms_dp",
                 "same_top_p")
+KV_METRICS = ("ppl_ratio", "kld_mean", "kld_p99", "same_top_p")  # what the thresholds read (evaluate.METRICS)
 
 
 @dataclasses.dataclass
@@ -164,7 +165,8 @@ def _quant_entry(recipe: Recipe, layout: Layout, q, base_type: str, base_mtp: di
         entry["metrics"] = per_set
         entry["gate"] = {"passed": not failures, "thresholds": thresholds}
         metrics[q.key] = {s: {**{k: v[k] for k in ("ppl_q", "ppl_ratio", "kld_mean", "kld_p99", "same_top_p")},
-                              "gate_passed": not failures} for s, v in per_set.items()}
+                              "gate_passed": not failures, **({"kv": v["kv"]} if "kv" in v else {})}
+                          for s, v in per_set.items()}
     return entry, failures
 
 
@@ -178,6 +180,12 @@ def _gates(recipe: Recipe, layout: Layout, q, chunk_rows: dict, failures: list[d
             chunk_rows[q.key] = ev.get("chunk_rows") or []
         per_set[es.name] = {k: ev.metrics[k] for k in GATE_METRICS}
         thresholds[es.name] = recipe.thresholds(q.key, es.name)
+        if es.kv_extra:  # the same file with quantized caches: not a gate of the file, the choice of kv_type auto
+            if not ev.has("kv") or set(ev.kv) != set(es.kv_extra):
+                raise PipelineError(f"{layout.eval_record(recipe.name, es.name, q.key)}: no KV runs for "
+                                    f"{', '.join(es.kv_extra)}: re-run the eval stage")
+            per_set[es.name]["kv"] = {t: {**{k: ev.kv[t][k] for k in KV_METRICS},
+                                          "inside": not verdict(ev.kv[t], thresholds[es.name])} for t in es.kv_extra}
         failures += [{**f, "eval_set": es.name, "check": "gate",
                       "message": failure_message(recipe.name, q.key, es.name, f)}
                      for f in verdict(ev.metrics, thresholds[es.name])]

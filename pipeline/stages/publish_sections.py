@@ -4,6 +4,7 @@ draft model's pairs with their deployment lines, and the measured mixes (each mi
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from pipeline.fsutil import sha256_file
 from pipeline.gguf import read_facts, tokenizer_sha256
 from pipeline.launch import launch
 from pipeline.layout import Layout
-from pipeline.memory import predict_memory, repack_types
+from pipeline.memory import ModelShape, components, predict_memory, repack_types
 from pipeline.recipe import Recipe
 from pipeline.recipe.model import MTP_DRAFT_KEY
 from pipeline.records import (
@@ -344,6 +345,53 @@ def fits_section(name: str, devices, files: list[tuple[str, str, int, Path]], pr
     return section, failures, warnings
 
 
+# KV cache types by bytes per element, smallest first (ggml block sizes: q4_0 18 bytes / 32, q8_0 34 / 32, ...)
+KV_BY_SIZE = ("q4_0", "iq4_nl", "q4_1", "q5_0", "q5_1", "q8_0", "f16", "bf16", "f32")
+
+
+def kv_choice(recipe: Recipe, artifacts: list[dict]) -> tuple[str, str] | None:
+    """``kv_type: auto``'s type: the smallest of the first eval set with ``kv_types`` whose runs are inside the
+    thresholds of every published quant (f16, the gates' own cache, when none is), and why; None without such a set."""
+    es = next((e for e in recipe.eval_sets if e.kv_types), None)
+    if es is None:
+        return None
+    quants = [e for e in artifacts if e.get("role") == "quant"]
+    for t in sorted(es.kv_extra, key=KV_BY_SIZE.index):
+        if all(e["metrics"][es.name]["kv"][t]["inside"] for e in quants):
+            return t, f"the smallest of {', '.join(es.kv_types)} inside every published quant's thresholds on {es.name}"
+    return "f16", f"no quantized cache of {', '.join(es.kv_extra)} is inside every published quant's thresholds"
+
+
+def resolved_devices(recipe: Recipe, artifacts: list[dict]) -> tuple:
+    """The recipe's devices with ``kv_type: auto`` replaced by :func:`kv_choice`'s type."""
+    choice = kv_choice(recipe, artifacts)
+    return tuple(dataclasses.replace(d, kv_type=choice[0], kv_auto=choice[1]) if d.kv_type == "auto" else d
+                 for d in recipe.devices)
+
+
+def kv_costs_section(recipe: Recipe, layout: Layout, artifacts: list[dict]) -> dict | None:
+    """The manifest's ``kv_costs``: per published quant and KV type of the first eval set with ``kv_types``, the file
+    bytes plus the KV cache's at the first device's context (the eval set's without devices) against its mean KLD
+    and same top p, and whether it is inside the quant's thresholds (f16: the gate itself). None without kv_types."""
+    es = next((e for e in recipe.eval_sets if e.kv_types), None)
+    if es is None:
+        return None
+    ctx = recipe.devices[0].ctx if recipe.devices else es.ctx
+    rows = []
+    for e in artifacts:
+        if e.get("role") != "quant":
+            continue
+        shape = ModelShape.from_gguf(layout.gguf(recipe.name, artifact_key(recipe.name, e["file"])))
+        m = e["metrics"][es.name]
+        for t in es.kv_types:
+            got = m if t == "f16" else m["kv"][t]
+            rows.append({"file": e["file"], "kv_type": t, "file_bytes": e["size_bytes"],
+                         "kv_bytes": components(shape, ctx, kv_type=t)["kv"], "kld_mean": got["kld_mean"],
+                         "same_top_p": got["same_top_p"], "inside": True if t == "f16" else got["inside"]})
+    return {"eval_set": es.name, "ctx": ctx, "device": recipe.devices[0].name if recipe.devices else None,
+            "rows": rows}
+
+
 def devices_section(recipe: Recipe, layout: Layout, artifacts: list[dict]) -> tuple[dict, list[dict], list[str]]:
     """:func:`fits_section` of the published base and quants (a split file by its whole GGUF in work/); empty for a
     recipe without ``devices:``."""
@@ -355,7 +403,7 @@ def devices_section(recipe: Recipe, layout: Layout, artifacts: list[dict]) -> tu
         if e.get("role") in ("base", "quant"):
             key = artifact_key(recipe.name, e["file"])
             files.append((key, e["role"], e["size_bytes"], layout.gguf(recipe.name, key)))
-    return fits_section(recipe.name, recipe.devices, files,
+    return fits_section(recipe.name, resolved_devices(recipe, artifacts), files,
                         lambda path, d: predict_memory(path, d.ctx, kv_type=d.kv_type, arch=d.arch))
 
 
@@ -379,7 +427,7 @@ def launch_section(recipe: Recipe, layout: Layout, devices: dict, artifacts: lis
                                  "", None if dpath is None else p["draft"], recipe.draft.spec_type, sp["best_n_max"])[2:],
                                  *sp.get("best_flags", [])]}
     out = {}
-    for d in recipe.devices:
+    for d in resolved_devices(recipe, artifacts):
         fits = devices[d.name]["files"]
         cands = [(model_path(e), layout.gguf(recipe.name, key)) for key, e in keyed if fits[key]["fits"]]
         out[d.name] = launch(d, cands, {model_path(e): drafts[e["file"]] for _, e in keyed if e["file"] in drafts})

@@ -100,14 +100,55 @@ def _num(v: float) -> str:
     return f"{v:.6g}"
 
 
-def render_plot(manifest: dict, width: int = 700, height: int = 450) -> str:
+KV_PLOT = "kv.svg"
+
+
+def kv_points(manifest: dict) -> list[tuple]:
+    """The KV plot's points (as :func:`plot_points`, a KV type for an eval set): file plus KV cache bytes at the
+    ``kv_costs`` context (MiB) and mean KLD per quant and KV type; outside the thresholds drawn as a failed quant."""
+    kc = manifest.get("kv_costs") or {"rows": []}
+    types = list(dict.fromkeys(r["kv_type"] for r in kc["rows"]))
+    return [(types.index(r["kv_type"]), f"KV {r['kv_type']}",
+             r["file"].removeprefix(manifest["name"] + "-").removesuffix(".gguf"),
+             (r["file_bytes"] + r["kv_bytes"]) / MIB, max(r["kld_mean"], 1e-6), r["inside"], False) for r in kc["rows"]]
+
+
+def kv_table(manifest: dict, short: bool = False) -> str:
+    """The report's KV-cache table (manifest ``kv_costs``); ``short`` (the card): mean KLD per file and KV type.
+    Empty without it."""
+    kc = manifest.get("kv_costs")
+    if not kc:
+        return ""
+    if short:
+        types = list(dict.fromkeys(r["kv_type"] for r in kc["rows"]))
+        cell = {(r["file"], r["kv_type"]): f"{r['kld_mean']:.4f}" + ("" if r["inside"] else " ✗") for r in kc["rows"]}
+        files = list(dict.fromkeys(r["file"] for r in kc["rows"]))
+        return "\n".join([f"Mean KLD on `{kc['eval_set']}` with each KV cache type (`-ctk/-ctv`); ✗: outside the "
+                          "file's thresholds.", "", "| file | " + " | ".join(types) + " |", "|---|" + "---|" * len(types),
+                          *(f"| `{f}` | " + " | ".join(cell[f, t] for t in types) + " |" for f in files)])
+    where = f"device `{kc['device']}`'s ctx {kc['ctx']}" if kc["device"] else f"ctx {kc['ctx']}"
+    lines = [f"Each quant measured with a quantized KV cache (`-ctk/-ctv`) on eval set `{kc['eval_set']}`, against the "
+             f"same base logits (F16 file, f16 cache). Memory: the file plus the KV cache at {where} "
+             "(`pipeline/memory.py`). Inside: within the quant's own thresholds (a device with `kv_type: auto` takes "
+             "the smallest type inside for every quant).", "",
+             "| file | KV | file + KV (MiB) | mean KLD | same top p | inside |", "|---|---|---|---|---|---|"]
+    lines += [f"| `{r['file']}` | {r['kv_type']} | {(r['file_bytes'] + r['kv_bytes']) / MIB:.1f} | "
+              f"{r['kld_mean']:.5f} | {100 * r['same_top_p']:.2f} % | {'✓' if r['inside'] else '✗'} |"
+              for r in kc["rows"]]
+    return "\n".join(lines)
+
+
+def render_plot(manifest: dict, width: int = 700, height: int = 450, points: list[tuple] | None = None,
+                title: str = "size vs quality (x = failed gate)", xlabel: str = "file size (MiB)",
+                legend: str = "eval set") -> str:
     """SVG text: file size (MiB, linear) against mean KLD (log) per quant and eval set, the usual Pareto
     picture: stock types as dots, measured mixes as diamonds, a failed quant as a red x, and per eval set the Pareto
     front of the published files (none smaller and closer at once) as a dashed line. Drawn here, not with matplotlib, whose import alone took 0.4 s of
-    every publish; the output is plain text, byte-identical for identical inputs."""
+    every publish; the output is plain text, byte-identical for identical inputs. ``points``: another plot's (the KV
+    types', :func:`kv_points`), with its ``title``, ``xlabel`` and ``legend``."""
     from xml.sax.saxutils import escape
 
-    points = plot_points(manifest)
+    points = plot_points(manifest) if points is None else points
     left, right, top, bottom = 78, width - 20, 40, height - 50
     xs = [p[3] for p in points] or [0.0, 1.0]
     ys = [p[4] for p in points] or [1e-3, 1e-1]
@@ -178,18 +219,18 @@ def render_plot(manifest: dict, width: int = 700, height: int = 450) -> str:
         out.append(f'<text x="{cx - 6 if end else cx + 6}" y="{cy - 6}" font-size="10"{anchor}>{escape(label)}</text>')
     base = manifest.get("base_quant_type", "F16")
     out.append(f'<text x="{(left + right) / 2}" y="{top - 14}" text-anchor="middle" font-size="14">'
-               f'{escape(manifest["name"])}: size vs quality (x = failed gate)</text>')
-    out.append(f'<text x="{(left + right) / 2}" y="{height - 12}" text-anchor="middle">file size (MiB)</text>')
+               f'{escape(manifest["name"])}: {escape(title)}</text>')
+    out.append(f'<text x="{(left + right) / 2}" y="{height - 12}" text-anchor="middle">{escape(xlabel)}</text>')
     out.append(f'<text transform="translate(18,{(top + bottom) / 2}) rotate(-90)" text-anchor="middle">'
                f'mean KL divergence vs {escape(base)} (log)</text>')
     sets = list(dict.fromkeys((i, es) for i, es, *_ in points))
     if sets:
         extra = ["Pareto front"] + (["measured mix"] if any(p[6] for p in points) else [])
-        w = 12 + 8 * max(len("eval set"), *(len(es) for _, es in sets), *map(len, extra)) + 18
+        w = 12 + 8 * max(len(legend), *(len(es) for _, es in sets), *map(len, extra)) + 18
         h = 24 + 16 * (len(sets) + len(extra))
         lx, ly = right - w - 8, top + 8
         out.append(f'<rect x="{lx}" y="{ly}" width="{w}" height="{h}" fill="white" stroke="#ccc" rx="3"/>')
-        out.append(f'<text x="{lx + w / 2}" y="{ly + 15}" text-anchor="middle">eval set</text>')
+        out.append(f'<text x="{lx + w / 2}" y="{ly + 15}" text-anchor="middle">{escape(legend)}</text>')
         for k, (i, es) in enumerate(sets):
             yy = ly + 30 + 16 * k
             out.append(f'<circle cx="{lx + 12}" cy="{yy - 4}" r="4.5" fill="{COLORS[i % len(COLORS)]}"/>')
@@ -412,6 +453,15 @@ def write_report(manifest: dict, out_md: str | Path, out_svg: str | Path, measur
     coverage = expert_coverage_text(manifest)
     if coverage:
         parts += ["## Expert coverage", "", coverage, ""]
+    kv = kv_table(manifest)
+    if kv:
+        kc = manifest["kv_costs"]
+        write_text_atomic(Path(out_svg).parent / KV_PLOT, render_plot(
+            manifest, points=kv_points(manifest), title="size + KV cache vs quality (x = outside thresholds)",
+            xlabel=f"file + KV cache at ctx {kc['ctx']} (MiB)", legend="KV cache"))
+        parts += ["## KV cache types", "", kv, "", f"![file + KV cache vs mean KLD]({KV_PLOT})", ""]
+    else:
+        (Path(out_svg).parent / KV_PLOT).unlink(missing_ok=True)  # a recipe that no longer measures KV types
     fits = fits_table(manifest)
     if fits:
         parts += ["## Fits on", "", fits, ""]

@@ -133,6 +133,29 @@ def test_launch_line_per_device(demo_build):
     assert "## Fits on" in card and "## Launch on a device" in card
 
 
+def test_kv_cache_types_measured_and_chosen(demo_build):
+    """Issue #33 item 2: each quant measured again with q8_0 and q4_0 KV caches against the f16-cache base logits; a
+    quantized cache costs quality on top of the file's own (a larger mean KLD for every quant); phone-4g's
+    `kv_type: auto` takes the smallest type inside every quant's thresholds, and its launch line passes it."""
+    m = _manifest(demo_build)
+    kc = m["kv_costs"]
+    assert (kc["eval_set"], kc["device"], kc["ctx"]) == ("botchan", "pi5-8g", 4096)
+    rows = {(r["file"], r["kv_type"]): r for r in kc["rows"]}
+    quants = [e["file"] for e in m["artifacts"] if e.get("role") == "quant"]
+    assert set(rows) == {(f, t) for f in quants for t in ("f16", "q8_0", "q4_0")}
+    for f in quants:
+        f16, q8, q4 = (rows[f, t] for t in ("f16", "q8_0", "q4_0"))
+        assert f16["kld_mean"] < q4["kld_mean"] and f16["kld_mean"] <= q8["kld_mean"] * 1.02, (f16, q8, q4)
+        assert q4["kv_bytes"] < q8["kv_bytes"] < f16["kv_bytes"]
+    phone = m["devices"]["phone-4g"]
+    inside = [t for t in ("q4_0", "q8_0") if all(rows[f, t]["inside"] for f in quants)]
+    assert phone["kv_type"] == (inside[0] if inside else "f16") and phone["kv_auto"], phone
+    line = m["build"]["launch"]["phone-4g"]["line"]
+    assert (f" -ctk {phone['kv_type']} -ctv {phone['kv_type']} " in line) == (phone["kv_type"] != "f16"), line
+    report = (demo_build / "artifacts" / NAME / "report.md").read_text()
+    assert "## KV cache types" in report and (demo_build / "artifacts" / NAME / "kv.svg").is_file()
+
+
 def test_rerun_runs_zero_jobs(demo_build, demo_hub, demo_recipe):
     res = snakemake(demo_build, demo_recipe, extra=["--dry-run"], hub=demo_hub)
     assert res.returncode == 0, res.stderr[-2000:]

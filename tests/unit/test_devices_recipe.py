@@ -89,7 +89,7 @@ def test_memory_units_are_fits():
 def test_schema_lists_the_memory_models_profiles_and_kv_types():
     fields = {f.key: f for f in section("devices[]").fields}
     assert fields["arch"].type == " | ".join(f"`{a}`" for a in ARCH_FEATURES)
-    assert fields["kv_type"].type == " | ".join(f"`{k}`" for k in KV_TYPES)
+    assert fields["kv_type"].type == " | ".join(f"`{k}`" for k in (*KV_TYPES, "auto"))
 
 
 # ------------------------------------------------------------------ the manifest section

@@ -185,10 +185,10 @@ def test_sensitivity_section_and_volatile_cost(tmp_path):
 
 
 def test_stock_manifest_unchanged():
-    """Without mixes nothing new: strip_volatile only drops build; the schema is 12 (#32: the mix search's kind)."""
+    """Without mixes nothing new: strip_volatile only drops build; the schema is 13 (#33: KV cache types)."""
     m = {k: v for k, v in manifest().items() if k != "sensitivity"}
     m["artifacts"] = [e for e in m["artifacts"] if "mix" not in e]
-    assert SCHEMA_VERSION == 12
+    assert SCHEMA_VERSION == 13
     assert strip_volatile(m) == {k: v for k, v in m.items() if k != "build"}
 
 
@@ -317,5 +317,5 @@ def test_rebuild_rows(tmp_path):
 def test_docs_name_the_fields():
     docs = Path(__file__).resolve().parents[2] / "docs"
     text = (docs / "publishing.md").read_text() + (docs / "reproducibility.md").read_text()
-    for field in ("tensor-types.txt", "sensitivity-<flavour>.svg", "`mix`", "`sensitivity`", "| `schema_version` | 12 "):
+    for field in ("tensor-types.txt", "sensitivity-<flavour>.svg", "`mix`", "`sensitivity`", "| `schema_version` | 13 "):
         assert field in text, field
