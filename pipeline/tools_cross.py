@@ -112,11 +112,6 @@ def profile_flags(p: CpuProfile) -> tuple[str, ...]:
     return (f"-DGGML_CPU_ARM_ARCH={p.march}",)
 
 
-def cuda_flags(name: str) -> tuple[str, ...]:
-    j = JETSON[name]
-    return ("-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={j.cuda_arch}")
-
-
 def cross_flags(p: CpuProfile) -> tuple[str, ...]:
     """The cmake flags of a cross build from x86 (Debian's cross compilers; CMAKE_SYSTEM_NAME makes it a cross
     build, so nothing of the build box is probed) and the profile's ``-march``."""
@@ -156,13 +151,14 @@ def qemu_prefix(p: CpuProfile | None) -> tuple[str, ...]:
 
 
 _SYSINFO = re.compile(r"system_info:.*")
+SIGILL = (-4, 132)  # the exit status of a process killed by SIGILL: as a signal, or as a shell's 128 + 4
 
 
 def check_features(p: CpuProfile, output: str, returncode: int | None, what: str) -> dict:
     """What the tools' own output says of their build against the profile: SIGILL (an instruction the core lacks) and
     a missing ``system_info`` feature each fail in one line naming the profile and the feature. Returns the
     features printed (``{"DOTPROD": "1", "REPACK": "1", ...}``)."""
-    if returncode in (-4, 132):  # SIGILL, as a signal or as a shell's 128 + 4
+    if returncode in SIGILL:
         extra = [f for f in ("MATMUL_INT8", "SVE", "DOTPROD", "FP16_VA") if f in _features(output)]
         lacks = (f": the core lacks one of {', '.join(extra)}" if extra else "")
         raise PipelineError(f"{what} died with SIGILL on profile {p.name} (core {p.qemu_cpu or 'this device'}): the "

@@ -112,7 +112,7 @@ conformance: false  # a random model: the conformance tests check it apart
 quants: [Q8_0, Q4_0]
 gates:
   - {{name: botchan, text: {BOTCHAN}, ctx: 256, chunks: 17, max_ppl_ratio: 100,
-     max_kld_mean: 100, max_kld_p99: 100, min_same_top_p: 0}}
+     max_kld_mean: 100, max_kld_p99: 100, min_same_top_p: 0, kv_types: [f16, q8_0, q4_0]}}
 """)
     return hub, recipe
 

@@ -104,9 +104,8 @@ _BUFFER_RE = re.compile(r"(\S+)\s+(model|KV|compute|output|RS) buffer size =\s*(
 
 
 def buffers(output: str) -> dict:
-    """The buffers llama.cpp printed (src/llama-model.cpp:1930, src/llama-kv-cache.cpp:291,
-    src/llama-context.cpp:381 and 740), in
-    MiB by ``"<buffer type> <kind>"``: ``CPU_REPACK model`` is the repack the memory model predicts."""
+    """The buffers llama.cpp printed (src/llama-model.cpp:1930, src/llama-kv-cache.cpp:291, src/llama-context.cpp:381
+    and 740), in MiB by ``"<buffer type> <kind>"``: ``CPU_REPACK model`` is the repack the memory model predicts."""
     out: dict[str, float] = {}
     for name, kind, mib in _BUFFER_RE.findall(output):
         out[f"{name} {kind}"] = round(out.get(f"{name} {kind}", 0.0) + float(mib), 2)
@@ -172,7 +171,7 @@ def measure(tc, model: Path, slice_path: Path, dc: dict, threads: int, prof=None
     try:
         res = run_perplexity(tc, args, None, has_kld_statistics, what)
     except ToolError as exc:
-        if prof is not None:  # SIGILL: one line naming the profile
+        if prof is not None and exc.returncode in tools_cross.SIGILL:  # one line naming the profile
             tools_cross.check_features(prof, str(exc), exc.returncode, what)
         raise
     features = tools_cross.check_features(prof, res.output, res.returncode, what) if prof else None

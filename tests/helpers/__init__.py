@@ -65,6 +65,12 @@ def demo_recipe_at_test_size(folder: Path) -> Path:
     gate = data["gates"][0]
     assert gate["text"] == "../data/botchan.txt" and gate["chunks"] > DEMO_TEST_CHUNKS, gate
     gate.update(text=str(BOTCHAN), chunks=DEMO_TEST_CHUNKS)
+    # no KV-type runs at test size: each doubles an eval of the real model (tests/e2e/test_e2e.py measures them on
+    # the tiny build; the committed demo manifest carries the demo's own, tests/unit/test_kv_types.py)
+    assert gate.pop("kv_types"), gate
+    for d in data["devices"]:
+        if d.get("kv_type") == "auto":
+            d["kv_type"] = "q8_0"
     assert data["draft"]["prompts"] > DEMO_TEST_PROMPTS, data["draft"]
     data["draft"]["prompts"] = DEMO_TEST_PROMPTS
     # no speed-up rounds: a clock shared with the other test worker measures nothing (the controls of
