@@ -69,7 +69,9 @@ def test_base_logits_computed_once_per_eval_set(failing_build):
             if ln.startswith("$ ") and "llama-perplexity" in ln}
     base_runs = [ln for ln in runs if "--kl-divergence-base" in ln and not ln.endswith("--kl-divergence")]
     quant_runs = [ln for ln in runs if ln.endswith("--kl-divergence") and "device-slice.logits" not in ln]
-    assert len(base_runs) == 1 and len(quant_runs) == 2  # Q8_0, Q2_K (the BPE draft's vocab size differs)
+    kv_runs = [ln for ln in quant_runs if " -ctk " in ln]  # the tiny recipe's kv_types: q8_0 and q4_0 caches
+    assert len(base_runs) == 1 and len(quant_runs) - len(kv_runs) == 2  # Q8_0, Q2_K (the BPE draft's vocab differs)
+    assert len(kv_runs) == 4 and all("--kl-divergence-base" in ln for ln in kv_runs)  # against the same base logits
     # the device slice is cut from the base logits, not computed again; the base file is measured on it once
     assert len([ln for ln in runs if "device-slice.logits --kl-divergence" in ln]) == 1
     assert all(re.search(r" -t 2 .*-b 256|-b 256 -t 2", ln) for ln in runs)  # the tiny recipe's ctx 256
