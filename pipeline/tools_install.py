@@ -259,7 +259,8 @@ def _target(args) -> tuple[str, str | None, object]:
         return args.backend, args.cuda_archs, None
     if jetson:
         raise PipelineError(f"PROFILE={jetson.name}: a Jetson's tools build on the Jetson, with JetPack {jetson.jetpack}'s "
-                            f"CUDA {jetson.cuda} (sm_{jetson.cuda_arch}): there, `make tools PROFILE={jetson.name}` "
+                            f"CUDA {jetson.cuda} (sm_{jetson.cuda_arch}): there, `make tools BACKEND=cuda "
+                            f"CUDA_ARCHS={jetson.cuda_arch} PROFILE={jetson.name}` "
                             "(docs/devices.md#jetson); from here `make tools ARCH=aarch64 "
                             f"PROFILE={jetson.cpu}` cross-builds its CPU tools")
     if args.backend != "cpu":
