@@ -28,7 +28,7 @@ from pipeline import tools_backend as tb
 from pipeline import tools_cross
 from pipeline.devices.check_draft import draft_speedup, prepare
 from pipeline.distribution.verify import check_slice_file, find_entry, locate, verify_located
-from pipeline.errors import PipelineError, ToolError
+from pipeline.errors import PipelineError
 from pipeline.fsutil import write_json_atomic
 from pipeline.stages.bench import measure as llama_bench
 from pipeline.stages.evaluate import (
@@ -168,12 +168,7 @@ def measure(tc, model: Path, slice_path: Path, dc: dict, threads: int, prof=None
     # -lv 4: llama-perplexity then prints libllama's buffer sizes (trace verbosity in b11312), the repack among them
     args = ["-m", model, "-c", str(dc["ctx"]), "--chunks", str(dc["chunks"]), "-b", str(dc["ctx"]), "-t", str(threads),
             "-lv", "4", "--kl-divergence-base", slice_path, "--kl-divergence"]
-    try:
-        res = run_perplexity(tc, args, None, has_kld_statistics, what)
-    except ToolError as exc:
-        if prof is not None and exc.returncode in tools_cross.SIGILL:  # one line naming the profile
-            tools_cross.check_features(prof, str(exc), exc.returncode, what)
-        raise
+    res = run_perplexity(tc, args, None, has_kld_statistics, what)  # check=False: a SIGILL comes back as its status
     features = tools_cross.check_features(prof, res.output, res.returncode, what) if prof else None
     _fail_on_tool_errors(res, what)
     m = _CHUNKS_RE.search(res.output)

@@ -349,10 +349,15 @@ def fits_section(name: str, devices, files: list[tuple[str, str, int, Path]], pr
 KV_BY_SIZE = ("q4_0", "iq4_nl", "q4_1", "q5_0", "q5_1", "q8_0", "f16", "bf16", "f32")
 
 
+def kv_eval_set(recipe: Recipe):
+    """The first eval set with ``kv_types``: the one KV choices and costs read; None without one."""
+    return next((e for e in recipe.eval_sets if e.kv_types), None)
+
+
 def kv_choice(recipe: Recipe, artifacts: list[dict]) -> tuple[str, str] | None:
     """``kv_type: auto``'s type: the smallest of the first eval set with ``kv_types`` whose runs are inside the
     thresholds of every published quant (f16, the gates' own cache, when none is), and why; None without such a set."""
-    es = next((e for e in recipe.eval_sets if e.kv_types), None)
+    es = kv_eval_set(recipe)
     if es is None:
         return None
     quants = [e for e in artifacts if e.get("role") == "quant"]
@@ -373,7 +378,7 @@ def kv_costs_section(recipe: Recipe, layout: Layout, artifacts: list[dict]) -> d
     """The manifest's ``kv_costs``: per published quant and KV type of the first eval set with ``kv_types``, the file
     bytes plus the KV cache's at the first device's context (the eval set's without devices) against its mean KLD
     and same top p, and whether it is inside the quant's thresholds (f16: the gate itself). None without kv_types."""
-    es = next((e for e in recipe.eval_sets if e.kv_types), None)
+    es = kv_eval_set(recipe)
     if es is None:
         return None
     ctx = recipe.devices[0].ctx if recipe.devices else es.ctx
