@@ -270,11 +270,15 @@ class Layout:
 
     def conformance_inputs(self, r: Recipe) -> dict[str, str]:
         """What the conformance stage reads: the base GGUF, the HF folder, the first eval set's base logits and their
-        record (when the recipe has eval sets), the AWQ-folded folder (with ``awq:``)."""
+        record (when the recipe has eval sets), those of the ``ctx: long`` set, the AWQ-folded folder (with ``awq:``)."""
         out = {"base": str(self.base_gguf(r)), "hf": str(self.hf(r.name))}
         if r.eval_sets:
             es = r.first_eval_set.name
             out["logits"], out["base_record"] = str(self.base_logits(r.name, es)), str(self.base_record(r.name, es))
+        if r.long_eval_set:  # the logit check at one long chunk too (a long-range conversion error)
+            es = r.long_eval_set.name
+            out["logits_long"], out["base_record_long"] = (str(self.base_logits(r.name, es)),
+                                                           str(self.base_record(r.name, es)))
         if "awq" in r.bases:
             out["awq"] = str(self.hf_awq(r.name))
         return out

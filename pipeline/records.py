@@ -190,6 +190,7 @@ class ImatrixRecord(StageRecord):
     threads: int
     seconds: float
     experts: list = ABSENT  # MoE: per layer the experts the calibration reached (pipeline/stages/imatrix_coverage.py)
+    render: dict = ABSENT  # calibration {conversations: FILE}: how they were rendered (pipeline/stages/eval_sets.py)
 
 
 @record
@@ -223,6 +224,7 @@ class EvalBaseRecord(StageRecord):
     ppl: float
     ppl_stderr: float
     seconds: float
+    render: dict = ABSENT  # render: chat: how the conversations became ids (pipeline/stages/eval_sets.py)
 
 
 @record

@@ -73,6 +73,7 @@ TOOLS = (
 # install() writes each into examples/<target>/ with :data:`HELPER_CMAKE` and builds it with the TOOLS.
 HELPERS = {
     "ggufpipe-conformance": "conformance.cpp",
+    "ggufpipe-logits": "logits.cpp",
 }
 NATIVE_DIR = Path(__file__).resolve().parent / "native"
 # examples/<target>/CMakeLists.txt of a helper: as tools/tokenize/CMakeLists.txt, plus src/ on the include path
@@ -174,7 +175,7 @@ class Toolchain:
         if not (exe.is_file() and os.access(exe, os.X_OK)):
             if name in HELPERS and self.origin == "user":
                 raise PipelineError(
-                    f"the conformance stage needs {name}, built with the pinned tools (`make tools`): "
+                    f"the pipeline needs its helper {name}, built with the pinned tools (`make tools`): "
                     f"LLAMA_CPP_DIR={self.root} lacks it (unset LLAMA_CPP_DIR, or build pipeline/native/"
                     f"{HELPERS[name]} as a target of your llama.cpp tree into {self.bin_dir})"
                 )

@@ -17,11 +17,15 @@ class ImatrixConfig:
     chunks: int = 32
     min_expert_coverage: float | None = None  # None: coverage recorded, not gated
     min_expert_tokens: int = 1
+    render: str = "text"  # "chat": ``calibration: {conversations: FILE}``, rendered with the model's chat template
+    hub_dataset: str | None = None  # the calibration's Hub dataset id (the card's ``datasets:``)
 
     def describe(self) -> dict:  # the coverage keys only where set: older recipes keep their keys (and rerun trigger)
         gate = {"min_expert_coverage": self.min_expert_coverage, "min_expert_tokens": self.min_expert_tokens}
         return {"calibration": self.calibration.name, "ctx": self.ctx, "chunks": self.chunks,
-                **({} if gate == {"min_expert_coverage": None, "min_expert_tokens": 1} else gate)}
+                **({} if gate == {"min_expert_coverage": None, "min_expert_tokens": 1} else gate),
+                **({"render": self.render} if self.render != "text" else {}),
+                **({"hub_dataset": self.hub_dataset} if self.hub_dataset else {})}
 
 
 def parse_coverage(ctx, d: dict) -> dict:

@@ -12,6 +12,7 @@ from pipeline.gguf.types import type_bpw
 from pipeline.recipe import naming
 from pipeline.recipe import schema as _schema
 from pipeline.recipe.devices import Device
+from pipeline.recipe.evalset import EvalSet
 from pipeline.recipe.imatrix import ImatrixConfig
 from pipeline.recipe.mix import Flavour, Mix, Sensitivity
 from pipeline.recipe.speedup import Speedup
@@ -121,28 +122,6 @@ class Source:
         if self.repo:
             return {"repo": self.repo, "revision": self.revision}
         return {"path": self.path}
-
-
-@dataclass(frozen=True)
-class EvalSet:
-    name: str
-    text: Path
-    ctx: int
-    chunks: int
-    thresholds: tuple[tuple[str, float], ...] = ()
-    text_sha256: str | None = None
-    kv_types: tuple[str, ...] = ()  # () or ("f16", more...): each quant also measured with these KV caches
-
-    def describe(self) -> dict:
-        return {"name": self.name, "text": self.text.name, "ctx": self.ctx, "chunks": self.chunks, **self.describe_kv()}
-
-    def describe_kv(self) -> dict:  # only where set: a recipe without kv_types keeps its keys and triggers
-        return {"kv_types": list(self.kv_types)} if self.kv_types else {}
-
-    @property
-    def kv_extra(self) -> tuple[str, ...]:
-        """The KV types measured besides the default f16 cache."""
-        return tuple(k for k in self.kv_types if k != "f16")
 
 
 @dataclass(frozen=True)
@@ -482,6 +461,11 @@ class Recipe:
     def first_eval_set(self) -> EvalSet | None:
         """The eval set the device slice, the draft's agreement and conformance's logits use (None: no gates)."""
         return self.eval_sets[0] if self.eval_sets else None
+
+    @property
+    def long_eval_set(self) -> EvalSet | None:
+        """The first ``ctx: long`` eval set: conformance's logit check also runs on its one long chunk."""
+        return next((es for es in self.eval_sets if es.long), None)
 
     @property
     def base_file(self) -> str:

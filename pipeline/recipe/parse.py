@@ -82,24 +82,40 @@ def _parse_eval_sets(ctx: _Ctx, value) -> tuple[EvalSet, ...]:
         if name is None:
             ctx.fail(f"{where}.name", "missing (needed when there are several eval sets)")
         name = ctx.string(name, f"{where}.name", EVAL_NAME_RE, "an eval set name (a-z 0-9 _ -)")
-        for req in ("text", "ctx", "chunks"):
+        long = d.get("ctx") == "long"
+        for req in ("text", "ctx") if long else ("text", "ctx", "chunks"):
             if req not in d:
                 ctx.fail(f"{where}.{req}", "missing")
         text = _text_path(ctx, d["text"], f"{where}.text", "eval text")
         sha = d.get("text_sha256")
         if sha is not None:
             sha = ctx.string(sha, f"{where}.text_sha256", SHA256_RE, "a SHA256 (64 lowercase hex)")
-        n_ctx = _integer(ctx, d["ctx"], f"{where}.ctx", 16)
-        chunks = _integer(ctx, d["chunks"], f"{where}.chunks", 1)
+        max_ctx = _integer(ctx, d.get("max_ctx", 4096), f"{where}.max_ctx", 16)
+        if long:  # one chunk at min(trained context, max_ctx), resolved by eval-base from the GGUF
+            n_ctx = max_ctx
+            chunks = _integer(ctx, d.get("chunks", 1), f"{where}.chunks", 1)
+            if chunks != 1:
+                ctx.fail(f"{where}.chunks", "must be 1 with ctx: long (one chunk at the model's trained context)")
+        else:
+            if "max_ctx" in d:
+                ctx.fail(f"{where}.max_ctx", "only with ctx: long")
+            if isinstance(d["ctx"], str):
+                ctx.fail(f"{where}.ctx", f"must be an integer >= 16 or long, got {d['ctx']!r}")
+            n_ctx = _integer(ctx, d["ctx"], f"{where}.ctx", 16)
+            chunks = _integer(ctx, d["chunks"], f"{where}.chunks", 1)
+        render = d.get("render", "text")
+        if render not in ("text", "chat"):
+            ctx.fail(f"{where}.render", f"must be text or chat, got {render!r}")
         scored = scored_tokens(n_ctx, chunks)
-        if scored < MIN_SCORED_TOKENS:
+        if scored < MIN_SCORED_TOKENS and not long:  # one long chunk scores half the model's context, whatever it is
             ctx.fail(f"{where}.chunks", f"ctx {n_ctx} x {chunks} chunks scores only {scored} tokens; at least "
                                         f"{MIN_SCORED_TOKENS} are needed for a meaningful evaluation")
         if any(es.name == name for es in sets):
             ctx.fail(f"{where}.name", f"eval set {name!r} repeats")
         sets.append(EvalSet(name=name, text=text, ctx=n_ctx, chunks=chunks,
                             thresholds=_thresholds(ctx, d, where), text_sha256=sha,
-                            kv_types=_kv_types(ctx, d.get("kv_types"), f"{where}.kv_types")))
+                            kv_types=_kv_types(ctx, d.get("kv_types"), f"{where}.kv_types"), render=render,
+                            long=long, max_ctx=max_ctx, hub_dataset=_hub_dataset(ctx, d, f"{where}.hub_dataset")))
     return tuple(sets)
 
 
@@ -327,9 +343,22 @@ def _parse_publish(ctx: _Ctx, value) -> Publish:
 
 def _parse_imatrix(ctx: _Ctx, value, eval_sets) -> ImatrixConfig:
     d = ctx.mapping(value, "imatrix", IMATRIX_KEYS)
+    render = "text"
+    if isinstance(d.get("calibration"), dict):  # {conversations: FILE}: chat JSONL, rendered with the chat template
+        c = d["calibration"]
+        if set(c) != {"conversations"}:
+            ctx.fail("imatrix.calibration", "a text file, or {conversations: FILE} (chat JSONL, one conversation a "
+                                            f"line), got the keys {sorted(c)}")
+        d, render = {**d, "calibration": c["conversations"]}, "chat"
     cal = _calibration(ctx, d, "imatrix", eval_sets)
     return ImatrixConfig(calibration=cal, ctx=_integer(ctx, d.get("ctx", 512), "imatrix.ctx", 16),
-                         chunks=_integer(ctx, d.get("chunks", 32), "imatrix.chunks", 1), **parse_coverage(ctx, d))
+                         chunks=_integer(ctx, d.get("chunks", 32), "imatrix.chunks", 1), **parse_coverage(ctx, d),
+                         render=render, hub_dataset=_hub_dataset(ctx, d, "imatrix.hub_dataset"))
+
+
+def _hub_dataset(ctx: _Ctx, d: dict, where: str) -> str | None:
+    v = d.get("hub_dataset")
+    return None if v is None else ctx.string(v, where, REPO_RE, "a Hub dataset id owner/name")
 
 
 def _parse_draft(ctx: _Ctx, value, main_quants: tuple[Quant, ...], eval_sets, known, build, outtype: str,

@@ -267,8 +267,22 @@ EVAL_SET = Section("gates[]", "`gates[]`: each eval set", (
     Field("text_sha256", "string: SHA256, 64 lowercase hex", None,
           "Pin of the text, recorded with the metrics.",
           "2680fa93dfc313ac6270fbf44128f4ba4c4f409ab5498f612b0e106965fdea99"),
-    Field("ctx", "int >= 16", REQUIRED, "Context length of each chunk (llama-perplexity `-c`).", 512),
-    Field("chunks", "int >= 1", REQUIRED, "Number of chunks evaluated (llama-perplexity `--chunks`).", 16),
+    Field("ctx", "int >= 16, or `long`", REQUIRED,
+          "Context length of each chunk (llama-perplexity `-c`). `long`: one chunk at min(the model's trained context, "
+          "`max_ctx`), which catches a long-context RoPE error that every short gate passes "
+          "(docs/quality-gates.md#long-context).", 512),
+    Field("max_ctx", "int >= 16", 4096, "With `ctx: long`: the cap on the chunk (the base logits grow with ctx x vocab).",
+          2048),
+    Field("chunks", "int >= 1", REQUIRED, "Number of chunks evaluated (llama-perplexity `--chunks`); 1 with `ctx: long`.",
+          16),
+    Field("hub_dataset", "string `owner/name`", None,
+          "The text's Hugging Face Hub dataset id, where it has one: the model card's metadata lists it under "
+          "`datasets:`.", "Salesforce/wikitext"),
+    Field("render", "`text` or `chat`", "text",
+          "`chat`: `text` is JSONL, one conversation a line (`{\"messages\": [{\"role\", \"content\"}, ...]}`), rendered "
+          "with the model's own chat template (llama.cpp's, which conformance compares with Hugging Face's) and "
+          "tokenized with special tokens; the base logits are written from those ids (ggufpipe-logits) "
+          "(docs/quality-gates.md#chat-rendered-sets).", "chat"),
     Field("kv_types", "list of KV cache types (`f16`, `q8_0`, `q4_0`, ...), `f16` first", Note("none: f16 only"),
           "Also measure each quant with these KV cache types (`-ctk/-ctv`) against the same base logits (the F16 file "
           "with an f16 cache); a device with `kv_type: auto` is launched with the smallest one inside the quant's "
@@ -313,10 +327,15 @@ IMATRIX = Section("imatrix", "`imatrix:`", (
     "llama-imatrix over a calibration text, once per base GGUF a quant uses (plain or AWQ). Quants of 4 bits "
     "and fewer use it unless they say `imatrix: false`; others only with `imatrix: true`."
 ), (
-    Field("calibration", "path to a text file", REQUIRED,
+    Field("calibration", "path to a text file, or `{conversations: FILE}`", REQUIRED,
           "Calibration text (relative paths: to the recipe file); refused if it has the same SHA256 as a gates "
-          "text. It must hold `ctx x chunks` tokens.", "../data/botchan-calib.txt"),
+          "text. It must hold `ctx x chunks` tokens. `{conversations: FILE}`: chat JSONL (as a `render: chat` eval "
+          "set's), rendered with the model's chat template and run with `llama-imatrix --parse-special` "
+          "(docs/calibration.md#chat-rendered-calibration).", "../data/botchan-calib.txt"),
     CALIBRATION_SHA256,
+    Field("hub_dataset", "string `owner/name`", None,
+          "The calibration's Hugging Face Hub dataset id, where it has one: the model card's metadata lists it under "
+          "`datasets:` when a published quant used the imatrix.", "Salesforce/wikitext"),
     Field("ctx", "int >= 16", 512, "Context length of each chunk.", 256),
     Field("chunks", "int >= 1", 32, "Number of chunks.", 8),
     Field("min_expert_coverage", "number 0..1", None,

@@ -13,12 +13,12 @@ from pipeline.fsutil import write_text_atomic
 from pipeline.stages.report import (
     conformance_text,
     draft_table,
-    eval_desc,
     kv_table,
     label,
     markdown_table,
     mtp_text,
 )
+from pipeline.stages.report_axes import axis, eval_desc, length_table
 from pipeline.stages.report_devices import device_check_text, fits_table, launch_table
 from pipeline.stages.report_mix import card_mix_lines
 from pipeline.stages.split import model_path
@@ -52,7 +52,8 @@ def front_matter(manifest: dict) -> str:
     with ``base_model_relation: quantized``, ``license`` (and ``license_name``/``license_link`` for ``other``),
     ``tags`` (``gguf``, ``llama-cpp``, ``imatrix`` when a published quant used one), ``language`` and
     ``pipeline_tag`` (the manifest's ``hub.card``: from the source's model card), ``quantized_by``,
-    ``library_name: gguf``. No ``datasets``: no recipe key names a Hub dataset."""
+    ``library_name: gguf``, and ``datasets``: the Hub ids of the gate texts and the calibration a published quant
+    used, where the recipe names one (``hub_dataset``)."""
     src = manifest.get("source", {})
     meta = manifest.get("gguf_metadata", {})
     card = (manifest.get("hub") or {}).get("card") or {}
@@ -70,6 +71,11 @@ def front_matter(manifest: dict) -> str:
         lines += ["language:", *(f"  - {_yaml(x)}" for x in card["language"])]
     if card.get("pipeline_tag"):
         lines.append(f"pipeline_tag: {_yaml(card['pipeline_tag'])}")
+    datasets = sorted({es["hub_dataset"] for es in manifest.get("eval_sets", []) if es.get("hub_dataset")}
+                      | {(e.get("calibration") or {}).get("imatrix", {}).get("hub_dataset") for e in manifest["artifacts"]
+                         if e.get("role") == "quant"} - {None})
+    if datasets:
+        lines += ["datasets:", *(f"  - {_yaml(d)}" for d in datasets)]
     lines += [f"quantized_by: {_yaml(meta.get('general.quantized_by', 'ggufpipe'))}", "library_name: gguf", "---", ""]
     return "\n".join(lines)
 
@@ -197,10 +203,14 @@ def card_text(manifest: dict, measured: list[dict] | None = None) -> str:
     sets = [es["name"] for es in manifest.get("eval_sets", [])] or [None]
     if manifest.get("eval_sets"):
         body += ["Quality against the unquantized file:", eval_desc(manifest), ""]
+    axes = {es["name"]: axis(es) for es in manifest.get("eval_sets", [])}
     for es in sets:
         if es and len(sets) > 1:
-            body += [f"### {es}", ""]
+            body += [f"### {es}: {axes[es]}", ""]
         body += [markdown_table(manifest, es, speed=False, labels=True), ""]
+    lengths = length_table(manifest)
+    if lengths:
+        body += ["### KLD per context length", "", lengths, ""]
     mixes = card_mix_lines(manifest)
     if mixes:  # two lines each: what the mix is, how to make it again from its published map
         body += ["## Measured mixes", "", *mixes, ""]

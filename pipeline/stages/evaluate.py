@@ -23,6 +23,7 @@ import os
 import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 from pipeline.errors import PipelineError, ToolError
@@ -31,7 +32,8 @@ from pipeline.memory import ModelShape
 from pipeline.recipe import EvalSet, scored_tokens
 from pipeline.records import EvalBaseRecord, EvalRecord
 from pipeline.stagedef import Stage, logits_bytes, mem_mb
-from pipeline.tools import Toolchain, ToolResult, find_toolchain, run_tool, tail
+from pipeline.stages.eval_sets import LOGITS_HELPER, chat_ids_file, resolve_ctx
+from pipeline.tools import Toolchain, ToolResult, find_toolchain, helper_sources, run_tool, tail
 from pipeline.tools_rerun import LOST_LINES_RETRIES, run_complete, tool_errors
 
 _PPL_RE = re.compile(r"Final estimate: PPL = ([0-9.]+) \+/- ([0-9.]+)")
@@ -99,10 +101,9 @@ def has_kld_statistics(output: str) -> bool:
 
 
 def run_perplexity(tc: Toolchain, args: list, log: Path | None, complete: Callable[[str], bool],
-                   what: str, retries: int = LOST_LINES_RETRIES) -> ToolResult:
-    """llama-perplexity, re-run while its output lost its final lines (pipeline/tools_rerun.py)."""
-    return run_complete(tc, "llama-perplexity", args, log, lambda out: _CHUNKS_RE.search(out) is not None, complete,
-                        what, retries)
+                   what: str, retries: int = LOST_LINES_RETRIES, tool: str = "llama-perplexity") -> ToolResult:
+    """llama-perplexity (or ggufpipe-logits), re-run while its output lost its final lines (pipeline/tools_rerun.py)."""
+    return run_complete(tc, tool, args, log, lambda out: _CHUNKS_RE.search(out) is not None, complete, what, retries)
 
 
 def parse_kld_statistics(output: str) -> dict:
@@ -141,14 +142,13 @@ def _common_args(es: EvalSet, threads: int) -> list[str]:
     return ["-c", str(es.ctx), "--chunks", str(es.chunks), "-b", str(es.ctx), "-t", str(threads)]
 
 
-def _fail_on_tool_errors(res, what: str) -> None:
+def _fail_on_tool_errors(res, what: str, tool: str = "llama-perplexity") -> None:
     errors = tool_errors(res.output)
     if errors:
-        raise ToolError("llama-perplexity", res.returncode, None, f"{what}: llama-perplexity failed: {errors[0]}"
+        raise ToolError(tool, res.returncode, None, f"{what}: {tool} failed: {errors[0]}"
                         + (f" ({errors[1]})" if len(errors) > 1 else ""))
     if res.returncode != 0:
-        raise ToolError("llama-perplexity", res.returncode, None, f"{what}: llama-perplexity exited {res.returncode}: "
-                        f"{tail(res.output)}")
+        raise ToolError(tool, res.returncode, None, f"{what}: {tool} exited {res.returncode}: {tail(res.output)}")
 
 
 def check_text(es: EvalSet, what: str) -> str:
@@ -179,49 +179,62 @@ def eval_base(recipe_name: str, es: EvalSet, base_gguf: str | Path, out_logits: 
     tc = tc or find_toolchain()
     what = f"{recipe_name}: eval set {es.name}: base"
     digest = check_text(es, what)
-    # The text's token count (for the record, and a clear "too short" error) comes from llama-tokenize run
-    # beside llama-perplexity, on the core that perplexity leaves idle while it loads and tokenizes: run
-    # first, it added 0.2-0.4 s to every build. A text too short for the eval set is refused with the
-    # count (perplexity's own failure, or the logits it wrote, are then discarded).
-    with ThreadPoolExecutor(1, thread_name_prefix="count-tokens") as pool:
-        counting = pool.submit(count_tokens, tc, base_gguf, es.text)
-        try:
-            res, m = _write_base_logits(tc, es, base_gguf, out_logits, threads, log, what,
-                                        lambda: _check_length(counting.result(), es, what))
-        except PipelineError:
-            _check_length(counting.result(), es, what)  # the count's message, when that is why it failed
-            raise
-    n_tokens = counting.result()
+    es = resolve_ctx(es, base_gguf, what)
+    render = None
+    if es.render == "chat":
+        with chat_ids_file(tc, base_gguf, es, what, Path(log) if log else None) as (ids, render):
+            n_tokens = render["tokens"]
+            _check_length(n_tokens, es, what)
+            res, m = _write_base_logits(tc, es, base_gguf, out_logits, threads, log, what, ids=ids)
+    else:
+        # The text's token count (for the record, and a clear "too short" error) comes from llama-tokenize run
+        # beside llama-perplexity, on the core that perplexity leaves idle while it loads and tokenizes: run
+        # first, it added 0.2-0.4 s to every build. A text too short for the eval set is refused with the
+        # count (perplexity's own failure, or the logits it wrote, are then discarded).
+        with ThreadPoolExecutor(1, thread_name_prefix="count-tokens") as pool:
+            counting = pool.submit(count_tokens, tc, base_gguf, es.text)
+            try:
+                res, m = _write_base_logits(tc, es, base_gguf, out_logits, threads, log, what,
+                                            lambda: _check_length(counting.result(), es, what))
+            except PipelineError:
+                _check_length(counting.result(), es, what)  # the count's message, when that is why it failed
+                raise
+        n_tokens = counting.result()
     if log:
         with open(log, "a", encoding="utf-8") as fh:
             fh.write(f"[{es.text}: {n_tokens} tokens]\n")
     rec = EvalBaseRecord(eval_set=es.name, text=es.text.name, text_sha256=digest, text_tokens=n_tokens, ctx=es.ctx,
                          chunks=es.chunks, scored_tokens=scored_tokens(es.ctx, es.chunks), threads=threads,
-                         ppl=float(m.group(1)), ppl_stderr=float(m.group(2)), seconds=round(res.seconds, 1))
+                         ppl=float(m.group(1)), ppl_stderr=float(m.group(2)), seconds=round(res.seconds, 1),
+                         **({"render": render} if render else {}))
     rec.write(record)
     return rec.to_dict()
 
 
 def _check_length(n_tokens: int, es: EvalSet, what: str) -> None:
-    if n_tokens < es.ctx * es.chunks:
+    need = max(es.ctx * es.chunks, 2 * es.ctx)  # 2 x ctx even for one chunk (tools/perplexity/perplexity.cpp:478)
+    if n_tokens < need:
         raise PipelineError(
             f"{what}: eval text {es.text} is too short: {n_tokens} tokens, ctx {es.ctx} x {es.chunks} chunks needs "
-            f"{es.ctx * es.chunks}; use a longer text or fewer chunks"
+            f"{need}; use a longer text or fewer chunks"
         )
 
 
 def _write_base_logits(tc: Toolchain, es: EvalSet, base_gguf, out_logits, threads: int, log, what: str,
-                       check_before_rename: Callable[[], None] | None = None):
+                       check_before_rename: Callable[[], None] | None = None, ids: Path | None = None):
+    # ids: a file of token ids (render: chat), which ggufpipe-logits reads where llama-perplexity reads text
+    tool = LOGITS_HELPER if ids else "llama-perplexity"
     with atomic_output(out_logits) as tmp:
-        res = run_perplexity(tc, ["-m", base_gguf, "-f", es.text, *_common_args(es, threads), "--kl-divergence-base",
-                                  tmp], Path(log) if log else None, has_final_estimate, what)
+        res = run_perplexity(tc, ["-m", base_gguf, "-f", ids or es.text, *_common_args(es, threads),
+                                  "--kl-divergence-base", tmp], Path(log) if log else None, has_final_estimate, what,
+                             tool=tool)
         if check_before_rename:
             check_before_rename()
-        _fail_on_tool_errors(res, what)
+        _fail_on_tool_errors(res, what, tool)
         _check_chunks(res.output, es, what)
         m = _PPL_RE.search(res.output)
         if not m:
-            raise PipelineError(f"{what}: llama-perplexity printed no final estimate: {tail(res.output)}")
+            raise PipelineError(f"{what}: {tool} printed no final estimate: {tail(res.output)}")
     return res, m
 
 
@@ -241,7 +254,13 @@ def restore_base_logits(tc: Toolchain, es: EvalSet, base_gguf, base_logits, base
         st = base_logits.stat()
         if st.st_size > 0:  # another job restored them meanwhile
             return False
-        _, m = _write_base_logits(tc, es, base_gguf, base_logits, threads, log, f"{what}: restoring base logits")
+        es = replace(es, ctx=EvalBaseRecord.read(base_record, "eval").ctx)  # ctx: long, as resolved
+        if es.render == "chat":
+            with chat_ids_file(tc, base_gguf, es, what, Path(log) if log else None) as (ids, _):
+                _, m = _write_base_logits(tc, es, base_gguf, base_logits, threads, log, f"{what}: restoring base "
+                                          "logits", ids=ids)
+        else:
+            _, m = _write_base_logits(tc, es, base_gguf, base_logits, threads, log, f"{what}: restoring base logits")
         os.utime(base_logits, ns=(st.st_atime_ns, st.st_mtime_ns))
     want = EvalBaseRecord.read(base_record, "eval").ppl
     if float(m.group(1)) != want:
@@ -278,6 +297,7 @@ def eval_quant(recipe_name: str, quant_key: str, es: EvalSet, quant_gguf: str | 
     tc = tc or find_toolchain()
     what = f"{recipe_name}: eval set {es.name}: {quant_key}"
     base = EvalBaseRecord.read(base_record, "eval")
+    es = replace(es, ctx=base.ctx) if es.long else es  # as eval-base resolved it
     if not Path(base_logits).is_file():
         raise PipelineError(f"{what}: base logits {base_logits} are missing (run eval-base first)")
     check_kv_types(es, quant_gguf, what)  # before any run: nothing is measured half
@@ -399,8 +419,10 @@ def gate_messages(manifest: dict) -> list[str]:
 def eval_fields(r, es_name: str, s) -> dict:
     """What an eval set's numbers depend on: the trigger of eval-base, eval and the device slice."""
     e = r.eval_set(es_name)
+    # only where set, so that older recipes keep their triggers; a chat set's ids come from the two helpers
+    extra = {"render": e.render, "helpers": helper_sources()} if e.render != "text" else {}
     return {"text": str(e.text), "ctx": e.ctx, "chunks": e.chunks, "eval_threads": s.eval_threads,
-            "build": s.build_number, "offload": s.offload}
+            "build": s.build_number, "offload": s.offload, **extra, **({"ctx_long": True} if e.long else {})}
 
 
 def _logits_mb(s) -> int:

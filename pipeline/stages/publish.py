@@ -222,8 +222,12 @@ def _eval_sets(recipe: Recipe, layout: Layout) -> tuple[list[dict], dict, dict]:
     eval_sets, eval_base, eval_threads = [], {}, {}
     for es in recipe.eval_sets:
         rec = EvalBaseRecord.read(layout.base_record(recipe.name, es.name))
-        eval_sets.append({"name": es.name, "text": rec.text, "text_sha256": rec.text_sha256, "ctx": es.ctx,
-                          "chunks": es.chunks, "scored_tokens": rec.scored_tokens, **es.describe_kv()})
+        # ctx as eval-base ran it (ctx: long resolved), how a chat set was rendered
+        eval_sets.append({"name": es.name, "text": rec.text, "text_sha256": rec.text_sha256, "ctx": rec.ctx,
+                          "chunks": es.chunks, "scored_tokens": rec.scored_tokens, **es.describe_kv(),
+                          **({"render": rec.render} if rec.has("render") else {}),
+                          **({"ctx_long": {"max_ctx": es.ctx}} if es.long else {}),
+                          **({"hub_dataset": es.hub_dataset} if es.hub_dataset else {})})
         eval_threads[es.name] = rec.threads  # follows --cores (results do not): build section
         eval_base[es.name] = {"ppl": rec.ppl, "ppl_stderr": rec.ppl_stderr}
     return eval_sets, eval_base, eval_threads

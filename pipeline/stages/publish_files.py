@@ -53,6 +53,10 @@ IMATRIX_KEYS = ("quantize.imatrix.file", "quantize.imatrix.dataset", "quantize.i
                 "quantize.imatrix.chunks_count")
 
 
+def _cut127(s: str) -> str:
+    return s.encode()[:127].decode("utf-8", "ignore")
+
+
 def _calibration(recipe: Recipe, layout: Layout, q, gguf_path: Path, seconds: dict) -> tuple[dict, list[dict]]:
     """A quant's ``calibration`` entry (AWQ params, imatrix settings and SHA256s) and the failures
     of its cross-check against the GGUF's own ``quantize.imatrix.*`` keys."""
@@ -72,9 +76,11 @@ def _calibration(recipe: Recipe, layout: Layout, q, gguf_path: Path, seconds: di
         imx_file = layout.imatrix(recipe.name, q.base)
         out["imatrix"] = {**m.params, "base": q.base, "file": imx_file.name, "sha256": m.sha256,
                           "calibration_sha256": m.calibration_sha256, "entries": m.facts["entries"],
-                          "threads": m.get("threads"), **({"experts": m.experts} if m.has("experts") else {})}
+                          "threads": m.get("threads"), **({"experts": m.experts} if m.has("experts") else {}),
+                          **({"render": m.render} if m.has("render") else {})}
         seconds[f"imatrix_{q.base}"] = m.seconds
-        want = {"quantize.imatrix.file": imx_file.name, "quantize.imatrix.dataset": m.params["calibration"],
+        # llama-quantize copies the file name and the first dataset cut at 127 bytes (tools/quantize/quantize.cpp:513-522)
+        want = {"quantize.imatrix.file": _cut127(imx_file.name), "quantize.imatrix.dataset": _cut127(m.params["calibration"]),
                 "quantize.imatrix.entries_count": m.facts["entries"],
                 "quantize.imatrix.chunks_count": m.facts["chunk_count"]}
         bad = {k: (keys.get(k), v) for k, v in want.items() if keys.get(k) != v}

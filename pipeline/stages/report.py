@@ -8,6 +8,7 @@ from pathlib import Path
 
 from pipeline.fsutil import write_text_atomic
 from pipeline.recipe.naming import hub_label
+from pipeline.stages.report_axes import axis, eval_desc, length_table
 from pipeline.stages.report_devices import device_check_text, fits_table, launch_table
 from pipeline.stages.report_mix import mixes_markdown, pareto_front, write_heatmaps
 from pipeline.stages.report_speedup import PLOT_FILE, write_speedup_plot
@@ -247,15 +248,6 @@ def render_plot(manifest: dict, width: int = 700, height: int = 450, points: lis
     return "\n".join(out) + "\n"
 
 
-def eval_desc(manifest: dict) -> str:
-    out = []
-    for es in manifest.get("eval_sets", []):
-        out.append(f"- **{es['name']}**: `{es['text']}` (SHA256 `{es['text_sha256'][:16]}…`), ctx {es['ctx']}, "
-                   f"{es['chunks']} chunks ({es['scored_tokens']} scored tokens); KLD against the "
-                   f"{manifest.get('base_quant_type', 'F16')} file with `llama-perplexity --kl-divergence`")
-    return "\n".join(out)
-
-
 def draft_table(manifest: dict) -> str:
     d = manifest.get("draft")
     if not d:
@@ -443,10 +435,14 @@ def write_report(manifest: dict, out_md: str | Path, out_svg: str | Path, measur
     sets = [es["name"] for es in manifest.get("eval_sets", [])] or [None]
     if manifest.get("eval_sets"):
         parts += ["Eval sets:", eval_desc(manifest), ""]
+    axes = {es["name"]: axis(es) for es in manifest.get("eval_sets", [])}
     for es in sets:
         if es:
-            parts += [f"## Eval set `{es}`", ""]
+            parts += [f"## Eval set `{es}`: {axes[es]}", ""]
         parts += [markdown_table(manifest, es, speed=True), ""]
+    lengths = length_table(manifest)
+    if lengths:
+        parts += ["## KLD per context length", "", lengths, ""]
     mixes = mixes_markdown(manifest)
     if mixes:
         parts += ["## Measured mixes", "", mixes, ""]

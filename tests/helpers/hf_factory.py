@@ -201,3 +201,26 @@ def make_echo_pair(dest: Path, main_shape: tuple[int, int] = (512, 8), draft_sha
         model.half().save_pretrained(folder, safe_serialization=True)
         out.append(folder)
     return tuple(out)
+
+
+def make_tiny_phi3_longrope(dest: Path, tokenizer_dir: Path, init: float = 0.1, seed: int = 0) -> Path:
+    """A 2-layer Phi-3-style model with LongRoPE: trained context 2048, original 512, short factors near 1 and long
+    ones up to 16.5 (Phi-3-mini-128k's shape, scaled down); the SentencePiece tokenizer of ``tokenizer_dir`` (a
+    make_tiny_llama folder). Random weights drawn wider than the default (``init``) so that the logits are peaked
+    enough for a rope error to show in top-1 agreement and KLD."""
+    import torch
+    from transformers import Phi3Config, Phi3ForCausalLM
+
+    dest.mkdir(parents=True)
+    for f in ("tokenizer.model", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(Path(tokenizer_dir) / f, dest / f)
+    half = 32  # head size 64
+    cfg = Phi3Config(vocab_size=768, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+                     num_key_value_heads=4, max_position_embeddings=2048, original_max_position_embeddings=512,
+                     rope_scaling={"rope_type": "longrope", "short_factor": [1.0 + 0.05 * i for i in range(half)],
+                                   "long_factor": [1.0 + 0.5 * i for i in range(half)]},
+                     initializer_range=init, bos_token_id=1, eos_token_id=2, pad_token_id=0, sliding_window=None,
+                     tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    save_with_trained_norms(Phi3ForCausalLM(cfg), dest, suffix="layernorm.weight")
+    return dest

@@ -221,7 +221,7 @@ def test_broken_hf_folder_fails_in_one_line_each(built, toolchain, tmp_path):
 def test_normal_forms_are_defects_unless_accepted(built, toolchain, tmp_path, form):
     """The demo F16 against its HF folder with an NFD or NFKC normalizer: every mismatch has that cause, a defect
     that fails in one line each; with ``conformance: {accept: [<form>]}`` the same record passes, the cause shown
-    as an accepted difference with the share of Botchan it changes (0: ASCII prose), and an accepted cause the
+    as an accepted difference with the share of each gate text it changes (0 for ASCII prose), and an accepted cause the
     build did not find is a warning naming it."""
     b = built["demo"]
     hf = tmp_path / "hf"
@@ -243,7 +243,11 @@ def test_normal_forms_are_defects_unless_accepted(built, toolchain, tmp_path, fo
                if "more probes differ" not in f)
     tk = recs[1]["checks"]["tokenizer"]
     assert recs[1]["passed"] and tk["passed"] and tk["causes"][cause]["status"] == "accepted", tk
-    assert tk["causes"][cause]["text_share"] == {"botchan.txt": 0.0}, tk
+    shares = tk["causes"][cause]["text_share"]  # the share of each gate text the cause changes
+    assert set(shares) == {"botchan.txt", "chat-gate.jsonl", "chinese-gate.jsonl", "code-six.py.txt"}, shares
+    assert shares["botchan.txt"] == shares["chat-gate.jsonl"] == shares["code-six.py.txt"] == 0.0, shares
+    # NFKC folds the Chinese conversations' full-width punctuation (131 characters); NFD changes no gate text
+    assert (shares["chinese-gate.jsonl"] > 0) == (form == "NFKC"), shares
     assert any(f"accepted difference (recipe conformance.accept) {cause}:" in w for w in recs[1]["warnings"])
     assert any("conformance.accept names precompiled, which this build did not find" in w for w in recs[1]["warnings"])
 

@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import yaml
-from helpers import BOTCHAN, DEMO_RECIPE
+from helpers import BOTCHAN, demo_recipe_data
 
 from pipeline.errors import GateFailure
 from pipeline.layout import Layout
@@ -85,8 +85,7 @@ def _convert_and_quantize(recipe, layout: Layout, toolchain) -> None:
 def drafts(tmp_path_factory, demo_hub, toolchain):
     """(draft recipe, {"good": Layout, "broken": Layout}): the draft built twice, side by side, under tmp roots."""
     root = tmp_path_factory.mktemp("draft-conformance")
-    data = yaml.safe_load(DEMO_RECIPE.read_text())
-    data["gates"][0]["text"] = str(BOTCHAN)  # relative to the recipe file in recipes/
+    data = demo_recipe_data()  # its texts made absolute
     data["conformance"] = {"chunks": CHUNKS}
     data["draft"]["speedup"] = False  # the pair records below are written, not measured: the line is the estimate's
     main_file = root / "recipes" / "smollm2-135m.yaml"

@@ -109,7 +109,8 @@ def test_summary_of_a_passing_recipe_with_draft(tmp_path):
     md = summary_markdown(sel, [res], 192.0)
     assert md.startswith("## ggufpipe CI: ✅ 1 recipe(s) passed\n\n1 recipe(s) changed since origin/main")
     assert "Deleted (not built): `recipes/old.yaml`" in md and "### ✅ smollm2-135m" in md
-    assert "| `smollm2-135m-Q8_0.gguf` | Q8_0 | 138.1 | 1.0084 | 0.00370 | 0.0158 | 96.0% | ✅ pass |" in md
+    assert "| `smollm2-135m-Q8_0.gguf` | Q8_0 | 138.1 | botchan | 1.0084 | 0.00370 | 0.0158 | 96.0% | ✅ pass |" in md
+    assert "|  |  |  | chat | 1.0001 | 0.00224 | 0.0202 | 98.6% |  |" in md  # one row per further eval set
     assert ("| `smollm2-135m-Q8_0.gguf` | `smollm2-135m-draft-Q4_0.gguf` | ✅ compatible | 0.543 | 4 | 0.89 |"
             in md)
     assert "Failures:" not in md and "**" not in md and md.rstrip().endswith("<sub>ggufpipe ci, 3 min 12 s</sub>")

@@ -8,7 +8,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 import yaml
-from helpers import BOTCHAN, DEMO_RECIPE, TEST_DATA, recipe_error
+from helpers import DEMO_RECIPE, TEST_DATA, demo_recipe_data, recipe_error
 
 from pipeline.errors import PipelineError
 from pipeline.recipe import default_thresholds, load_recipe
@@ -82,8 +82,7 @@ BAD_GATES = [
 
 @pytest.mark.parametrize("change,field,what", BAD_GATES, ids=[b[1] + str(i) for i, b in enumerate(BAD_GATES)])
 def test_bad_gate_config(tmp_path, change, field, what):
-    data = yaml.safe_load(DEMO_RECIPE.read_text())
-    data["gates"][0]["text"] = str(BOTCHAN)
+    data = demo_recipe_data()
     data["gates"][0].update(change)  # a relative text path resolves against the recipe's folder
     p = tmp_path / "r.yaml"
     p.write_text(yaml.safe_dump(data))
@@ -92,8 +91,7 @@ def test_bad_gate_config(tmp_path, change, field, what):
 
 
 def test_per_quant_gate_override_needs_known_set(tmp_path):
-    data = yaml.safe_load(DEMO_RECIPE.read_text())
-    data["gates"][0]["text"] = str(BOTCHAN)
+    data = demo_recipe_data()
     data["quants"][1] = {"type": "Q5_K_M", "gates": {"wikitext": {"max_kld_mean": 0.1}}}
     p = tmp_path / "r.yaml"
     p.write_text(yaml.safe_dump(data))

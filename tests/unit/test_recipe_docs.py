@@ -42,6 +42,8 @@ EXCLUSIVE = {
     ("draft", "gguf"): ("source", "quants"),
     ("draft", "mtp"): ("source", "quants"),
 }
+# Keys that only go with others: tested with them.
+COMPANIONS = {("gates[]", "max_ctx"): {"ctx": "long", "chunks": 1}}
 # Keys the parser checks but does not keep (a pin): tested by refusing a wrong value instead.
 PINS = {("awq", "calibration_sha256"), ("imatrix", "calibration_sha256"), ("sensitivity", "text_sha256")}
 # Attribute of the parsed object that holds a key, where it is not the key's own name.
@@ -225,6 +227,7 @@ def test_documented_key_is_accepted_and_read(recipes_dir, s: Section, f: Field):
     if f.example is None and not f.key.endswith("_sha256"):
         pytest.fail(f"{s.path}:{f.key} has no example to test (and show) it with")
     mapping[key] = copy.deepcopy(f.example)
+    mapping.update(COMPANIONS.get((s.path, f.key), {}))
     _fill_pins(recipes_dir, mapping)
     recipe = write_and_load(recipes_dir, recipe_with(s.path, mapping))
     if _is_plain(f) and (s.path, f.key) not in PINS and f.example != f.default:

@@ -62,12 +62,12 @@ from pipeline.stages.conformance.common import (
 from pipeline.stages.conformance.eog import check_eog
 from pipeline.stages.conformance.hparams import check_hparams
 from pipeline.stages.conformance.logits import check_logits, compare_distributions
-from pipeline.stages.conformance.stage import compact, main, run, run_stage
+from pipeline.stages.conformance.stage import compact, run, run_stage
 from pipeline.stages.conformance.template import check_chat_template, plan_chat_template
 from pipeline.stages.conformance.tokenizer import check_tokenizer
 
 __all__ = [
     "DEFAULT_CHUNKS", "HELPER", "THRESHOLDS", "check_chat_template", "check_eog", "check_hparams", "check_logits", "check_tokenizer",
-    "clean_piece", "compact", "compare_distributions", "fail_line", "load_conversations", "load_probes", "main",
+    "clean_piece", "compact", "compare_distributions", "fail_line", "load_conversations", "load_probes",
     "plan_chat_template", "run", "run_stage",
 ]

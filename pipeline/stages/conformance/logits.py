@@ -156,7 +156,8 @@ def hf_class_name(model) -> str:
 def check_logits(recipe_name: str, hf_dir: str | os.PathLike, logits_file: str | os.PathLike, add_bos: bool,
                  bos_id: int | None, chunks: int = DEFAULT_CHUNKS, trust_remote_code: bool = False,
                  awq_dir: str | os.PathLike | None = None, base_ppl: float | None = None,
-                 available: int | None = None, n_tokens: int | None = None, outside: list[str] | None = None) -> dict:
+                 available: int | None = None, n_tokens: int | None = None, outside: list[str] | None = None,
+                 check: str = "logit fidelity") -> dict:
     """HF float32 against the GGUF's base logits (and, with ``awq_dir``, the AWQ-folded folder against the HF
     model: recorded, not gated). ``outside``: what the GGUF holds that neither side's logits run (recorded as is).
     See the module doc."""
@@ -167,7 +168,6 @@ def check_logits(recipe_name: str, hf_dir: str | os.PathLike, logits_file: str |
 
     t0 = time.monotonic()
     hf_dir = Path(hf_dir)
-    check = "logit fidelity"
     what = f"conformance: recipe {recipe_name}: {check}"
     lf = read_logits_file(logits_file)
     # not this GGUF's logits (a stale eval-base): nothing can be measured

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import shutil
@@ -16,7 +15,7 @@ from pipeline.errors import PipelineError
 from pipeline.fsutil import sha256_file
 from pipeline.gguf import read_header
 from pipeline.provenance import python_versions
-from pipeline.recipe import EvalSet, load_recipe
+from pipeline.recipe import EvalSet
 from pipeline.records import ConformanceRecord, EvalBaseRecord
 from pipeline.stagedef import Stage, logits_bytes, mem_mb
 from pipeline.stages.conformance.causes import backend_spec, control_typed, merging_variant, read_normalizer
@@ -112,10 +111,11 @@ def _compact_logits(c: dict, out: dict) -> None:
         return
     keys = ("top1", "kld_mean", "kld_p99", "kld_max", "ln_ppl_ratio", "ppl_hf", "ppl_llama")
     out.update({k: _sig(c[k]) for k in keys}, positions=c["positions"], chunks=c["chunks"],
-               clamped_targets=c["clamped_targets"], thresholds=dict(THRESHOLDS))
+               clamped_targets=c["clamped_targets"], n_ctx=c["n_ctx"], thresholds=dict(THRESHOLDS))
     out["summary"] = (f"top-1 {c['top1']:.4f}, mean KLD {c['kld_mean']:.3g}, p99 KLD {c['kld_p99']:.3g}, "
                       f"ln(PPL HF / PPL llama.cpp) {c['ln_ppl_ratio']:+.2g} on {c['positions']} positions "
-                      f"of {c['chunks']} chunks (HF float32 {c['hf_class'].rsplit('.', 1)[-1]} vs the GGUF)")
+                      f"of {c['chunks']} chunk{'s' if c['chunks'] != 1 else ''} at ctx {c['n_ctx']} (HF float32 "
+                      f"{c['hf_class'].rsplit('.', 1)[-1]} vs the GGUF)")
     if "awq" in c:
         a = c["awq"]
         out["awq"] = {k: _sig(a[k]) for k in ("top1", "kld_mean", "kld_p99", "ln_ppl_ratio")}
@@ -162,7 +162,7 @@ def _compact_hparams(c: dict, out: dict) -> None:
 
 
 _COMPACT = {"tokenizer": _compact_tokenizer, "logits": _compact_logits, "chat_template": _compact_chat_template,
-            "eog": _compact_eog, "hparams": _compact_hparams}
+            "eog": _compact_eog, "hparams": _compact_hparams, "logits_long": _compact_logits}
 
 
 def compact(name: str, c: dict) -> dict:
@@ -293,14 +293,14 @@ def outside_logits(header) -> list[str]:
 
 
 def _logits_details(name: str, settings: dict, hf_dir: Path, trust: bool, vocab: dict, logits_file, base_record,
-                    awq_base, header) -> dict:
+                    awq_base, header, check: str = "logit fidelity") -> dict:
     """The logit check against eval-base's logits (not run without them)."""
     if logits_file is None:
         return _not_run("not run: the recipe has no eval text")
     base_ppl = EvalBaseRecord.read(base_record, "conformance").get("ppl") if base_record else None
     return check_logits(name, hf_dir, logits_file, bool(vocab.get("add_bos")), vocab.get("bos"),
                         settings["chunks"], trust, awq_base, base_ppl, n_tokens=vocab.get("n_tokens"),
-                        outside=outside_logits(header))
+                        outside=outside_logits(header), check=check)
 
 
 def _gate(details: dict[str, dict]) -> tuple[list[str], list[str]]:
@@ -314,9 +314,10 @@ def _seconds(details: dict[str, dict], hf_seconds: float, helper_seconds: float,
     """Per check and in all; the logit check's volatile timings move here out of its details."""
     seconds = {k: c.get("seconds", 0.0) for k, c in details.items()}
     lg = details["logits"]
-    for key in ("load_seconds", "hf_seconds"):  # volatile numbers stay out of the details
-        if key in lg:
-            seconds[f"logits_{key.removesuffix('_seconds')}"] = lg.pop(key)
+    for check in ("logits", "logits_long"):
+        for key in ("load_seconds", "hf_seconds"):  # volatile numbers stay out of the details
+            if key in details.get(check, {}):
+                seconds[f"{check}_{key.removesuffix('_seconds')}"] = details[check].pop(key)
     if "awq" in lg:
         seconds["logits_awq"] = lg["awq"].pop("seconds", 0.0)
     seconds.update(hf_side=round(hf_seconds, 3), helper=round(helper_seconds, 3), total=round(time.monotonic() - t0, 3))
@@ -361,11 +362,12 @@ def _log_outcome(log: Path | None, name: str, rec: ConformanceRecord) -> None:
 
 
 def run(recipe, base_gguf, hf_dir, logits_file, base_record, out_record, log=None, tc: Toolchain | None = None,
-        awq_base=None) -> dict:
+        awq_base=None, long: tuple | None = None) -> dict:
     """Entry function: every check of the base GGUF ``base_gguf`` against the HF folder ``hf_dir``; writes
     ``out_record`` (JSON, atomically) and returns it. ``logits_file``/``base_record``: eval-base's logits and
     record of the first eval set (None: no logit check). ``awq_base``: the AWQ-folded HF folder, measured against
-    ``hf_dir`` (recorded, not gated).
+    ``hf_dir`` (recorded, not gated). ``long``: (logits, record) of the ``ctx: long`` set: the logit check on its one
+    chunk too (``logits_long``), where the quants' shared conversion error at length shows.
 
     The record: ``passed``, ``failures`` and ``warnings`` (one line each), ``checks`` (per check: ``passed``, a
     one-line ``summary`` or ``not_run``, the numbers; what the manifest shows), ``details`` (per check: every
@@ -390,6 +392,9 @@ def run(recipe, base_gguf, hf_dir, logits_file, base_record, out_record, log=Non
     details = _run_checks(recipe, settings, hf_dir, trust, hf, ll)
     details["logits"] = _logits_details(name, settings, hf_dir, trust, ll.vocab, logits_file, base_record, awq_base,
                                         hf.header)
+    if long:
+        details["logits_long"] = _logits_details(name, {**settings, "chunks": 1}, hf_dir, trust, ll.vocab, *long, None,
+                                                 hf.header, "logit fidelity at long context")
     failures, warnings = _gate(details)
     seconds = _seconds(details, hf.seconds, ll.seconds, t0)
     rec = _record(name, settings, base_gguf, tc, ll, details, failures, warnings, seconds)
@@ -422,9 +427,11 @@ def run_stage(recipe, layout, threads: int = 2, tc: Toolchain | None = None, log
     es = recipe.first_eval_set
     if es and settings.get("text") is None:
         logits, base_record = p["logits"], p["base_record"]
-        if Path(logits).is_file():
-            restore_base_logits(tc, es, base, logits, base_record, threads, log, f"{name}: conformance")
-        return run(recipe, base, hf, logits, base_record, record, log, tc, awq)
+        long = (p["logits_long"], p["base_record_long"]) if recipe.long_eval_set else None
+        for e, files in ((es, (logits, base_record)), (recipe.long_eval_set, long)):
+            if e and Path(files[0]).is_file():
+                restore_base_logits(tc, e, base, *files, threads, log, f"{name}: conformance")
+        return run(recipe, base, hf, logits, base_record, record, log, tc, awq, long)
     text = settings.get("text")
     if text is None:
         return run(recipe, base, hf, None, None, record, log, tc, awq)
@@ -435,35 +442,6 @@ def run_stage(recipe, layout, threads: int = 2, tc: Toolchain | None = None, log
         return run(recipe, base, hf, scratch / "base.logits", scratch / "base.json", record, log, tc, awq)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m pipeline.stages.conformance RECIPE BASE_GGUF HF_DIR OUT [--logits F --base-record R]``: one run by hand."""
-    ap = argparse.ArgumentParser(prog="python -m pipeline.stages.conformance", description=__doc__.splitlines()[0])
-    ap.add_argument("recipe")
-    ap.add_argument("base_gguf")
-    ap.add_argument("hf_dir")
-    ap.add_argument("out")
-    ap.add_argument("--logits")
-    ap.add_argument("--base-record")
-    ap.add_argument("--awq")
-    ap.add_argument("--log")
-    args = ap.parse_args(argv)
-    try:
-        rec = run(load_recipe(args.recipe), args.base_gguf, args.hf_dir, args.logits, args.base_record, args.out,
-                  args.log, awq_base=args.awq)
-    except PipelineError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    for line in rec["failures"]:
-        print(line)
-    for k, c in rec["checks"].items():
-        print(f"{k}: {'pass' if c['passed'] else 'FAIL'}: {c.get('summary') or c.get('not_run', '')}")
-    return 0 if rec["passed"] else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
 
 
 def _disk_mb(s) -> int:
