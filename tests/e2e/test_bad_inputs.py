@@ -291,7 +291,7 @@ CASES: list[tuple[str, Callable[[Ctx], list[str]], tuple[str, ...]]] = [
     ("bad-type-quants", lambda c: validate(c.good(quants="Q8_0")), (f"{RECIPE}: quants: must be a non-empty list",)),
     ("bad-type-bench", lambda c: validate(c.good(bench="yes")), (f"{RECIPE}: bench: must be true or false, got 'yes'",)),
     ("bad-type-ctx", lambda c: validate(c.good(gates=[{"name": "b", "text": str(EVAL), "ctx": "512", "chunks": 16}])),
-     (f"{RECIPE}: gates[0].ctx: must be an integer >= 16, got '512'",)),
+     (f"{RECIPE}: gates[0].ctx: must be an integer >= 16 or long, got '512'",)),
     ("bad-split-size", lambda c: validate(c.good(split={"max_size": "1.5G"})),
      (f"{RECIPE}: split.max_size: '1.5G' is not a size",)),
     ("unknown-quant-type", lambda c: build(c.good(quants=["Q8_0", "Q4_Z"])),
