@@ -372,7 +372,7 @@ class Recipe:
         d = self.draft
         if d is None or d.source is None:
             return None
-        text = self.first_eval_set.text if self.eval_sets else self.conformance.text
+        text = next((es.text for es in self.eval_sets if es.render == "text"), self.conformance.text)
         return Recipe(path=self.path, sha256=self.sha256, name=self.draft_name, source=d.source, outtype=d.outtype,
                       quants=d.quants, description=f"draft model of {self.name}", license=self.license,
                       eval_sets=(), bench=False, draft=None, raw={},

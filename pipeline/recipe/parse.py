@@ -424,10 +424,10 @@ def _parse_draft(ctx: _Ctx, value, main_quants: tuple[Quant, ...], eval_sets, kn
     text = d.get("eval_text")
     if text is not None:
         text = _text_path(ctx, text, "draft.eval_text", "draft eval text")
-    elif eval_sets:
-        text = eval_sets[0].text
+    elif any(es.render == "text" for es in eval_sets):  # prompts are cut from text, not from chat JSONL
+        text = next(es.text for es in eval_sets if es.render == "text")
     else:
-        ctx.fail("draft.eval_text", "missing (and there is no gates eval set to take the text from)")
+        ctx.fail("draft.eval_text", "missing (and there is no plain-text gates eval set to take the text from)")
     min_acc = d.get("min_acceptance")
     if min_acc is not None and (isinstance(min_acc, bool) or not isinstance(min_acc, (int, float)) or not 0 <= min_acc <= 1):
         ctx.fail("draft.min_acceptance", f"must be a number between 0 and 1, got {min_acc!r}")

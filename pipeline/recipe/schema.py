@@ -373,7 +373,7 @@ DRAFT = Section("draft", "`draft:`", (
     Field("n_max", "int 1..64, or list of them", [4, 8],
           "Draft lengths measured (`llama-speculative-simple --spec-draft-n-max`); the best one goes into the "
           "deployment line.", [2, 4]),
-    Field("eval_text", "path to a text file", Note("the first eval set's text (required without `gates:`)"),
+    Field("eval_text", "path to a text file", Note("the first plain-text eval set's text (required without one)"),
           "Text the acceptance prompts are taken from (relative paths: to the recipe file).", "../data/code.txt"),
     Field("prompts", "int >= 1", 3, "Number of prompts, passages spread over the text.", 2),
     Field("n_predict", "int >= 8", 96, "Tokens generated per prompt.", 64),

@@ -187,3 +187,23 @@ def test_the_committed_demo_reports_every_axis():
     assert long["passed"] and long["n_ctx"] == 4096 and long["positions"] == 2047
     report = (art / "report.md").read_text()
     assert "## Eval set `chat`: chat-rendered conversations" in report and "## KLD per context length" in report
+
+
+def test_draft_prompts_come_from_the_first_plain_text_set(tmp_path):
+    """A draft's acceptance prompts are cut from text: a chat-rendered first set is passed over, and a recipe with no
+    plain-text set must name draft.eval_text."""
+    chat = {"name": "chat", "text": str(CHAT), "render": "chat", "ctx": 512, "chunks": 9}
+    prose = {"name": "prose", "text": str(BOTCHAN), "ctx": 512, "chunks": 16}
+    draft = {"source": {"repo": "org/small", "revision": SHA}, "quants": ["Q4_0"]}
+
+    def write(*gates):
+        d = {"name": "m", "source": {"repo": "org/model", "revision": SHA}, "quants": ["Q8_0"], "gates": list(gates),
+             "draft": draft}
+        path = tmp_path / "r.yaml"
+        path.write_text(yaml.safe_dump(d, sort_keys=False), encoding="utf-8")
+        return path
+
+    r = load_recipe(write(chat, prose))
+    assert r.draft.eval_text == BOTCHAN and r.draft_recipe().conformance.text == BOTCHAN
+    exc = recipe_error(write(chat))
+    assert exc.field == "draft.eval_text" and "no plain-text gates eval set" in exc.message, exc
