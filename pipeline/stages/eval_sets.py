@@ -40,7 +40,7 @@ def resolve_ctx(es: EvalSet, gguf: str | os.PathLike, what: str) -> EvalSet:
     if n <= 0:
         raise PipelineError(f"{what}: gates {es.name}.ctx: long needs the model's trained context, and "
                             f"{Path(gguf).name} has no <arch>.context_length: give an integer ctx")
-    return replace(es, ctx=min(n, es.ctx))
+    return replace(es, ctx=min(n, es.max_ctx))
 
 
 def read_conversations(path: str | os.PathLike) -> list[tuple[int, list[dict]]]:
@@ -113,8 +113,12 @@ def render_chat(tc: Toolchain, gguf: str | os.PathLike, es: EvalSet, what: str,
 
 
 @contextlib.contextmanager
-def chat_ids_file(tc: Toolchain, gguf: str | os.PathLike, es: EvalSet, what: str, log: Path | None = None):
-    """Yields (path of a file of the rendered ids, whitespace-separated; render record) for ggufpipe-logits."""
+def base_ids_file(tc: Toolchain, gguf: str | os.PathLike, es: EvalSet, what: str, log: Path | None = None):
+    """Yields (path of a file of the rendered ids, whitespace-separated; render record) for ggufpipe-logits when ``es``
+    is chat-rendered, (None, None) for a text set (llama-perplexity reads its text itself)."""
+    if es.render != "chat":
+        yield None, None
+        return
     ids, render = render_chat(tc, gguf, es, what, log)
     with tempfile.TemporaryDirectory(prefix="ggufpipe-chat-") as d:
         path = Path(d) / "ids.txt"

@@ -32,7 +32,7 @@ from pipeline.memory import ModelShape
 from pipeline.recipe import EvalSet, scored_tokens
 from pipeline.records import EvalBaseRecord, EvalRecord
 from pipeline.stagedef import Stage, logits_bytes, mem_mb
-from pipeline.stages.eval_sets import LOGITS_HELPER, chat_ids_file, resolve_ctx
+from pipeline.stages.eval_sets import LOGITS_HELPER, base_ids_file, resolve_ctx
 from pipeline.tools import Toolchain, ToolResult, find_toolchain, helper_sources, run_tool, tail
 from pipeline.tools_rerun import LOST_LINES_RETRIES, run_complete, tool_errors
 
@@ -182,7 +182,7 @@ def eval_base(recipe_name: str, es: EvalSet, base_gguf: str | Path, out_logits: 
     es = resolve_ctx(es, base_gguf, what)
     render = None
     if es.render == "chat":
-        with chat_ids_file(tc, base_gguf, es, what, Path(log) if log else None) as (ids, render):
+        with base_ids_file(tc, base_gguf, es, what, Path(log) if log else None) as (ids, render):
             n_tokens = render["tokens"]
             _check_length(n_tokens, es, what)
             res, m = _write_base_logits(tc, es, base_gguf, out_logits, threads, log, what, ids=ids)
@@ -255,12 +255,9 @@ def restore_base_logits(tc: Toolchain, es: EvalSet, base_gguf, base_logits, base
         if st.st_size > 0:  # another job restored them meanwhile
             return False
         es = replace(es, ctx=EvalBaseRecord.read(base_record, "eval").ctx)  # ctx: long, as resolved
-        if es.render == "chat":
-            with chat_ids_file(tc, base_gguf, es, what, Path(log) if log else None) as (ids, _):
-                _, m = _write_base_logits(tc, es, base_gguf, base_logits, threads, log, f"{what}: restoring base "
-                                          "logits", ids=ids)
-        else:
-            _, m = _write_base_logits(tc, es, base_gguf, base_logits, threads, log, f"{what}: restoring base logits")
+        with base_ids_file(tc, base_gguf, es, what, Path(log) if log else None) as (ids, _):
+            _, m = _write_base_logits(tc, es, base_gguf, base_logits, threads, log, f"{what}: restoring base logits",
+                                      ids=ids)
         os.utime(base_logits, ns=(st.st_atime_ns, st.st_mtime_ns))
     want = EvalBaseRecord.read(base_record, "eval").ppl
     if float(m.group(1)) != want:

@@ -226,7 +226,7 @@ def _eval_sets(recipe: Recipe, layout: Layout) -> tuple[list[dict], dict, dict]:
         eval_sets.append({"name": es.name, "text": rec.text, "text_sha256": rec.text_sha256, "ctx": rec.ctx,
                           "chunks": es.chunks, "scored_tokens": rec.scored_tokens, **es.describe_kv(),
                           **({"render": rec.render} if rec.has("render") else {}),
-                          **({"ctx_long": {"max_ctx": es.ctx}} if es.long else {}),
+                          **({"ctx_long": {"max_ctx": es.max_ctx}} if es.long else {}),
                           **({"hub_dataset": es.hub_dataset} if es.hub_dataset else {})})
         eval_threads[es.name] = rec.threads  # follows --cores (results do not): build section
         eval_base[es.name] = {"ppl": rec.ppl, "ppl_stderr": rec.ppl_stderr}

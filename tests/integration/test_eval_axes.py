@@ -29,7 +29,7 @@ from pipeline.errors import PipelineError
 from pipeline.recipe import EvalSet, load_recipe
 from pipeline.stages import conformance
 from pipeline.stages.eval_sets import LOGITS_HELPER
-from pipeline.stages.evaluate import eval_base, eval_quant
+from pipeline.stages.evaluate import eval_base, eval_quant, has_final_estimate, run_perplexity
 from pipeline.stages.logitsfile import read_logits_file
 from pipeline.stages.report_axes import length_table
 from pipeline.tools import run_helper, run_tool
@@ -51,10 +51,12 @@ def test_helper_base_file_equals_llama_perplexitys(toolchain, source_gguf, tmp_p
     ids = _ids(toolchain, source_gguf, BOTCHAN, add_special=True)
     (tmp_path / "ids.txt").write_text(" ".join(map(str, ids)))
     args = ["-c", 512, "--chunks", 2, "-b", 512, "-t", 2, "--kl-divergence-base"]
-    helper = run_tool(toolchain, LOGITS_HELPER, ["-m", source_gguf, "-f", tmp_path / "ids.txt", *args,
-                                                 tmp_path / "helper.logits"], None)
-    ppl = run_tool(toolchain, "llama-perplexity", ["-m", source_gguf, "-f", BOTCHAN, *args, tmp_path / "ppl.logits"],
-                   None)
+    # run_perplexity: the project's re-run of a b11312 run that lost its final lines (pipeline/tools_rerun.py)
+    helper = run_perplexity(toolchain, ["-m", source_gguf, "-f", tmp_path / "ids.txt", *args,
+                                        tmp_path / "helper.logits"], None, has_final_estimate, "helper",
+                            tool=LOGITS_HELPER)
+    ppl = run_perplexity(toolchain, ["-m", source_gguf, "-f", BOTCHAN, *args, tmp_path / "ppl.logits"], None,
+                         has_final_estimate, "llama-perplexity")
     a, b = (tmp_path / "helper.logits").read_bytes(), (tmp_path / "ppl.logits").read_bytes()
     assert len(a) == len(b) > 2 * 512 * 4 and a == b
     est = [re.search(r"Final estimate: PPL = ([0-9.]+)", r.output) for r in (helper, ppl)]

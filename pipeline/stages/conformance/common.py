@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from pipeline.errors import PipelineError
+from pipeline.stages.eval_sets import RENDER_HELPER
 from pipeline.tools import Toolchain
 from pipeline.tools import run_helper as _run
 
@@ -14,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[3]  # pipeline/stages/conformance/common
 DATA = ROOT / "data" / "conformance"
 PROBES_FILE = DATA / "probes.txt"
 CONVERSATIONS_FILE = DATA / "conversations.json"
-HELPER = "ggufpipe-conformance"
+HELPER = RENDER_HELPER  # ggufpipe-conformance, which the chat-rendered eval sets call too
 
 # Fixed before measuring (issue #15): an F16/BF16 GGUF against the HF model in float32.
 THRESHOLDS = {"min_top1": 0.99, "max_kld_mean": 1e-3, "max_kld_p99": 1e-2, "max_abs_ln_ppl_ratio": 0.005}
