@@ -13,29 +13,29 @@ one measures instead:
    docs/mixes.md#the-screened-search). A tensor llama-imatrix does not see (``token_embd``, a lookup) weighs its
    columns alike;
 2. **segments**: each role's groups as one run of bands to start with, each tensor outside the blocks alone.
-   One evaluation per segment, at its anchor (the candidate with the largest screened error over it, the strongest
-   signal), gives its scale: the mean KLD it added over the floor's, per unit of screened error added;
-3. **type probes**: half of the evaluations left (:data:`PROBE_SHARE`) measure a role whole at another of its
-   written forms, the least screened error first, the role with the most bytes per probe first (so a large role of
-   one group, ``output`` or ``token_embd``, is measured at each of its forms). The probe gives that type's ratio: its
-   KLD per unit of screened error over the anchor's. Measured ratios are neither 1 nor monotonic in the type
-   (docs/mixes.md#the-screened-search), so a type without a probe keeps the anchor's ratio, never an interpolated
-   one;
-4. **adaptive bands**: while evaluations remain (at most :data:`EVAL_SHARE`-th of the exhaustive search's, the
-   llama-imatrix pass counted as one), a segment of a role measured whole, or whose scale differs from a neighbour's
-   of its role by more than :data:`SPLIT_RATIO` x, is cut in two, the one with the most KLD at stake first (the log of the disagreement times
-   the KLD it measured): its first half is measured and the second takes what the segment measured beyond it
-   (additive; measured too when that leaves it under :data:`IMPLAUSIBLE` x the segment's scale);
+   One evaluation per segment, at its anchor, gives its scale: the mean KLD it added over the floor's, per unit of
+   screened error added. The anchor is the candidate with the second-largest screened error over the segment (the
+   largest when it has one form): a whole role at the largest measured up to 11 % more than its groups alone
+   (docs/mixes.md#the-screened-search), and every cut below inherits that excess;
+3. **type probes**, for the roles of one group only (``output``, ``token_embd``, which no cut can resolve): each
+   measured at its other written forms, the least screened error first, the role with the most bytes per probe
+   first. The probe gives that type's ratio: its KLD per unit of screened error over the anchor's. Measured ratios
+   are neither 1 nor monotonic in the type, so a type without a probe keeps the anchor's ratio, never an
+   interpolated one;
+4. **cuts**: while evaluations remain (at most :data:`EVAL_SHARE`-th of the exhaustive search's, the llama-imatrix
+   pass counted as one), the segment of several groups with the most KLD measured (at stake) is cut in two: its
+   first half is measured and the second takes what the segment measured beyond it (additive; measured too when
+   that leaves it under :data:`IMPLAUSIBLE` x the segment's scale);
 5. every group and candidate is then predicted as the floor's mean KLD plus its segment's scale x its role's ratio at
    that type x the screened error that candidate adds over the floor's: what the solver reads, as it reads a
-   measurement.
+   measurement. A role the cuts left whole whose sibling (:data:`SIBLINGS`, the roles reading one input) was cut
+   takes the sibling's scale band by band instead, rescaled to what the role measured (:func:`band_scales`).
 
 A candidate written exactly as another (or as the floor) has the same screen, so the same prediction.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,18 +44,17 @@ from pipeline.stages.mix.groups import group_tensors
 
 # What the screened error is; part of its cache key.
 SCREEN_VERSION = 2
-# The screened search's rules (2: type probes); a rerun trigger of a screened sensitivity.
-SEARCH_VERSION = 2
-# Adjacent segments of a role whose scales differ by more than this factor are cut further.
-SPLIT_RATIO = 1.25
-# A role measured whole has no neighbour to disagree with: cut as if its halves differed this much (the KLD at stake
-# then decides the order).
-UNSEEN = 2.0
+# The screened search's rules (2: type probes; 3: second anchor, probes for roles of one group, cuts by stake); a
+# rerun trigger of a screened sensitivity.
+SEARCH_VERSION = 3
 # A split measures one half and takes the other's KLD as the parent's less it (the additive model); when that leaves
 # the other half less than this share of the parent's scale, the halves interact and it is measured too.
 IMPLAUSIBLE = 0.1
-# At most this share of the evaluations left after the first segments goes to type probes; the rest to cuts.
-PROBE_SHARE = 0.5
+# Roles that read one input (the attention or FFN norm's output). A role the cuts left whole takes its scale per band
+# from a sibling that was cut: measured on the rotated demo, attn_q, attn_k and attn_v peak and dip in the same bands
+# (bench/RESULTS.md#third-cut-the-second-anchor-and-cuts-by-stake-2026-12-05).
+SIBLINGS = (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up"), ("ffn_gate_exps", "ffn_up_exps"),
+            ("ffn_gate_shexp", "ffn_up_shexp"))
 # The screened search spends at most 1/EVAL_SHARE of the exhaustive search's evaluations (issue #32's target).
 EVAL_SHARE = 5
 
@@ -126,11 +125,13 @@ class Segment:
     scale: float = 0.0
     measured: dict = field(default_factory=dict)  # the anchor's KEPT statistics
     derived: bool = False  # added_kld is its parent's less its measured sibling's
+    profile_from: str = ""  # a role left whole: the sibling role whose scale per band it takes (band_scales)
 
     def describe(self) -> dict:
         return {"role": self.role, "groups": list(self.groups), "anchor": self.anchor,
                 "added_error": float(f"{self.added_error:.6g}"), "added_kld": round(self.added_kld, 8),
-                "scale": float(f"{self.scale:.6g}"), **({"derived": True} if self.derived else {})}
+                "scale": float(f"{self.scale:.6g}"), **({"derived": True} if self.derived else {}),
+                **({"profile_from": self.profile_from} if self.profile_from else {})}
 
 
 def first_segments(groups: list, runs: int = 1) -> list[Segment]:
@@ -152,15 +153,14 @@ def split(seg: Segment) -> tuple[Segment, Segment]:
     return Segment(seg.role, seg.groups[:half]), Segment(seg.role, seg.groups[half:])
 
 
-def disagreement(segs: list[Segment], i: int) -> float:
-    """How many times segment ``i``'s scale differs from its neighbours' of the same role (1: alike);
-    :data:`UNSEEN` when the role has no other segment yet."""
-    worst = None
-    for j in (i - 1, i + 1):
-        if 0 <= j < len(segs) and segs[j].role == segs[i].role:
-            a, b = sorted((segs[i].scale, segs[j].scale))
-            worst = max(worst or 1.0, math.inf if a <= 0 < b else (b / a if a > 0 else 1.0))
-    return UNSEEN if worst is None else worst
+def anchor_of(groups: tuple[str, ...], cands: tuple[str, ...], added) -> str:
+    """The candidate a segment is measured at: the second-largest distinct screened error over its groups (the
+    largest when the segment has one written form other than the floor's); on equal errors the earlier candidate."""
+    forms: dict[float, str] = {}
+    for c in sorted(cands, key=lambda c: (-added(groups, c), cands.index(c))):
+        forms.setdefault(round(added(groups, c), 12), c)
+    ranked = [c for e, c in forms.items() if e > 0] or [cands[0]]
+    return ranked[min(1, len(ranked) - 1)]
 
 
 def exhaustive_runs(groups: list, types: dict[str, dict[str, str]], floor: str, cands: tuple[str, ...]) -> int:
@@ -191,7 +191,7 @@ def screened_search(measure, plan, floor_type: str, cands: tuple[str, ...], flav
         return [t for g in names for t in by_name[g].tensors]
 
     def run(seg: Segment, anchor: str | None = None) -> Segment:
-        seg.anchor = anchor or max(cands, key=lambda c: (added(seg.groups, c), -cands.index(c)))
+        seg.anchor = anchor or anchor_of(seg.groups, cands, added)
         seg.added_error = added(seg.groups, seg.anchor)
         got = measure(f"{'+'.join(seg.groups)} at {seg.anchor}",
                       {**floor_map, **dict.fromkeys(tensors_of(seg.groups), seg.anchor)})
@@ -206,10 +206,11 @@ def screened_search(measure, plan, floor_type: str, cands: tuple[str, ...], flav
     live = [g for g in plan.groups if any(errors[c][t] != errors[floor_type][t] for c in cands for t in g.tensors)]
     segs = [run(s) for s in first_segments(live)]
     used = 1 + len(segs)
-    # type probes: each role whole at its other written forms, the roles with the most bytes per probe first
+    # type probes: each role of one group at its other written forms, the most bytes per probe first
     probes: list[dict] = []
-    order = probe_order(segs, cands, added, lambda s: sum(plan.group_bytes(by_name[g], floor_type) for g in s.groups))
-    for role_seg, c in order[:max(0, int((cap - used) * PROBE_SHARE))]:
+    order = probe_order([s for s in segs if len(s.groups) == 1], cands, added,
+                        lambda s: sum(plan.group_bytes(by_name[g], floor_type) for g in s.groups))
+    for role_seg, c in order[:max(0, cap - used)]:
         got = measure(f"{role_seg.role} at {c}", {**floor_map, **dict.fromkeys(tensors_of(role_seg.groups), c)})
         e = added(role_seg.groups, c)
         k = got["kld_mean"] - floor["kld_mean"]
@@ -219,9 +220,8 @@ def screened_search(measure, plan, floor_type: str, cands: tuple[str, ...], flav
         print(f"[sensitivity {flavour}] probe {role_seg.role} at {c}: mean KLD {got['kld_mean']:.6f}", flush=True)
     whole = {s.role: s for s in segs}
     while used < cap:
-        # the most KLD at stake where the scale is least certain: the disagreement's log times the KLD measured
-        ranked = sorted(((math.log(disagreement(segs, i)) * max(s.added_kld, 0.0), -i) for i, s in enumerate(segs)
-                         if len(s.groups) > 1 and disagreement(segs, i) > SPLIT_RATIO), reverse=True)
+        # the most KLD at stake: the segment of several groups that measured the most
+        ranked = sorted(((max(s.added_kld, 0.0), -i) for i, s in enumerate(segs) if len(s.groups) > 1), reverse=True)
         if not ranked or ranked[0][0] <= 0:
             break
         i = -ranked[0][1]
@@ -237,6 +237,7 @@ def screened_search(measure, plan, floor_type: str, cands: tuple[str, ...], flav
             used += 1
         segs[i:i + 1] = [first, rest]
     seg_of = {g: s for s in segs for g in s.groups}
+    scales = band_scales(segs, by_name, added)
     out_groups = []
     for g in plan.groups:
         entry = {"group": g.name, "role": g.role, "band": list(g.band) if g.band else None, "tensors": list(g.tensors),
@@ -251,11 +252,40 @@ def screened_search(measure, plan, floor_type: str, cands: tuple[str, ...], flav
                 entry["kld"][c] = {**probe["measured"], "source": "measured"}
             else:
                 ratio = probe["ratio"] if probe is not None else 1.0
-                d = s.scale * added((g.name,), c) * ratio if s is not None else 0.0
+                d = scales[g.name] * added((g.name,), c) * ratio if s is not None else 0.0
                 entry["kld"][c] = {"kld_mean": round(floor["kld_mean"] + d, 8), "source": "screened"}
         out_groups.append(entry)
     return floor, out_groups, segs, [{k: (float(f"{v:.6g}") if isinstance(v, float) else v) for k, v in p.items()
                                       if k != "measured"} for p in probes]
+
+
+def band_scales(segs: list[Segment], by_name: dict, added) -> dict[str, float]:
+    """group -> the KLD per unit of screened error its predictions use: its segment's scale; for a role left whole
+    (one segment of several groups) with a sibling (:data:`SIBLINGS`) that was cut, the sibling's scale band by band
+    (the sibling cut into the most segments), rescaled so that the role's groups at its anchor still add up to what
+    the role measured. The role's segment records the sibling (``profile_from``)."""
+    out = {g: s.scale for s in segs for g in s.groups}
+    by_role: dict[str, list[Segment]] = {}
+    for s in segs:
+        by_role.setdefault(s.role, []).append(s)
+    for role, ss in by_role.items():
+        whole = ss[0]
+        family = next((f for f in SIBLINGS if role in f), ())
+        cut = [r for r in family if r != role and len(by_role.get(r, ())) > 1]
+        if len(ss) > 1 or len(whole.groups) < 2 or not cut:
+            continue
+        src = max(cut, key=lambda r: len(by_role[r]))  # the first of the family on a tie
+        per_band = {by_name[g].band: s.scale for s in by_role[src] for g in s.groups}
+        raw = {g: per_band.get(by_name[g].band) for g in whole.groups}
+        if None in raw.values():
+            continue
+        total = sum(raw[g] * added((g,), whole.anchor) for g in whole.groups)
+        if total <= 0 or whole.added_kld <= 0:
+            continue
+        for g in whole.groups:
+            out[g] = raw[g] * whole.added_kld / total
+        whole.profile_from = src
+    return out
 
 
 def probe_order(segs: list[Segment], cands: tuple[str, ...], added, role_bytes) -> list[tuple[Segment, str]]:
