@@ -90,6 +90,11 @@ def scored_tokens(ctx: int, chunks: int) -> int:
     return chunks * (ctx - 1 - ctx // 2)
 
 
+def first_text_set(eval_sets) -> EvalSet | None:
+    """The first plain-text eval set (not chat-rendered): a draft's acceptance prompts are cut from its text."""
+    return next((es for es in eval_sets if es.render == "text"), None)
+
+
 def quant_family(qtype: str) -> str:
     t = qtype.upper()
     if t.startswith("Q8") or t == "F32":
@@ -372,7 +377,8 @@ class Recipe:
         d = self.draft
         if d is None or d.source is None:
             return None
-        text = next((es.text for es in self.eval_sets if es.render == "text"), self.conformance.text)
+        first = first_text_set(self.eval_sets)
+        text = first.text if first else self.conformance.text
         return Recipe(path=self.path, sha256=self.sha256, name=self.draft_name, source=d.source, outtype=d.outtype,
                       quants=d.quants, description=f"draft model of {self.name}", license=self.license,
                       eval_sets=(), bench=False, draft=None, raw={},

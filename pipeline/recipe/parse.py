@@ -49,6 +49,7 @@ from pipeline.recipe.model import (
     Sensitivity,
     Source,
     Split,
+    first_text_set,
     quant_family,
     scored_tokens,
 )
@@ -424,8 +425,8 @@ def _parse_draft(ctx: _Ctx, value, main_quants: tuple[Quant, ...], eval_sets, kn
     text = d.get("eval_text")
     if text is not None:
         text = _text_path(ctx, text, "draft.eval_text", "draft eval text")
-    elif any(es.render == "text" for es in eval_sets):  # prompts are cut from text, not from chat JSONL
-        text = next(es.text for es in eval_sets if es.render == "text")
+    elif (first := first_text_set(eval_sets)) is not None:  # prompts are cut from text, not from chat JSONL
+        text = first.text
     else:
         ctx.fail("draft.eval_text", "missing (and there is no plain-text gates eval set to take the text from)")
     min_acc = d.get("min_acceptance")

@@ -156,9 +156,10 @@ def split(seg: Segment) -> tuple[Segment, Segment]:
 def anchor_of(groups: tuple[str, ...], cands: tuple[str, ...], added) -> str:
     """The candidate a segment is measured at: the second-largest distinct screened error over its groups (the
     largest when the segment has one written form other than the floor's); on equal errors the earlier candidate."""
+    errs = {c: round(added(groups, c), 12) for c in cands}
     forms: dict[float, str] = {}
-    for c in sorted(cands, key=lambda c: (-added(groups, c), cands.index(c))):
-        forms.setdefault(round(added(groups, c), 12), c)
+    for c in sorted(cands, key=lambda c: (-errs[c], cands.index(c))):
+        forms.setdefault(errs[c], c)
     ranked = [c for e, c in forms.items() if e > 0] or [cands[0]]
     return ranked[min(1, len(ranked) - 1)]
 
