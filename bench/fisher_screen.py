@@ -58,6 +58,15 @@ def permute(w: np.ndarray, n_head: int, n_kv: int | None) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+def gguf_rows(g: str, w: np.ndarray, cfg) -> np.ndarray:
+    """``w`` (tensor ``g``, HF row order) in the row order the base GGUF holds it."""
+    if ".attn_q." in g:
+        return permute(w, cfg.num_attention_heads, cfg.num_attention_heads)
+    if ".attn_k." in g:
+        return permute(w, cfg.num_attention_heads, cfg.num_key_value_heads)
+    return w
+
+
 def fisher(hf_dir: Path, text: Path, ctx: int, chunks: int, samples: int, threads: int,
            gguf_weights: dict[str, np.ndarray]) -> dict[str, dict]:
     """form -> GGUF tensor name -> diagonal Fisher estimate, in the GGUF file's row order. Forms: ``full`` (per
@@ -79,11 +88,7 @@ def fisher(hf_dir: Path, text: Path, ctx: int, chunks: int, samples: int, thread
         g = "token_embd.weight" if name == "model.embed_tokens.weight" else gguf_name(name.removesuffix(".weight"))
         if g not in gguf_weights:
             continue
-        w = w.numpy()
-        if ".attn_q." in g:
-            w = permute(w, cfg.num_attention_heads, cfg.num_attention_heads)
-        elif ".attn_k." in g:
-            w = permute(w, cfg.num_attention_heads, cfg.num_key_value_heads)
+        w = gguf_rows(g, w.numpy(), cfg)
         if w.shape != gguf_weights[g].shape or np.abs(w - gguf_weights[g]).max() > 1e-2 * np.abs(w).max():
             raise SystemExit(f"{hf_dir}: {name} does not match {g} of the base GGUF")
     bos = tok.bos_token_id
@@ -133,11 +138,7 @@ def fisher(hf_dir: Path, text: Path, ctx: int, chunks: int, samples: int, thread
         forms = {"full": full.numpy() / n, "factored": rows * cols, "factored, BOS out": rows1 * cols1,
                  "tensor": np.broadcast_to(rows.mean() * cols, full.shape)}
         for k, f in forms.items():
-            if ".attn_q." in g:
-                f = permute(f, cfg.num_attention_heads, cfg.num_attention_heads)
-            elif ".attn_k." in g:
-                f = permute(f, cfg.num_attention_heads, cfg.num_key_value_heads)
-            out[k][g] = f
+            out[k][g] = gguf_rows(g, f, cfg)
     for k in out:  # a lookup: each row is one token's, so the full form is the only one
         out[k]["token_embd.weight"] = acc_emb.numpy() / n
     return out
@@ -155,13 +156,12 @@ def main() -> int:
     from gguf import GGUFReader
     from gguf.quants import dequantize
 
+    from bench.mix_bench import quantize_map
     from pipeline.layout import Layout
     from pipeline.recipe import load_recipe
     from pipeline.stages.imatrix import run_imatrix
-    from pipeline.stages.mix.plan import map_text
     from pipeline.stages.mix.screen import column_importance, weight_errors
-    from pipeline.stages.mix.sensitivity import MEASURE_FTYPE
-    from pipeline.tools import find_toolchain, run_tool
+    from pipeline.tools import find_toolchain
 
     r = load_recipe(a.recipe)
     L = Layout(Path(a.artifacts), Path(a.work))
@@ -185,9 +185,7 @@ def main() -> int:
         importance = column_importance(im)
         errs: dict[str, dict[str, dict[str, float]]] = {k: {} for k in ("relative (screen)", *F)}
         for c in (floor, *cands):
-            mp, out = tmp / "all.map", tmp / "all.gguf"
-            mp.write_text(map_text(dict.fromkeys(names, c)))
-            run_tool(tc, "llama-quantize", ["--tensor-type-file", mp, base, out, MEASURE_FTYPE, a.threads], None)
+            out = quantize_map(tc, base, dict.fromkeys(names, c), tmp / "all.gguf", a.threads)
             q = {t.name: t for t in GGUFReader(str(out)).tensors}
             d2 = {n: (dequantize(q[n].data, q[n].tensor_type).astype(np.float64).reshape(W[n].shape) - W[n]) ** 2
                   for n in names}

@@ -56,15 +56,27 @@ def stock_and_mixes(r, L) -> list[dict]:
     return rows
 
 
+def quantize_map(tc, base: Path, types: dict[str, str], out: Path, threads: int) -> Path:
+    """``base`` quantized by llama-quantize with ``types`` (tensor -> type) as its map, the rest at the sensitivity's
+    floor type, into ``out`` (its map file beside it): how the sensitivity stage measures a mix."""
+    from pipeline.stages.mix.plan import map_text
+    from pipeline.stages.mix.sensitivity import MEASURE_FTYPE
+    from pipeline.tools import run_tool
+
+    mp = out.with_suffix(".map.txt")
+    mp.write_text(map_text(types))
+    run_tool(tc, "llama-quantize", ["--tensor-type-file", mp, base, out, MEASURE_FTYPE, str(threads)], None)
+    return out
+
+
 def held_out(r, L, sens: dict, layouts: list[dict], n: int, seed: int, threads: int) -> list[tuple[str, float, float]]:
     """(mix, predicted, measured) mean KLD on the sensitivity text for random and solved mixes."""
     from pipeline.recipe import EvalSet
     from pipeline.recipe.mix import Flavour
     from pipeline.stages.evaluate import kl_divergence
-    from pipeline.stages.mix.plan import map_text
-    from pipeline.stages.mix.sensitivity import MEASURE_FTYPE, RETRIES
+    from pipeline.stages.mix.sensitivity import RETRIES
     from pipeline.stages.mix.solve import predicted_kld, tensor_types
-    from pipeline.tools import find_toolchain, run_tool
+    from pipeline.tools import find_toolchain
 
     tc = find_toolchain()
     s = r.sensitivity
@@ -86,10 +98,7 @@ def held_out(r, L, sens: dict, layouts: list[dict], n: int, seed: int, threads: 
     with tempfile.TemporaryDirectory() as tmp:
         for label, choice in mixes:
             pred = predicted_kld(sens["groups"], choice, floor, fk)  # the solver's own model
-            mp = Path(tmp) / "map.txt"
-            mp.write_text(map_text(tensor_types(sens, choice)))
-            gguf = Path(tmp) / "mix.gguf"
-            run_tool(tc, "llama-quantize", ["--tensor-type-file", mp, base, gguf, MEASURE_FTYPE, str(threads)], None)
+            gguf = quantize_map(tc, base, tensor_types(sens, choice), Path(tmp) / "mix.gguf", threads)
             metrics, _ = kl_divergence(tc, es, gguf, logits, threads, None, f"held-out {label}", RETRIES)
             out.append((label, pred, metrics["kld_mean"]))
             print(f"  {label:12} predicted {pred:.5f}  measured {metrics['kld_mean']:.5f}  "

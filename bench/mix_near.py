@@ -35,15 +35,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args(argv)
 
+    from bench.mix_bench import quantize_map
     from pipeline.errors import PipelineError
     from pipeline.gguf.reader import read_header
     from pipeline.layout import Layout
     from pipeline.recipe import EvalSet, load_recipe
     from pipeline.stages.evaluate import kl_divergence
-    from pipeline.stages.mix.plan import header_bytes, map_text
-    from pipeline.stages.mix.sensitivity import MEASURE_FTYPE, RETRIES
+    from pipeline.stages.mix.plan import header_bytes
+    from pipeline.stages.mix.sensitivity import RETRIES
     from pipeline.stages.mix.solve import choose, predicted_kld, tensor_types
-    from pipeline.tools import find_toolchain, run_tool
+    from pipeline.tools import find_toolchain
 
     r = load_recipe(a.recipe)
     L = Layout(Path(a.artifacts), Path(a.work))
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     if any(v.get("source", "measured") != "measured" for g in sens["groups"] for v in g["kld"].values()):
         raise SystemExit(f"{L.sensitivity(r.name, 'plain')}: not an exhaustive sensitivity (build with search: "
                          "exhaustive first)")
-    groups, floor, cands = sens["groups"], sens["floor"], tuple(sens["candidates"])
+    groups, floor = sens["groups"], sens["floor"]
     fk = sens["floor_kld"]["kld_mean"]
     base = L.source_gguf(r, "plain")
     fixed = header_bytes(read_header(base), None) + sens["kept_bytes"]
@@ -65,9 +66,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         def gate_kld(label: str, choice: dict) -> float:
-            mp, out = Path(tmp) / "map.txt", Path(tmp) / "mix.gguf"
-            mp.write_text(map_text(tensor_types(sens, choice)))
-            run_tool(tc, "llama-quantize", ["--tensor-type-file", mp, base, out, MEASURE_FTYPE, a.threads], None)
+            out = quantize_map(tc, base, tensor_types(sens, choice), Path(tmp) / "mix.gguf", a.threads)
             metrics, _ = kl_divergence(tc, gate, out, logits, a.threads, None, f"near {label}", RETRIES)
             return metrics["kld_mean"]
 
@@ -75,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             if not q.mix:
                 continue
             lay = json.loads(L.mix_layout(r.name, q.key).read_text())
+            cands = q.mix.candidates  # the solve stage's: a mix may allow fewer than the sensitivity measured
             kw = {"budget": lay["bytes"]} if "bytes" in lay else {"target": lay["aim"]}
             choice, total, pred = choose(groups, cands, floor, fk, fixed, **kw)
             ref = gate_kld(q.key, choice)
