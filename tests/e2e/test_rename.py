@@ -37,6 +37,26 @@ def old_workflow(path: Path) -> None:
     subprocess.run(["tar", "-x", "-C", str(path)], input=archive.stdout, check=True)
 
 
+# OLD_RULE re-runs a llama-perplexity that lost its last lines (b11312's unjoined logger) only twice, with no pause:
+# on a loaded 2-core CI box all three tries of a 0.1 s run were cut once. The current code tries 7 times with pauses
+# (pipeline/tools_rerun.py); here the old build is resumed, for exactly that note, as often.
+OLD_LOST_LINES = "exited 0 but its output lost its final lines (unjoined logger thread of b11312): re-run 2 of at most 2"
+OLD_RESUMES = 2
+
+
+def old_repro(box: Repo) -> None:
+    """`dvc repro --keep-going` on OLD_RULE's workflow, resumed (at most OLD_RESUMES times) only after a failure
+    whose output holds OLD_LOST_LINES; any other failure fails the test."""
+    for attempt in range(OLD_RESUMES + 1):
+        res = box.dvc("repro", "--keep-going", check=False)
+        if res.returncode == 0:
+            return
+        out = res.stdout + res.stderr
+        if OLD_LOST_LINES not in out or attempt == OLD_RESUMES:
+            raise AssertionError(f"dvc repro on {OLD_RULE}'s workflow failed ({res.returncode}):\n{out[-3000:]}")
+        print(f"resume {attempt + 1}: {OLD_RULE}'s llama-perplexity lost its last lines three times")
+
+
 def current_workflow(path: Path) -> None:
     """The current workflow files, copied as project_repo copies them (but the box's .dvc/config: its remote)."""
     for d in PROJECT_DIRS:
@@ -80,7 +100,7 @@ def test_rename_through_build_and_older_tags_still_pull_and_verify(dvc_env):
 
     # before: the old names, built and pushed by the workflow of OLD_RULE
     box.cli("dvc-matrix")
-    box.dvc("repro", "--keep-going")
+    old_repro(box)
     m = box.manifest(NAME)
     assert m["schema_version"] == 2 and (box.path / OLD).is_file()
     before = {a["file"]: a["sha256"] for a in m["artifacts"]}
