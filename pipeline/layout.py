@@ -181,6 +181,8 @@ class Layout:
     def sensitivity_inputs(self, r: Recipe, flavour: str) -> dict[str, str]:
         f = Flavour.parse(flavour)
         out = self._base_inputs(r, f.base, f.imatrix)
+        if r.sensitivity.search == "fisher":  # the checkpoint the base GGUF was converted from
+            out["hf"] = str(self.hf_awq(r.name) if f.base == "awq" else self.hf(r.name))
         return {**out, "ref": str(self.base_gguf(r)), "text": str(r.sensitivity.text)}
 
     def mix_map(self, name: str, key: str) -> Path:

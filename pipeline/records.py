@@ -387,7 +387,7 @@ class SensitivityRecord(StageRecord):
     """sensitivity: what measuring one flavour cost, and the SHA256 of the measurement file it wrote."""
     KIND: ClassVar[str] = "sensitivity"
     flavour: str
-    search: str  # exhaustive | screened
+    search: str  # exhaustive | screened | fisher
     groups: int
     candidates: int
     n_layers: int
@@ -402,6 +402,8 @@ class SensitivityRecord(StageRecord):
     quantize_seconds: float
     eval_seconds: float
     screen_seconds: float  # the screened errors, dequantized with gguf-py
+    fisher_passes: int = ABSENT  # search: fisher: torch passes over the sensitivity text (0 when every error was cached)
+    fisher_seconds: float = ABSENT
     cpu_seconds: float  # this stage's process and the tools it ran
     seconds: float
     sensitivity_sha256: str

@@ -69,6 +69,7 @@ def print_plan(p: dict, box: dict) -> None:
             r = j["search"]
             print(f"  sensitivity {j['key']}: {r['search']} search, {r['evaluations']} evaluations"
                   + (f" and {r['imatrix_passes']} llama-imatrix pass" if r["imatrix_passes"] else "")
+                  + (f" and {r['fisher_passes']} Fisher pass (torch)" if r.get("fisher_passes") else "")
                   + f", {r['quantizes']} whole-model quantizes (exhaustive: {r['exhaustive']} evaluations): "
                   f"{j['hours']:.2f} h")
 

@@ -157,7 +157,8 @@ def plan_jobs(recipe, facts: Facts) -> list[dict]:
     if recipe.conformance.enabled:
         add("conformance", "", {}, {"base": mb("convert", ot), "hf": snap})
     for f in recipe.mix_flavours:  # hours only: its disk and RAM are an eval's and a quantize's, not planned apart
-        add("sensitivity", f, {"flavour": f}, {"base": mb("convert", ot)})
+        add("sensitivity", f, {"flavour": f},
+            {"base": mb("convert", ot), **({"hf": snap} if recipe.sensitivity.search == "fisher" else {})})
         s = recipe.sensitivity
         jobs[-1]["search"] = {"search": s.search, **planned_runs(quantized_names(facts), s.bands,
                                                                  len(recipe.mix_candidates(f)), s.search)}
@@ -221,7 +222,9 @@ def hours(job: dict, facts: Facts, recipe, box: dict = BOX) -> float:
         tokens = s.ctx * s.chunks * (1 + runs["evaluations"] + runs["imatrix_passes"])  # reference logits first
         quantize = runs["quantizes"] * job["inputs"]["base"] * MIB / (box["quantize_bps_per_core"] * box["cores"])
         screen = runs["screened_types"] * facts.n_params / (box["screen_wps_per_core"] * box["cores"])
-        return (2 * n * tokens / (box["pp_flops_per_core"] * box["cores"]) + quantize + screen) / 3600
+        # the Fisher pass: torch forward, backward and the Fisher products, about three forwards' work
+        fisher = runs["fisher_passes"] * 3 * 2 * n * s.ctx * s.chunks / (box["awq_flops_per_core"] * box["cores"])
+        return (2 * n * tokens / (box["pp_flops_per_core"] * box["cores"]) + quantize + screen + fisher) / 3600
     return 2 * n * tokens / (box["pp_flops_per_core"] * box["cores"]) / 3600
 
 

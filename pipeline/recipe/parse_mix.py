@@ -166,6 +166,6 @@ def _parse_sensitivity(ctx: _Ctx, value, eval_sets) -> Sensitivity:
     floor = ctx.string(d.get("floor", MIX_FLOOR), "sensitivity.floor").lower()
     if floor not in GGML_TYPE_NAMES or GGML_TYPE_NAMES[floor] in ("F32", "BF16"):
         ctx.fail("sensitivity.floor", f"{floor!r} is not a ggml tensor type (e.g. Q8_0, F16)")
-    search = ctx.choice(d.get("search", "exhaustive"), "sensitivity.search", ("exhaustive", "screened"))
+    search = ctx.choice(d.get("search", "exhaustive"), "sensitivity.search", ("exhaustive", "screened", "fisher"))
     return Sensitivity(text=path, text_sha256=digest, ctx=ctx_len, chunks=chunks, bands=bands,
                        floor=GGML_TYPE_NAMES[floor], search=search)

@@ -235,11 +235,13 @@ SENSITIVITY = Section("sensitivity", "`sensitivity:`", (
           "shared experts apart, routers never quantized); groups x candidates files are measured.", 4),
     Field("floor", "ggml tensor type", "Q8_0",
           "The type of every tensor outside the group measured, and a choice of every group.", "F16"),
-    Field("search", "`exhaustive` | `screened`", "exhaustive",
+    Field("search", "`exhaustive` | `screened` | `fisher`", "exhaustive",
           "`exhaustive` measures every group at every candidate (each written form once); `screened` measures a few "
           "runs of bands per role and predicts the rest from each tensor's relative activation-weighted quantization "
           "error: at most a fifth of the evaluations; its mixes against the exhaustive search's are measured in "
-          "docs/mixes.md#the-screened-search.", "screened"),
+          "docs/mixes.md#the-screened-search. `fisher`: the same cap, the error weighted by a diagonal Fisher from "
+          "one torch pass over the HF checkpoint (counted as three evaluations), type probes for every role "
+          "(docs/mixes.md#the-fisher-weighted-search).", "screened"),
 ))
 
 QUANT_GATES = Section("quants[].gates", "`quants[].gates`: per-quant thresholds", (

@@ -234,9 +234,10 @@ def _speedup(recipe: Recipe, layout: Layout, mkey: str, dkey: str, main_path: st
 # kept out of the rebuild comparison (strip_volatile); `search`, `measurements`, `exhaustive_runs`, `skipped` and
 # `duplicates` follow from the inputs.
 SENSITIVITY_VOLATILE = ("seconds", "quantize_seconds", "eval_seconds", "screen_seconds", "cpu_seconds", "runs", "reused",
-                        "screens", "imatrix_passes")
+                        "screens", "imatrix_passes", "fisher_passes", "fisher_seconds")
 SENSITIVITY_COST = ("search", "measurements", "exhaustive_runs", "runs", "reused", "skipped", "duplicates", "screens",
-                    "imatrix_passes", "seconds", "quantize_seconds", "eval_seconds", "screen_seconds", "cpu_seconds")
+                    "imatrix_passes", "fisher_passes", "seconds", "quantize_seconds", "eval_seconds", "screen_seconds",
+                    "fisher_seconds", "cpu_seconds")
 
 
 def mix_entry(rec: dict) -> dict:

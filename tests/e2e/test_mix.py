@@ -124,6 +124,51 @@ def test_rebuild_gives_the_same_sensitivity_map_and_gguf(mix_build, tmp_path, to
     assert sha256_file(out) == sha256_file(work / "quants" / f"{NAME}-{KEY}.gguf")
 
 
+def test_fisher_search_through_the_stage_and_a_swapped_checkpoint_refused(mix_build, tmp_path, toolchain,
+                                                                         quantize_exe):
+    """``search: fisher`` on the tiny build's F16 and the checkpoint it was converted from (the real converter's q/k
+    rows): one Fisher pass, no llama-imatrix pass; the floor and each role whole measured (a fifth of 31 less the
+    three the pass counts as leaves no probe); every group of a role that measured over the floor predicted worse
+    at Q4_K than at Q6_K. The same checkpoint with two blocks' up_proj swapped is refused, naming a weight, before
+    any evaluation."""
+    from safetensors.numpy import load_file, save_file
+
+    from pipeline.errors import PipelineError
+    from pipeline.stages.mix.sensitivity import sensitivity
+
+    folder, recipe_path = mix_build
+    work = folder / "work" / NAME
+    recipe = tmp_path / f"{NAME}.yaml"
+    recipe.write_text(recipe_path.read_text().replace("search: screened", "search: fisher"))
+    r = load_recipe(recipe, quantize_exe)
+    base = work / "quants" / f"{NAME}-F16.gguf"
+    sens = sensitivity(r, "plain", base, base, tmp_path / "sens.json", tmp_path / "rec.json", tmp_path / "scratch",
+                       threads=2, log=tmp_path / "log", tc=toolchain, hf=work / "hf")
+    rec = json.loads((tmp_path / "rec.json").read_text())
+    assert (rec["search"], rec["fisher_passes"], rec["imatrix_passes"], rec["runs"], rec["screens"]) == \
+        ("fisher", 1, 0, 9, 3)
+    assert rec["fisher_seconds"] > 0 and sens["probes"] == []
+    assert [len(s["groups"]) for s in sens["segments"]] == [2] * 7 + [1]
+    scale = {gr: s["scale"] for s in sens["segments"] for gr in s["groups"]}
+    assert sum(v > 0 for v in scale.values()) >= 10  # random weights: a role may measure under the floor (scale 0)
+    for g in sens["groups"]:
+        q4, q6 = g["kld"]["Q4_K"]["kld_mean"], g["kld"]["Q6_K"]["kld_mean"]
+        assert (q4 > q6 if scale[g["group"]] > 0 else q4 == q6) and q6 >= sens["floor_kld"]["kld_mean"], g["group"]
+
+    swapped = tmp_path / "hf-swapped"
+    swapped.mkdir()
+    for f in (work / "hf").iterdir():
+        (swapped / f.name).write_bytes(f.read_bytes())
+    (st,) = swapped.glob("*.safetensors")
+    w = load_file(st)
+    a, b = "model.layers.0.mlp.up_proj.weight", "model.layers.1.mlp.up_proj.weight"
+    w[a], w[b] = w[b], w[a]
+    save_file(w, st, metadata={"format": "pt"})
+    with pytest.raises(PipelineError, match=r"up_proj.weight does not equal the base GGUF's tensor of that name"):
+        sensitivity(r, "plain", base, base, tmp_path / "s2.json", tmp_path / "r2.json", tmp_path / "scratch2",
+                    threads=2, log=tmp_path / "log", tc=toolchain, hf=swapped)
+
+
 def test_candidates_fall_back_on_the_demos_widths(tmp_path, toolchain):
     """576-wide rows: Q4_K is written Q5_0 and Q6_K as Q8_0 (the floor), which the sensitivity then does not
     measure twice; ffn_down (1536 wide) takes both as asked."""

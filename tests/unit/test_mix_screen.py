@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from pipeline.errors import PipelineError
 from pipeline.stages.mix.groups import group_tensors
 from pipeline.stages.mix.screen import (
     Segment,
@@ -20,8 +21,10 @@ from pipeline.stages.mix.screen import (
     exhaustive_runs,
     first_segments,
     probe_for,
+    screened_cap,
     screened_search,
     split,
+    tensor_reader,
     weight_errors,
 )
 
@@ -69,6 +72,40 @@ def test_screened_error_orders_types_and_weighs_columns_by_their_inputs(tmp_path
     q10 = _gguf(tmp_path / "q10.gguf", {"blk.0.attn_q.weight": 10 * w}, "Q4_0")
     assert weight_errors(tmp_path / "base10.gguf", q10, ["blk.0.attn_q.weight"], {})["blk.0.attn_q.weight"] == \
         pytest.approx(errs["Q4_0"]["blk.0.attn_q.weight"], rel=0.05)
+
+
+def test_fisher_error_is_half_the_fisher_weighted_squared_change(tmp_path):
+    """``search: fisher``'s error: 1/2 sum F_ij dW_ij^2 per tensor, F in the file's row-major shape; a weight with
+    no Fisher adds nothing, and a row's F scales its share."""
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((8, 64)).astype(np.float32)
+    base = _gguf(tmp_path / "base.gguf", {"blk.0.attn_q.weight": w.astype(np.float16)})
+    q = _gguf(tmp_path / "q.gguf", {"blk.0.attn_q.weight": w}, "Q4_0")
+    d = np.asarray(_dequant(q, "blk.0.attn_q.weight")) - np.asarray(_dequant(base, "blk.0.attn_q.weight"))
+    f = rng.random((8, 64)).astype(np.float32)
+    f[3] = 0.0
+    got = weight_errors(base, q, ["blk.0.attn_q.weight"], {}, fisher={"blk.0.attn_q.weight": f})
+    assert got["blk.0.attn_q.weight"] == pytest.approx(0.5 * float((f * d ** 2).sum()), rel=1e-6)
+    f2 = f.copy()
+    f2[5] *= 4
+    more = weight_errors(base, q, ["blk.0.attn_q.weight"], {}, fisher={"blk.0.attn_q.weight": f2})
+    assert more["blk.0.attn_q.weight"] - got["blk.0.attn_q.weight"] == pytest.approx(1.5 * float((f[5] * d[5] ** 2)
+                                                                                               .sum()), rel=1e-5)
+
+
+def test_tensor_reader_reads_what_gguf_py_reads(tmp_path):
+    """The screen's reader (our header parser, the data mapped) against gguf-py's GGUFReader: the same values for
+    float, block-quantized and 3-D tensors; a missing tensor names the file."""
+    rng = np.random.default_rng(2)
+    w2, w3 = rng.standard_normal((4, 256)).astype(np.float32), rng.standard_normal((2, 3, 256)).astype(np.float32)
+    for qtype in (None, "Q4_0", "Q8_0"):
+        path = _gguf(tmp_path / f"{qtype}.gguf", {"a.weight": w2, "blk.0.ffn_up_exps.weight": w3}, qtype)
+        read = tensor_reader(path)
+        for name in ("a.weight", "blk.0.ffn_up_exps.weight"):
+            want = np.asarray(_dequant(path, name), dtype=np.float32).reshape(-1, 256)
+            assert np.array_equal(read(name), want), (qtype, name)
+        with pytest.raises(PipelineError, match=f"tensor b.weight is missing from {qtype}.gguf"):
+            read("b.weight")
 
 
 def _dequant(path, name):
@@ -127,7 +164,7 @@ def test_exhaustive_runs_count_each_written_form_once():
     assert exhaustive_runs(groups, types, "Q8_0", ("Q4_K", "Q5_K", "Q6_K")) == 1 + 2 + 2
 
 
-def _search(scale_of_layer, cap: int, type_factor: dict | None = None):
+def _search(scale_of_layer, cap: int, type_factor: dict | None = None, probe_all: bool = False):
     """The screened search on NAMES at 4 bands, measured by an additive truth: each tensor adds
     scale_of_layer(layer or None) x type_factor[type] (1 by default) x its screened error over the floor's."""
     quantized = [n for n in NAMES if n != "token_embd.weight"] + ["token_embd.weight"]
@@ -151,7 +188,7 @@ def _search(scale_of_layer, cap: int, type_factor: dict | None = None):
         return {"kld_mean": truth(assign), "kld_p99": 0.0, "same_top_p": 1.0, "ppl_ratio": 1.0}
 
     plan = SimpleNamespace(quantized=quantized, groups=groups, group_bytes=lambda g, c: len(g.tensors))
-    floor, out, segs, probes = screened_search(measure, plan, "Q8_0", cands, "plain", errors, cap)
+    floor, out, segs, probes = screened_search(measure, plan, "Q8_0", cands, "plain", errors, cap, probe_all)
     expected = {g["group"]: {c: truth({**dict.fromkeys(quantized, "Q8_0"),
                                        **dict.fromkeys(g["tensors"], c)}) for c in cands} for g in out}
     return calls, out, segs, expected, probes
@@ -207,6 +244,23 @@ def test_a_type_probe_prices_a_type_whose_kld_per_error_differs():
         want = added if g["role"] == "token_embd" else added / 2
         assert g["kld"]["Q3_K"]["kld_mean"] - 0.001 == pytest.approx(want, rel=1e-6), g["group"]
         assert g["kld"]["Q4_K"]["kld_mean"] == pytest.approx(expected[g["group"]]["Q4_K"], rel=1e-6), g["group"]
+
+
+def test_the_fisher_search_probes_every_role_the_most_kld_first():
+    """``probe_all`` (search: fisher): every role is probed at its other written form, the role that measured the
+    most KLD at its anchor first, before any cut. Under the type factor that the screened search leaves at half the
+    truth for roles of several groups (test above), every prediction is then exact."""
+    flat = lambda i: 0.02 if i is None else 0.005  # noqa: E731
+    calls, out, segs, expected, probes = _search(flat, cap=7, type_factor={"Q3_K": 2.0}, probe_all=True)
+    # at the anchor (Q4_K) attn_q added 0.032, ffn_down 0.030, token_embd 0.016
+    assert [p["role"] for p in probes] == ["attn_q", "ffn_down", "token_embd"] and len(calls) == 7
+    assert all(p["ratio"] == pytest.approx(2.0) for p in probes)
+    assert [len(s.groups) for s in segs] == [4, 4, 1]  # the cap left no cut
+    for g in out:
+        for c, want in expected[g["group"]].items():
+            assert g["kld"][c]["kld_mean"] == pytest.approx(want, rel=1e-6), (g["group"], c)
+    # the cap: a fifth of the exhaustive search's evaluations less what the weighting pass counts as
+    assert screened_cap(95) == 18 and screened_cap(95, 3) == 16
 
 
 def test_a_probe_prices_its_written_form_only():
@@ -305,3 +359,29 @@ def test_a_cached_measurement_reads_back_in_the_order_of_a_fresh_one(tmp_path):
     again = m("x", {"blk.0.attn_q.weight": "Q4_K"})
     assert m.cost["reused"] == 1 and list(first) == list(again) == list(KEPT)
     assert json.dumps(first) == json.dumps(again)
+
+
+def test_fisher_maps_a_weight_only_in_a_row_order_the_converter_writes():
+    """The Fisher pass checks each HF weight against the base GGUF's tensor of that name: as is, or in llama's q/k
+    row order (conversion/llama.py permute) for the file's head count; another order, a swapped tensor or another
+    shape fails naming the weight. Within F16 rounding counts as equal."""
+    from pipeline.stages.mix.fisher import _permute, _row_order
+
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((16, 8)).astype(np.float32)
+    g16 = w.astype(np.float16).astype(np.float32)
+    assert _row_order("q", w, g16, (4, 2), "x") is None
+    assert _row_order("q", w, _permute(w, 4), (4, 2), "x") == 4
+    assert _row_order("k", w, _permute(w, 2), (4, 2), "x") == 2
+    with pytest.raises(PipelineError, match="x: q does not equal the base GGUF's tensor"):
+        _row_order("q", w, w[::-1].copy(), (4, 2), "x")
+    with pytest.raises(PipelineError, match=r"x: q has shape \[16, 8\], the base GGUF's tensor \[8, 16\]"):
+        _row_order("q", w, w.T.copy(), (4, 2), "x")
+
+
+def test_fisher_refuses_merged_experts_before_loading_anything():
+    from pipeline.stages.mix.fisher import diagonal_fisher
+
+    with pytest.raises(PipelineError, match="x: blk.0.ffn_up_exps.weight merges a mixture's experts.*search: screened"):
+        diagonal_fisher("no-such-dir", "no-such.gguf", ["blk.0.attn_q.weight", "blk.0.ffn_up_exps.weight"], [], None,
+                        512, 4, 1, False, "x")

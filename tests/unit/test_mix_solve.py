@@ -89,7 +89,7 @@ def test_sensitivity_refusals(tmp_path):
     exc = _refused(tmp_path, "[Q4_K_M]")
     assert exc.field == "sensitivity" and exc.message.startswith("no quant is a mix"), exc
     exc = _refused(tmp_path, mix, extra="sensitivity: {text: sens.txt, search: greedy}\n")
-    assert exc.field == "sensitivity.search" and exc.message == "'greedy' is not one of exhaustive, screened", exc
+    assert exc.field == "sensitivity.search" and exc.message == "'greedy' is not one of exhaustive, screened, fisher", exc
     exc = _refused(tmp_path, mix, extra=f"sensitivity: {{text: {GATE}}}\n")
     assert exc.field == "sensitivity.text" and exc.message.startswith("gate.txt is the eval text of gates 'g'"), exc
 

@@ -149,16 +149,19 @@ def test_sensitivity_hours_on_paper_configs(tmp_path, model, groups):
     f = P.source_facts(ROOT / "data" / "paper" / model)
     text = (ROOT / "data" / "paper" / "plan-mix-recipe.yaml").read_text().replace("../", f"{ROOT / 'data'}/")
     rows = {}
-    for search in ("exhaustive", "screened"):
+    for search in ("exhaustive", "screened", "fisher"):
         path = tmp_path / f"{search}.yaml"
         path.write_text(text.replace("search: screened", f"search: {search}"))
         r = load_recipe(path)
         (job,) = [j for j in J.plan_jobs(r, f) if j["rule"] == "sensitivity"]
         rows[search] = (job["search"], J.hours(job, f, r))
-    (ex, ex_h), (sc, sc_h) = rows["exhaustive"], rows["screened"]
+    (ex, ex_h), (sc, sc_h), (fi, fi_h) = rows["exhaustive"], rows["screened"], rows["fisher"]
     assert ex["evaluations"] == ex["exhaustive"] == sc["exhaustive"] == 1 + groups * 4
     assert sc["evaluations"] + sc["imatrix_passes"] == ex["evaluations"] // 5 and sc["screened_types"] == 5
     assert 0 < sc_h < ex_h / 3
+    # the Fisher pass counts as three evaluations in place of the imatrix pass
+    assert (fi["evaluations"] + 3, fi["imatrix_passes"], fi["fisher_passes"]) == (ex["evaluations"] // 5, 0, 1)
+    assert 0 < fi_h < ex_h / 2, (fi_h, sc_h, ex_h)
 
 
 def test_eight_experts_raise_attn_k_and_v_to_q8_0():

@@ -57,6 +57,10 @@ SIBLINGS = (("attn_q", "attn_k", "attn_v"), ("ffn_gate", "ffn_up"), ("ffn_gate_e
             ("ffn_gate_shexp", "ffn_up_shexp"))
 # The screened search spends at most 1/EVAL_SHARE of the exhaustive search's evaluations (issue #32's target).
 EVAL_SHARE = 5
+# Evaluations the Fisher pass (pipeline/stages/mix/fisher.py) counts as against the cap, in place of the screened
+# search's llama-imatrix pass (one): a forward, a backward and the Fisher products over the text an evaluation reads,
+# about three forwards' work (its seconds: bench/RESULTS.md#the-fisher-weighted-search-in-the-stage-2026-12-05).
+FISHER_CHARGE = 3
 
 
 def column_importance(imatrix: str | Path) -> dict[str, object]:
@@ -81,27 +85,54 @@ def column_importance(imatrix: str | Path) -> dict[str, object]:
     return out
 
 
+def tensor_reader(path: str | Path):
+    """``read(name)``: tensor ``name`` of the GGUF at ``path`` dequantized by gguf-py, float32, one row per GGML row
+    (``[ne1 * ne2..., ne0]``); PipelineError naming file and tensor if it has none. The header is read by
+    pipeline/gguf/reader.py and the data mapped: gguf-py's own reader decodes every metadata array first (4 s for
+    a 49k-token vocabulary, per file)."""
+    import numpy as np
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    from pipeline.gguf.reader import read_header
+
+    header = read_header(path)
+    infos = {t.name: t for t in header.tensors}
+    data = np.memmap(path, dtype=np.uint8, mode="r")
+
+    def read(name: str, check_only: bool = False):
+        t = infos.get(name)
+        if t is None:
+            raise PipelineError(f"screen: tensor {name} is missing from {Path(path).name}")
+        if check_only:
+            return None
+        rows = t.n_elements // t.shape[0]
+        raw = data[t.offset:t.offset + t.n_bytes].reshape(rows, t.n_bytes // rows)
+        return dequantize(raw, GGMLQuantizationType(t.ggml_type)).astype(np.float32, copy=False)
+    return read
+
+
 def weight_errors(base: str | Path, quant: str | Path, names: list[str], importance: dict,
-                  threads: int = 1) -> dict[str, float]:
+                  threads: int = 1, fisher: dict | None = None) -> dict[str, float]:
     """name -> the relative activation-weighted squared error of the tensor as ``quant`` holds it, against ``base``'s;
-    ``threads`` tensors at a time (numpy leaves the interpreter lock while it works on whole arrays)."""
+    with ``fisher`` (name -> diagonal Fisher in the file's shape, pipeline/stages/mix/fisher.py) instead
+    ``1/2 sum F dW^2``. ``threads`` tensors at a time (numpy leaves the interpreter lock while it works on whole
+    arrays)."""
     from concurrent.futures import ThreadPoolExecutor
 
     import numpy as np
-    from gguf import GGUFReader
-    from gguf.quants import dequantize
 
-    def tensors(path):
-        return {t.name: t for t in GGUFReader(str(path)).tensors}
-
-    b, q = tensors(base), tensors(quant)
+    b, q = tensor_reader(base), tensor_reader(quant)
     for n in names:
-        if n not in b or n not in q:
-            raise PipelineError(f"screen: tensor {n} is missing from {Path(base).name} or {Path(quant).name}")
+        for read in (b, q):
+            read(n, check_only=True)
 
     def one(n: str) -> float:
-        w = dequantize(b[n].data, b[n].tensor_type).astype(np.float32, copy=False)
-        d = dequantize(q[n].data, q[n].tensor_type).astype(np.float32, copy=False) - w
+        w = b(n)
+        d = q(n) - w
+        if fisher is not None:
+            return 0.5 * float(np.einsum("ij,ij->", fisher[n].reshape(d.shape[0], -1), d.reshape(d.shape[0], -1) ** 2,
+                                         dtype=np.float64))
         w, d = w.reshape(-1, w.shape[-1]), d.reshape(-1, w.shape[-1])
         err, ref = (np.einsum("ij,ij->j", x, x, dtype=np.float64) for x in (d, w))  # per input column
         a = importance.get(n)
@@ -176,10 +207,13 @@ def exhaustive_runs(groups: list, types: dict[str, dict[str, str]], floor: str, 
 
 
 def screened_search(measure, plan, floor_type: str, cands: tuple[str, ...], flavour: str, errors: dict,
-                    cap: int) -> tuple[dict, list[dict], list[Segment], list[dict]]:
+                    cap: int, probe_all: bool = False) -> tuple[dict, list[dict], list[Segment], list[dict]]:
     """The floor, the segments measured (adaptive bands within ``cap`` evaluations), the type probes and every
     group's predicted entry. ``measure(label, assign)``: the KEPT statistics of a map (cached); ``errors``: type ->
-    tensor -> screened error (:func:`weight_errors`); ``cap``: evaluations allowed, the floor's included."""
+    tensor -> screened error (:func:`weight_errors`); ``cap``: evaluations allowed, the floor's included;
+    ``probe_all`` (the Fisher search): type probes for every role, the role that measured the most KLD first, before
+    any cut (the Fisher error tracks the bands well enough that the types' ratios matter more,
+    docs/mixes.md#the-fisher-weighted-search)."""
     floor_map = dict.fromkeys(plan.quantized, floor_type)
     floor = measure("floor", floor_map)
     print(f"[sensitivity {flavour}] floor {floor_type}: mean KLD {floor['kld_mean']:.6f}", flush=True)
@@ -209,8 +243,11 @@ def screened_search(measure, plan, floor_type: str, cands: tuple[str, ...], flav
     used = 1 + len(segs)
     # type probes: each role of one group at its other written forms, the most bytes per probe first
     probes: list[dict] = []
-    order = probe_order([s for s in segs if len(s.groups) == 1], cands, added,
-                        lambda s: sum(plan.group_bytes(by_name[g], floor_type) for g in s.groups))
+    if probe_all:
+        order = probe_order(segs, cands, added, lambda s: max(s.added_kld, 0.0))
+    else:
+        order = probe_order([s for s in segs if len(s.groups) == 1], cands, added,
+                            lambda s: sum(plan.group_bytes(by_name[g], floor_type) for g in s.groups))
     for role_seg, c in order[:max(0, cap - used)]:
         got = measure(f"{role_seg.role} at {c}", {**floor_map, **dict.fromkeys(tensors_of(role_seg.groups), c)})
         e = added(role_seg.groups, c)
@@ -321,22 +358,24 @@ def probe_for(probes: list[dict], role: str, error: float) -> dict | None:
     return next((p for p in probes if p["role"] == role and round(p["added_error"], 12) == round(error, 12)), None)
 
 
-def screened_cap(exhaustive: int) -> int:
+def screened_cap(exhaustive: int, charge: int = 1) -> int:
     """The evaluations the screened search may run, the floor's included: a fifth (:data:`EVAL_SHARE`) of the
-    exhaustive search's, its llama-imatrix pass counted as one."""
-    return max(1, exhaustive // EVAL_SHARE) - 1
+    exhaustive search's less ``charge``, what its weighting pass counts as (the llama-imatrix pass: one; the Fisher
+    pass: :data:`FISHER_CHARGE`)."""
+    return max(1, exhaustive // EVAL_SHARE) - charge
 
 
 def planned_runs(names: list[str], n_bands: int, n_cands: int, search: str) -> dict:
     """What a search of quantized tensors ``names`` will run, before any file exists (``ggufpipe plan``): the
-    exhaustive count counts every candidate (the dry run that finds duplicates needs the file), the screened one its
-    cap (the llama-imatrix pass counted in it) and one whole-model quantize per type."""
+    exhaustive count counts every candidate (the dry run that finds duplicates needs the file), the screened and
+    Fisher ones their cap (the llama-imatrix or Fisher pass counted in it) and one whole-model quantize per type."""
     groups = group_tensors(names, n_bands)
     exhaustive = 1 + len(groups) * n_cands
     if search == "exhaustive":
-        return {"evaluations": exhaustive, "quantizes": exhaustive, "imatrix_passes": 0, "screened_types": 0,
-                "exhaustive": exhaustive}
+        return {"evaluations": exhaustive, "quantizes": exhaustive, "imatrix_passes": 0, "fisher_passes": 0,
+                "screened_types": 0, "exhaustive": exhaustive}
     first = 1 + len(first_segments(groups))
-    evals = max(first, screened_cap(exhaustive))
-    return {"evaluations": evals, "quantizes": evals + 1 + n_cands, "imatrix_passes": 1, "screened_types": 1 + n_cands,
-            "exhaustive": exhaustive}
+    fisher = search == "fisher"
+    evals = max(first, screened_cap(exhaustive, FISHER_CHARGE if fisher else 1))
+    return {"evaluations": evals, "quantizes": evals + 1 + n_cands, "imatrix_passes": int(not fisher),
+            "fisher_passes": int(fisher), "screened_types": 1 + n_cands, "exhaustive": exhaustive}

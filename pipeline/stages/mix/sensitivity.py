@@ -10,7 +10,9 @@ For one flavour (base GGUF, with or without the importance matrix) of a recipe's
    candidate a file where only that group is at the candidate: ``llama-quantize --tensor-type-file`` and
    ``llama-perplexity --kl-divergence`` against 1. A candidate that writes a group exactly as the floor or as an
    earlier candidate does is not measured again. ``search: screened``: a few such files calibrate each tensor's
-   screened quantization error, which predicts the rest (pipeline/stages/mix/screen.py).
+   screened quantization error, which predicts the rest (pipeline/stages/mix/screen.py); ``search: fisher``: the
+   same with the error weighted by a diagonal Fisher from one torch pass over the HF checkpoint
+   (pipeline/stages/mix/fisher.py) and type probes for every role.
 
 Every measurement is cached under ``work/<name>/mix/<flavour>/runs/`` by the SHA256 of everything that decides it
 (base, reference and importance matrix, the map's text, the text, ctx, chunks, threads, tools): adding a candidate
@@ -36,6 +38,7 @@ from pipeline.records import SensitivityRecord
 from pipeline.stagedef import Stage, mem_mb
 from pipeline.stages.evaluate import check_text, kl_divergence, write_base_logits
 from pipeline.stages.imatrix import run_imatrix
+from pipeline.stages.mix.fisher import FISHER_VERSION, diagonal_fisher, fisher_key
 from pipeline.stages.mix.groups import Group, bands, group_tensors
 from pipeline.stages.mix.plan import (
     check_budgets,
@@ -46,6 +49,7 @@ from pipeline.stages.mix.plan import (
     map_text,
 )
 from pipeline.stages.mix.screen import (
+    FISHER_CHARGE,
     SCREEN_VERSION,
     SEARCH_VERSION,
     column_importance,
@@ -55,7 +59,7 @@ from pipeline.stages.mix.screen import (
     weight_errors,
 )
 from pipeline.stages.quantize import explain_failure
-from pipeline.tools import Toolchain, find_toolchain, run_tool
+from pipeline.tools import Toolchain, find_toolchain, run_helper, run_tool
 
 VERSION = 1
 # llama-quantize's type argument for every measurement: patterns apply only under a quantized type
@@ -83,9 +87,10 @@ def written_types(tc, base, names, qtype, imatrix, scratch, log, where) -> dict[
 
 def sensitivity(recipe: Recipe, flavour: str, base_gguf: str | Path, ref_gguf: str | Path, out_json: str | Path,
                 record: str | Path, scratch: str | Path, imatrix: str | Path | None = None, threads: int = 2,
-                log: str | Path | None = None, tc: Toolchain | None = None) -> dict:
+                log: str | Path | None = None, tc: Toolchain | None = None, hf: str | Path | None = None) -> dict:
     """Entry function: the sensitivity of ``base_gguf`` (flavour ``plain``, ``awq``, ``…-imatrix``) per tensor group
-    and candidate, against the logits of ``ref_gguf`` (the plain base file) on ``recipe.sensitivity.text``."""
+    and candidate, against the logits of ``ref_gguf`` (the plain base file) on ``recipe.sensitivity.text``; ``hf``:
+    the checkpoint ``base_gguf`` was converted from (``search: fisher`` only)."""
     tc = tc or find_toolchain()
     s = recipe.sensitivity
     where = f"{recipe.path}: sensitivity {flavour}"
@@ -121,9 +126,14 @@ def sensitivity(recipe: Recipe, flavour: str, base_gguf: str | Path, ref_gguf: s
     if s.search == "exhaustive":
         floor, out_groups = _measure_all(measure, plan, s.floor, cands, flavour)
     else:
-        errors = _screen_errors(measure, plan, s.floor, cands, base, base_sha, es, text_sha, flavour)
+        fisher = s.search == "fisher"
+        if fisher and hf is None:
+            raise PipelineError(f"{where}: search: fisher needs the HF checkpoint the base file was converted from")
+        errors = _screen_errors(measure, plan, s.floor, cands, base, base_sha, es, text_sha, flavour,
+                                (Path(hf), recipe.source.trust_remote_code) if fisher else None)
         floor, out_groups, segs, probes = screened_search(measure, plan, s.floor, cands, flavour, errors,
-                                                          screened_cap(n_total))
+                                                          screened_cap(n_total, FISHER_CHARGE if fisher else 1),
+                                                          probe_all=fisher)
         data["segments"] = [sg.describe() for sg in segs]
         data["probes"] = probes
     data["search"] = s.search
@@ -142,22 +152,45 @@ def _cpu_seconds() -> float:
 
 
 def _screen_errors(measure: _Measurer, plan: _Plan, floor_type: str, cands: tuple[str, ...], base: Path,
-                   base_sha: str, es: EvalSet, text_sha: str, flavour: str) -> dict[str, dict[str, float]]:
-    """type -> tensor -> screened error (pipeline/stages/mix/screen.py): the importance from one llama-imatrix pass on
-    the sensitivity text, then one whole-model quantize per distinct written form; each cached by its key."""
+                   base_sha: str, es: EvalSet, text_sha: str, flavour: str,
+                   fisher_from: tuple[Path, bool] | None = None) -> dict[str, dict[str, float]]:
+    """type -> tensor -> screened error (pipeline/stages/mix/screen.py): weighted by the importance from one
+    llama-imatrix pass on the sensitivity text, or with ``fisher_from`` (HF checkpoint, trust_remote_code) by a
+    diagonal Fisher (pipeline/stages/mix/fisher.py); then one whole-model quantize per distinct written form. The
+    importance matrix and each type's errors are cached by their keys; the Fisher estimate (a float per weight) is
+    recomputed when a type's errors are not."""
     folder = measure.scratch / "screen"
     folder.mkdir(exist_ok=True)
     tools = [measure.tc.build_number, measure.tc.commit]
-    im_key = hashlib.sha256(json.dumps([base_sha, text_sha, es.ctx, es.chunks, measure.threads, *tools])
-                            .encode()).hexdigest()
-    im = folder / f"{im_key[:16]}.imatrix"
-    if not im.is_file():
-        print(f"[sensitivity {flavour}] screen: llama-imatrix on {es.text.name} ({es.chunks} x {es.ctx})", flush=True)
-        with atomic_output(im) as tmp:
-            run_imatrix(measure.tc, base, es.text, tmp, es.ctx, es.chunks, measure.threads, measure.logp,
-                        f"{measure.where}: screen")
-        measure.cost["imatrix_passes"] += 1
-    importance = column_importance(im)
+    weights: dict = {}
+    if fisher_from is None:
+        w_key = hashlib.sha256(json.dumps([base_sha, text_sha, es.ctx, es.chunks, measure.threads, *tools])
+                               .encode()).hexdigest()
+        im = folder / f"{w_key[:16]}.imatrix"
+        if not im.is_file():
+            print(f"[sensitivity {flavour}] screen: llama-imatrix on {es.text.name} ({es.chunks} x {es.ctx})",
+                  flush=True)
+            with atomic_output(im) as tmp:
+                run_imatrix(measure.tc, base, es.text, tmp, es.ctx, es.chunks, measure.threads, measure.logp,
+                            f"{measure.where}: screen")
+            measure.cost["imatrix_passes"] += 1
+        weights["importance"] = column_importance(im)
+    else:
+        w_key = ["fisher", fisher_key(base_sha, text_sha, es.ctx, es.chunks, measure.threads)]
+        measure.cost.update(fisher_passes=0, fisher_seconds=0.0)
+
+    def fisher() -> dict:
+        if "fisher" not in weights:
+            print(f"[sensitivity {flavour}] screen: Fisher pass of {fisher_from[0]} on {es.text.name} "
+                  f"({es.chunks} x {es.ctx})", flush=True)
+            t = time.monotonic()
+            ids, bos = _perplexity_tokens(measure.tc, base, es.text.read_text(encoding="utf-8"), measure.logp)
+            weights["fisher"] = diagonal_fisher(fisher_from[0], base, plan.quantized, ids, bos, es.ctx, es.chunks,
+                                                measure.threads, fisher_from[1], f"{measure.where}: fisher")
+            measure.cost["fisher_seconds"] += time.monotonic() - t
+            measure.cost["fisher_passes"] += 1
+        return weights["fisher"]
+
     out: dict[str, dict[str, float]] = {}
     by_form: dict[tuple, dict[str, float]] = {}
     for c in (floor_type, *cands):
@@ -166,22 +199,36 @@ def _screen_errors(measure: _Measurer, plan: _Plan, floor_type: str, cands: tupl
             out[c] = by_form[form]
             continue
         text = map_text(dict.fromkeys(plan.quantized, c))
-        key = hashlib.sha256(json.dumps([*measure.shas, im_key, text, MEASURE_FTYPE, *tools, SCREEN_VERSION])
+        key = hashlib.sha256(json.dumps([*measure.shas, w_key, text, MEASURE_FTYPE, *tools, SCREEN_VERSION])
                              .encode()).hexdigest()
         cached = folder / f"{key[:16]}.json"
         if cached.is_file():
             errs = json.loads(cached.read_text())
         else:
+            f = fisher() if fisher_from is not None else None
             print(f"[sensitivity {flavour}] screen: every tensor at {c}", flush=True)
             gguf = measure.quantize(f"screen at {c}", text)
             t = time.monotonic()
-            errs = weight_errors(base, gguf, plan.quantized, importance, measure.threads)
+            errs = weight_errors(base, gguf, plan.quantized, weights.get("importance", {}), measure.threads, f)
             measure.cost["screen_seconds"] += time.monotonic() - t
             gguf.unlink()
             measure.cost["screens"] += 1
             write_json_atomic(cached, errs)
         out[c] = by_form[form] = errs
     return out
+
+
+def _perplexity_tokens(tc: Toolchain, base_gguf: str | Path, text: str,
+                       log: Path | None) -> tuple[list[int], int | None]:
+    """The text's tokens as llama-perplexity makes them (common_tokenize with special tokens added, none parsed:
+    tools/perplexity/perplexity.cpp:305-312; the KL divergence base file keeps them) and the BOS it puts first in
+    each chunk (None: the vocabulary adds none), from the conformance helper (pipeline/native/conformance.cpp)."""
+    vocab, toks = run_helper(tc, "ggufpipe-conformance", base_gguf, [
+        {"op": "vocab"}, {"op": "tokenize", "text": text, "add_special": True, "parse_special": False}], log)
+    for a in (vocab, toks):
+        if "error" in a:
+            raise PipelineError(f"ggufpipe-conformance on {Path(base_gguf).name}: {a['error']}")
+    return toks["ids"], (vocab["bos"] if vocab["add_bos"] else None)
 
 
 def _reference_logits(tc: Toolchain, es: EvalSet, ref: Path, ref_sha: str, text_sha: str, threads: int,
@@ -346,7 +393,7 @@ def _write_record(record: str | Path, flavour: str, data: dict, n_groups: int, n
                       n_layers=len(data["bands"]) and data["bands"][-1][1] + 1,
                       measurements=1 + n_groups * n_cands, exhaustive_runs=n_total,
                       **{**cost, **{k: round(cost[k], 1) for k in ("quantize_seconds", "eval_seconds", "screen_seconds",
-                                                                    "cpu_seconds")}},
+                                                                    "cpu_seconds", "fisher_seconds") if k in cost}},
                       seconds=round(time.monotonic() - t0, 1), sensitivity_sha256=sha256_file(out_json)).write(record)
 
 
@@ -360,7 +407,7 @@ def _elements(shape) -> int:
 def _run(j) -> None:
     r, i, f = j.recipe, j.input, j["flavour"]
     sensitivity(r, f, i["base"], i["ref"], j.output["json"], j.output["record"], j.layout.sensitivity_dir(r.name, f),
-                imatrix=i.get("imatrix"), threads=j.threads, log=j.log)
+                imatrix=i.get("imatrix"), threads=j.threads, log=j.log, hf=i.get("hf"))
 
 
 STAGE = Stage(
@@ -371,7 +418,11 @@ STAGE = Stage(
     trigger=lambda r, wc, s: {"sensitivity": r.sensitivity.describe(), "candidates": r.mix_candidates(wc["flavour"]),
                               "eval_threads": s.eval_threads, "build": s.build_number, "commit": s.commit,
                               "offload": s.offload,
-                              **({"search_version": SEARCH_VERSION} if r.sensitivity.search == "screened" else {})},
-    resources={"mem_mb": lambda s: mem_mb(s.total, 1.3, 1024), "disk_mb": lambda s: mem_mb(s.mb("base"), 1.0, 1024),
+                              **({"search_version": SEARCH_VERSION} if r.sensitivity.search != "exhaustive" else {}),
+                              **({"fisher_version": FISHER_VERSION} if r.sensitivity.search == "fisher" else {})},
+    # the Fisher search holds the checkpoint in float32 and a float32 Fisher per weight: up to four times its BF16 size
+    resources={"mem_mb": lambda s: mem_mb(s.total + (3 * s.mb("hf") if s.recipe.sensitivity.search == "fisher" else 0),
+                                          1.3, 1024),
+               "disk_mb": lambda s: mem_mb(s.mb("base"), 1.0, 1024),
                "runtime": lambda s: int(60 + s.total)},
 )
