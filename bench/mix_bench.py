@@ -13,8 +13,8 @@ Prints, from the build's own records (work/<name>/):
      sensitivity's groups and candidates, plus the solved mixes, each quantized with llama-quantize and measured with
      llama-perplexity on the sensitivity text against the sensitivity's reference logits: the additive prediction
      against the measurement (none of these mixes was measured to fit it);
-3. the sensitivity's cost (evaluations against the exhaustive search's, screens, seconds) and, for a screened
-   search, its segments.
+3. the sensitivity's cost (evaluations against the exhaustive search's, screens, seconds) and, for a screened or
+   Fisher search, its segments.
 Exit status 1 when a target fails.
 """
 
@@ -170,9 +170,11 @@ def main(argv: list[str] | None = None) -> int:
           f"evaluations ({cost['reused']} of them from the cache) of the {cost.get('exhaustive_runs', '?')} the "
           f"exhaustive search runs (1 floor + {cost['groups']} groups x {cost['candidates']} candidates = "
           f"{cost['measurements']}, less {cost['skipped']} written as the floor and {cost.get('duplicates', 0)} as "
-          f"another candidate); {cost.get('imatrix_passes', 0)} llama-imatrix pass(es) and {cost.get('screens', 0)} "
-          f"whole-model quantizes for the screen; {cost['seconds']} s (quantize {cost['quantize_seconds']} s, eval "
-          f"{cost['eval_seconds']} s), {cost.get('cpu_seconds', '?')} CPU s")
+          f"another candidate); {cost.get('imatrix_passes', 0)} llama-imatrix pass(es), "
+          f"{cost.get('fisher_passes', 0)} Fisher pass(es) and {cost.get('screens', 0)} whole-model quantizes for the "
+          f"screen; {cost['seconds']} s (quantize {cost['quantize_seconds']} s, eval {cost['eval_seconds']} s, screen "
+          f"{cost.get('screen_seconds', 0)} s, Fisher {cost.get('fisher_seconds', 0)} s), {cost.get('cpu_seconds', '?')} "
+          "CPU s")
     for seg in sens.get("segments", []):
         print(f"   segment {seg['groups'][0]}..{seg['groups'][-1]} at {seg['anchor']}: +{seg['added_kld']:.6f} mean KLD "
               f"for {seg['added_error']:.4g} of screened error (scale {seg['scale']:.4g})")
