@@ -167,6 +167,7 @@ def test_fisher_search_through_the_stage_and_a_swapped_checkpoint_refused(mix_bu
     with pytest.raises(PipelineError, match=r"up_proj.weight does not equal the base GGUF's tensor of that name"):
         sensitivity(r, "plain", base, base, tmp_path / "s2.json", tmp_path / "r2.json", tmp_path / "scratch2",
                     threads=2, log=tmp_path / "log", tc=toolchain, hf=swapped)
+    assert not any((tmp_path / "scratch2" / "runs").iterdir()) and not (tmp_path / "s2.json").exists()
 
 
 def test_candidates_fall_back_on_the_demos_widths(tmp_path, toolchain):

@@ -65,8 +65,8 @@ def _row_order(name: str, w, g, heads: tuple[int, ...], where: str):
 
 
 def _max_diff(w, g, rows=None, block: int = 256) -> float:
-    """max |w[rows] - g| (``g`` None: max |w|), a block of rows at a time: whole-tensor temporaries took 3.9 s for
-    the demo's 211 matrices, most of it faulting in fresh pages."""
+    """max |w[rows] - g| (``g`` None: max |w|), a block of rows at a time: whole-tensor temporaries spend most of
+    their time faulting in fresh pages (bench/RESULTS.md#the-fisher-weighted-search-in-the-stage-2026-12-05)."""
     import numpy as np
 
     out = 0.0
@@ -114,7 +114,7 @@ def diagonal_fisher(hf_dir: str | Path, base_gguf: str | Path, names: list[str],
         p.requires_grad_(False)
     wanted = set(names)
     order: dict[str, int | None] = {}
-    acc: dict[str, object] = {}  # accumulated in place: a fresh tensor per chunk costs page faults (2x on the demo)
+    acc: dict[str, object] = {}  # summed in place: a fresh tensor per chunk costs page faults (bench/RESULTS.md)
     hooked = []
     for mod_name, mod in model.named_modules():
         if not isinstance(mod, torch.nn.Linear):
@@ -139,8 +139,9 @@ def diagonal_fisher(hf_dir: str | Path, base_gguf: str | Path, names: list[str],
     lookups = sorted({n for n in (emb_name, "token_embd.weight") if n in wanted})
     missing = sorted(wanted - set(order) - set(lookups))
     if missing:
-        raise PipelineError(f"{where}: no weight of {hf_dir} maps to {missing[0]} (and {len(missing) - 1} more) in "
-                            f"gguf-py's tensor map for {arch}: use search: screened")
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise PipelineError(f"{where}: no weight of {hf_dir} maps to {missing[0]}{more} in gguf-py's tensor map for "
+                            f"{arch}: use search: screened")
 
     if len(ids) < ctx * chunks:
         raise PipelineError(f"{where}: the sensitivity text is {len(ids)} tokens, fewer than {chunks} x {ctx}")

@@ -88,8 +88,8 @@ def column_importance(imatrix: str | Path) -> dict[str, object]:
 def tensor_reader(path: str | Path):
     """``read(name)``: tensor ``name`` of the GGUF at ``path`` dequantized by gguf-py, float32, one row per GGML row
     (``[ne1 * ne2..., ne0]``); PipelineError naming file and tensor if it has none. The header is read by
-    pipeline/gguf/reader.py and the data mapped: gguf-py's own reader decodes every metadata array first (4 s for
-    a 49k-token vocabulary, per file)."""
+    pipeline/gguf/reader.py and the data mapped: gguf-py's own reader decodes every metadata array first (seconds
+    per file for a 49k-token vocabulary)."""
     import numpy as np
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
@@ -241,7 +241,7 @@ def screened_search(measure, plan, floor_type: str, cands: tuple[str, ...], flav
     live = [g for g in plan.groups if any(errors[c][t] != errors[floor_type][t] for c in cands for t in g.tensors)]
     segs = [run(s) for s in first_segments(live)]
     used = 1 + len(segs)
-    # type probes: each role of one group at its other written forms, the most bytes per probe first
+    # type probes: each role of one group (with probe_all every role) at its other written forms
     probes: list[dict] = []
     if probe_all:
         order = probe_order(segs, cands, added, lambda s: max(s.added_kld, 0.0))
