@@ -51,19 +51,14 @@ def gguf_name(hf: str) -> str | None:
     return None
 
 
-def permute(w: np.ndarray, n_head: int, n_kv: int | None) -> np.ndarray:
-    """The row order convert_hf_to_gguf.py writes attn_q / attn_k in for a llama model (LlamaModel.permute)."""
-    if n_kv is not None and n_head != n_kv:
-        n_head = n_kv
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
 def gguf_rows(g: str, w: np.ndarray, cfg) -> np.ndarray:
     """``w`` (tensor ``g``, HF row order) in the row order the base GGUF holds it."""
+    from pipeline.stages.mix.fisher import permute_rows
+
     if ".attn_q." in g:
-        return permute(w, cfg.num_attention_heads, cfg.num_attention_heads)
+        return permute_rows(w, cfg.num_attention_heads)
     if ".attn_k." in g:
-        return permute(w, cfg.num_attention_heads, cfg.num_key_value_heads)
+        return permute_rows(w, cfg.num_key_value_heads or cfg.num_attention_heads)
     return w
 
 
@@ -153,14 +148,11 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
 
-    from gguf import GGUFReader
-    from gguf.quants import dequantize
-
     from bench.mix_bench import quantize_map
     from pipeline.layout import Layout
     from pipeline.recipe import load_recipe
     from pipeline.stages.imatrix import run_imatrix
-    from pipeline.stages.mix.screen import column_importance, weight_errors
+    from pipeline.stages.mix.screen import column_importance, tensor_reader, weight_errors
     from pipeline.tools import find_toolchain
 
     r = load_recipe(a.recipe)
@@ -175,8 +167,8 @@ def main() -> int:
     base = L.source_gguf(r, "plain").resolve()
     names = [t for g in groups for t in g["tensors"]]
     tc = find_toolchain()
-    b = {t.name: t for t in GGUFReader(str(base)).tensors}
-    W = {n: dequantize(b[n].data, b[n].tensor_type).astype(np.float64) for n in names}
+    read_base = tensor_reader(base)
+    W = {n: read_base(n).astype(np.float64) for n in names}
     F = fisher(L.hf(r.name), Path(s.text), s.ctx, s.chunks, a.samples, a.threads, W)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -186,9 +178,8 @@ def main() -> int:
         errs: dict[str, dict[str, dict[str, float]]] = {k: {} for k in ("relative (screen)", *F)}
         for c in (floor, *cands):
             out = quantize_map(tc, base, dict.fromkeys(names, c), tmp / "all.gguf", a.threads)
-            q = {t.name: t for t in GGUFReader(str(out)).tensors}
-            d2 = {n: (dequantize(q[n].data, q[n].tensor_type).astype(np.float64).reshape(W[n].shape) - W[n]) ** 2
-                  for n in names}
+            read = tensor_reader(out)
+            d2 = {n: (read(n).astype(np.float64).reshape(W[n].shape) - W[n]) ** 2 for n in names}
             for k, f in F.items():
                 errs[k][c] = {n: 0.5 * float((f[n] * d2[n]).sum()) for n in names}
             errs["relative (screen)"][c] = weight_errors(base, out, names, importance, a.threads)

@@ -365,14 +365,14 @@ def test_fisher_maps_a_weight_only_in_a_row_order_the_converter_writes():
     """The Fisher pass checks each HF weight against the base GGUF's tensor of that name: as is, or in llama's q/k
     row order (conversion/llama.py permute) for the file's head count; another order, a swapped tensor or another
     shape fails naming the weight. Within F16 rounding counts as equal."""
-    from pipeline.stages.mix.fisher import _permute, _row_order
+    from pipeline.stages.mix.fisher import _row_order, permute_rows
 
     rng = np.random.default_rng(3)
     w = rng.standard_normal((16, 8)).astype(np.float32)
     g16 = w.astype(np.float16).astype(np.float32)
     assert _row_order("q", w, g16, (4, 2), "x") is None
-    assert _row_order("q", w, _permute(w, 4), (4, 2), "x") == 4
-    assert _row_order("k", w, _permute(w, 2), (4, 2), "x") == 2
+    assert _row_order("q", w, permute_rows(w, 4), (4, 2), "x") == 4
+    assert _row_order("k", w, permute_rows(w, 2), (4, 2), "x") == 2
     with pytest.raises(PipelineError, match="x: q does not equal the base GGUF's tensor"):
         _row_order("q", w, w[::-1].copy(), (4, 2), "x")
     with pytest.raises(PipelineError, match=r"x: q has shape \[16, 8\], the base GGUF's tensor \[8, 16\]"):

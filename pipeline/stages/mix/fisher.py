@@ -42,7 +42,7 @@ def fisher_key(base_sha: str, text_sha: str, ctx: int, chunks: int, threads: int
                                       transformers.__version__, FISHER_VERSION]).encode()).hexdigest()
 
 
-def _permute(w, n_head: int):
+def permute_rows(w, n_head: int):
     """llama's q/k row order as the converter writes it (conversion/llama.py:176-181 of the pinned tree)."""
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
@@ -58,7 +58,7 @@ def _row_order(name: str, w, g, heads: tuple[int, ...], where: str):
     if _max_diff(w, g) <= tol:
         return None
     for n in heads:
-        if w.shape[0] % (2 * n) == 0 and _max_diff(w, g, _permute(np.arange(w.shape[0]), n)) <= tol:
+        if w.shape[0] % (2 * n) == 0 and _max_diff(w, g, permute_rows(np.arange(w.shape[0]), n)) <= tol:
             return n
     raise PipelineError(f"{where}: {name} does not equal the base GGUF's tensor of that name in any row order the "
                         f"converter writes: the checkpoint is not the one the base file was converted from")
@@ -167,7 +167,7 @@ def diagonal_fisher(hf_dir: str | Path, base_gguf: str | Path, names: list[str],
     out = {}
     for g, n_head in order.items():
         f = acc[g].numpy() / scored
-        out[g] = f if n_head is None else _permute(f, n_head)
+        out[g] = f if n_head is None else permute_rows(f, n_head)
     for g in lookups:
         out[g] = out.get(g, 0) + femb.numpy() / scored  # a tied output adds its own Fisher
     return out
