@@ -29,6 +29,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -167,6 +168,57 @@ def write_text_atomic(final: str | os.PathLike, text: str) -> None:
 
 def write_json_atomic(final: str | os.PathLike, data) -> None:
     write_text_atomic(final, json.dumps(data, indent=2, sort_keys=False, ensure_ascii=False) + "\n")
+
+
+# What a file from outside (a manifest, a device result, a recipe) may hold: a manifest of a 1,000-file build is
+# about 2 MB; a device-check result is 1-3 kB (``ggufpipe collect`` caps it lower).
+INPUT_MAX_BYTES = 64 << 20
+
+
+def read_input(path: str | os.PathLike, limit: int = INPUT_MAX_BYTES) -> bytes:
+    """The bytes of a file given from outside, or ``ValueError`` saying why not, in a few words: only a regular file
+    (a FIFO or a device would block or never end: it is opened without blocking and refused), at most ``limit`` bytes.
+    ``OSError`` (missing, unreadable) passes through."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise ValueError("a folder, not a file")
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError("not a regular file (a FIFO, socket or device)")
+        if st.st_size > limit:
+            raise ValueError(f"{st.st_size} bytes, more than the {limit} allowed")
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            data = fh.read(limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise ValueError(f"more than the {limit} bytes allowed")
+    return data
+
+
+def parse_json(data: bytes | str):
+    """JSON from outside: ``ValueError`` (with the reason) for bad syntax, bad UTF-8 and nesting too deep for the
+    parser (a RecursionError, which is not a ValueError)."""
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise ValueError("nested too deeply") from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"not UTF-8: {exc.reason}") from None
+
+
+def read_json(path: str | os.PathLike, what: str, limit: int = INPUT_MAX_BYTES):
+    """A JSON file from outside (``what``: a manifest, a device-check result ...), or one error line naming the file:
+    :class:`~pipeline.errors.PipelineError` ``<path>: cannot read <what>: <why>``."""
+    from pipeline.errors import PipelineError
+
+    try:
+        return parse_json(read_input(path, limit))
+    except OSError as exc:
+        raise PipelineError(f"{path}: cannot read {what}: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise PipelineError(f"{path}: cannot read {what}: {exc}") from None
 
 
 _AHEAD: dict[tuple[int, int, int, int], object] = {}  # file identity -> Future of its SHA256 (hashing_ahead)
