@@ -46,13 +46,11 @@ class Range:
     def problem(self, value) -> str | None:
         """None when ``value`` is in range; else what is wrong (``must be ..., got ...``)."""
         ok_type = isinstance(value, int) if self.integer else isinstance(value, (int, float))
-        if isinstance(value, bool) or not ok_type or (isinstance(value, float) and not math.isfinite(value)):
-            return f"must be {self.describe()}{self._note()}, got {_shown(value)}"
-        below = value <= self.lo if self.lo_open else value < self.lo
-        above = value >= self.hi if self.hi_open else value > self.hi
-        if below or above:
-            return f"{_shown(value)} is out of range: must be {self.describe()}{self._note()}"
-        return None
+        bad = isinstance(value, bool) or not ok_type or (isinstance(value, float) and not math.isfinite(value))
+        if not bad:
+            below = value <= self.lo if self.lo_open else value < self.lo
+            bad = below or (value >= self.hi if self.hi_open else value > self.hi)
+        return f"must be {self.describe()}{self._note()}, got {_shown(value)}" if bad else None
 
     def check(self, value, where: str, error=None):
         """``value`` when in range, else raise ``error(f"{where}: {problem}")`` (a PipelineError by default)."""
@@ -100,6 +98,16 @@ def _shown(value) -> str:
 def finite(value) -> bool:
     """A real number that a comparison can decide on: an int or float, not a bool, not NaN or infinite."""
     return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def above(value, limit) -> bool:
+    """``value > limit`` for a gate, failing closed: also True when either is not a finite number."""
+    return not (finite(value) and finite(limit)) or value > limit
+
+
+def below(value, limit) -> bool:
+    """``value < limit`` for a gate, failing closed: also True when either is not a finite number."""
+    return not (finite(value) and finite(limit)) or value < limit
 
 
 def integer(lo: int, hi: int, note: str = "") -> Range:

@@ -13,7 +13,6 @@ from pipeline.recipe import schema as _schema
 
 DEVICE_KEYS = _schema.keys("devices[]")
 DEVICE_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,31}$")
-DEVICE_CTX_MIN = 16
 
 
 @dataclass(frozen=True)
@@ -66,9 +65,8 @@ def parse_devices(ctx, value) -> tuple[Device, ...]:
         if size <= 0:
             ctx.fail(f"{where}.memory", f"{mem!r} is not a memory size such as 8G, 6144M or 1.5GiB (binary units, "
                                         "as `ggufpipe fit --mem`: G = 2^30 bytes; a bare number is bytes)")
-        n_ctx = d.get("ctx", 4096)
-        if isinstance(n_ctx, bool) or not isinstance(n_ctx, int) or n_ctx < DEVICE_CTX_MIN:
-            ctx.fail(f"{where}.ctx", f"must be an integer >= {DEVICE_CTX_MIN}, got {n_ctx!r}")
+        ctx.number(size, f"{where}.memory", "devices[]")
+        n_ctx = ctx.number(d.get("ctx", 4096), f"{where}.ctx", "devices[]")
         kv = d.get("kv_type", "f16")
         if not isinstance(kv, str) or (kv.lower() not in KV_TYPES and kv.lower() != "auto"):
             ctx.fail(f"{where}.kv_type", f"{kv!r} is not a KV cache type llama.cpp takes (one of {', '.join(KV_TYPES)})"
@@ -77,13 +75,8 @@ def parse_devices(ctx, value) -> tuple[Device, ...]:
         if not isinstance(arch, str) or arch.lower() not in ARCH_FEATURES:
             ctx.fail(f"{where}.arch", f"{arch!r} is not a CPU profile of the memory model (one of "
                                       f"{', '.join(ARCH_FEATURES)})")
-        counts = {}
-        for key, default in (("threads", 4), ("parallel", 1)):
-            v = d.get(key, default)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                ctx.fail(f"{where}.{key}", f"must be an integer >= 1 (llama-server {'-t' if key == 'threads' else '-np'}), "
-                                           f"got {v!r}")
-            counts[key] = v
+        counts = {key: ctx.number(d.get(key, default), f"{where}.{key}", "devices[]")
+                  for key, default in (("threads", 4), ("parallel", 1))}
         out.append(Device(name=name, memory=text, memory_bytes=size, ctx=n_ctx, kv_type=kv.lower(),
                           arch=arch.lower(), require=ctx.boolean(d.get("require", False), f"{where}.require"),
                           **counts))

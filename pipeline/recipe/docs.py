@@ -35,6 +35,7 @@ FACTS = {
     "{imatrix_families}": _or(R.IMATRIX_DEFAULT_FAMILIES),
     "{min_scored_tokens}": str(R.MIN_SCORED_TOKENS),
 }
+_BARE_NUMBER_RE = re.compile(r"^(int|number)( (>=|>) [0-9.]+| [0-9.]+\.\.[0-9.]+|, [0-9]+ to [0-9]+| 1\.\.64)?$")
 _PLAIN_RE = re.compile(r"^[A-Za-z_./][A-Za-z0-9_./-]*$")
 _YAML_WORDS = {"true", "false", "yes", "no", "on", "off", "null", "y", "n"}
 
@@ -78,6 +79,17 @@ def render_default(default: Any) -> str:
     return f"`{yaml_flow(default)}`"
 
 
+def render_type(f) -> str:
+    """The type a user reads, with the range the parser checks (pipeline/bounds.py) where the field is numeric."""
+    if f.range is None:
+        return f.type
+    if isinstance(f.range, dict):
+        return f"{f.type}; " + "; ".join(f"`{k}`: {r.describe()}" for k, r in f.range.items())
+    if _BARE_NUMBER_RE.match(f.type):  # "int >= 16": the range says it, with the upper bound
+        return f.range.describe()
+    return f"{f.type}; {'each ' if f.type.startswith('list') else ''}{f.range.describe()}"
+
+
 def render_section(s: Section) -> list[str]:
     lines = [f"## {s.title}", "", _fill(s.intro), "",
              "| key | type | default | meaning |", "|---|---|---|---|"]
@@ -85,7 +97,7 @@ def render_section(s: Section) -> list[str]:
         meaning = _fill(f.doc)
         if f.example is not None:
             meaning += f" Example: `{yaml_flow(f.example)}`."
-        lines.append("| " + " | ".join(_cell(c) for c in (f"`{f.key}`", f.type, render_default(f.default),
+        lines.append("| " + " | ".join(_cell(c) for c in (f"`{f.key}`", render_type(f), render_default(f.default),
                                                             meaning)) + " |")
     return lines + [""]
 

@@ -33,11 +33,6 @@ def parse_coverage(ctx, d: dict) -> dict:
     out = {}
     cov = d.get("min_expert_coverage")
     if cov is not None:
-        if isinstance(cov, bool) or not isinstance(cov, (int, float)) or not 0 <= cov <= 1:
-            ctx.fail("imatrix.min_expert_coverage", f"must be a fraction 0..1 of a layer's experts, got {cov!r}")
-        out["min_expert_coverage"] = float(cov)
-    tokens = d.get("min_expert_tokens", 1)
-    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
-        ctx.fail("imatrix.min_expert_tokens", f"must be an integer >= 1 (routed tokens), got {tokens!r}")
-    out["min_expert_tokens"] = tokens
+        out["min_expert_coverage"] = float(ctx.number(cov, "imatrix.min_expert_coverage", "imatrix"))
+    out["min_expert_tokens"] = ctx.number(d.get("min_expert_tokens", 1), "imatrix.min_expert_tokens", "imatrix")
     return out

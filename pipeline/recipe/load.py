@@ -5,7 +5,9 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+from pipeline import yamlfile
 from pipeline.errors import RecipeError
+from pipeline.fsutil import read_input
 from pipeline.gguf.vocab_defaults import BPE_PRE_NAMES
 from pipeline.recipe import naming
 from pipeline.recipe.devices import parse_devices
@@ -20,9 +22,11 @@ from pipeline.recipe.parse import (
     _parse_quants,
     _parse_source,
 )
-from pipeline.recipe.parse_base import _Ctx, _integer, _parse_split, _text_path
+from pipeline.recipe.parse_base import _Ctx, _parse_split, _text_path
 from pipeline.recipe.parse_mix import _parse_sensitivity
 from pipeline.recipe.quant_types import known_quant_types
+
+RECIPE_MAX_BYTES = 1 << 20  # the largest recipe in recipes/ is under 10 kB
 
 
 def load_recipe(path: str | Path, quantize_exe: str | None = None) -> Recipe:
@@ -60,13 +64,17 @@ def _read_yaml(path: Path) -> tuple[bytes, object]:
     import yaml
 
     try:
-        raw_bytes = path.read_bytes()
+        raw_bytes = read_input(path, RECIPE_MAX_BYTES)
     except OSError as exc:
         raise RecipeError(path, None, f"cannot read recipe: {exc.strerror}") from exc
+    except ValueError as exc:
+        raise RecipeError(path, None, f"cannot read recipe: {exc}") from None
     try:
-        data = yaml.safe_load(raw_bytes.decode("utf-8"))
+        data = yamlfile.load(raw_bytes.decode("utf-8"))
     except UnicodeDecodeError:
         raise RecipeError(path, None, "not UTF-8 text") from None
+    except yamlfile.YAMLInputError as exc:
+        raise RecipeError(path, f"line {exc.line}" if exc.line else "YAML", exc.message) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else "YAML"
@@ -144,14 +152,14 @@ def _parse_eos_token_ids(ctx: _Ctx, d: dict) -> tuple[int, ...] | None:
     ids = d["eos_token_ids"]
     if not isinstance(ids, list) or not 1 <= len(ids) <= 3:
         ctx.fail("eos_token_ids", f"must be a list of 1 to 3 token ids (eos, eot, eom), got {ids!r}")
-    return tuple(_integer(ctx, v, f"eos_token_ids[{i}]", 0) for i, v in enumerate(ids))
+    return tuple(ctx.number(v, f"eos_token_ids[{i}]", "") for i, v in enumerate(ids))
 
 
 def _parse_device_slice(ctx: _Ctx, d: dict, eval_sets: tuple) -> int:
     """Chunks of the first eval set for `ggufpipe device-check`: up to 2 by default, 0 without gates."""
     if d.get("device_slice") is None:
         return min(2, eval_sets[0].chunks) if eval_sets else 0
-    device_slice = _integer(ctx, d["device_slice"], "device_slice", 0)
+    device_slice = ctx.number(d["device_slice"], "device_slice", "")
     if device_slice > 2:
         ctx.fail("device_slice", f"must be 0, 1 or 2 (chunks of the first eval set), got {device_slice}")
     if device_slice and not eval_sets:

@@ -57,7 +57,7 @@ from pipeline.recipe.parse_base import (
     _check_quant_type,
     _Ctx,
     _file_sha256,
-    _integer,
+    _fits_text,
     _parse_quant_gates,
     _parse_split,
     _text_path,
@@ -91,10 +91,10 @@ def _parse_eval_sets(ctx: _Ctx, value) -> tuple[EvalSet, ...]:
         sha = d.get("text_sha256")
         if sha is not None:
             sha = ctx.string(sha, f"{where}.text_sha256", SHA256_RE, "a SHA256 (64 lowercase hex)")
-        max_ctx = _integer(ctx, d.get("max_ctx", 4096), f"{where}.max_ctx", 16)
+        max_ctx = ctx.number(d.get("max_ctx", 4096), f"{where}.max_ctx", "gates[]")
         if long:  # one chunk at min(trained context, max_ctx), resolved by eval-base from the GGUF
             n_ctx = max_ctx
-            chunks = _integer(ctx, d.get("chunks", 1), f"{where}.chunks", 1)
+            chunks = ctx.number(d.get("chunks", 1), f"{where}.chunks", "gates[]")
             if chunks != 1:
                 ctx.fail(f"{where}.chunks", "must be 1 with ctx: long (one chunk at the model's trained context)")
         else:
@@ -102,8 +102,8 @@ def _parse_eval_sets(ctx: _Ctx, value) -> tuple[EvalSet, ...]:
                 ctx.fail(f"{where}.max_ctx", "only with ctx: long")
             if isinstance(d["ctx"], str):
                 ctx.fail(f"{where}.ctx", f"must be an integer >= 16 or long, got {d['ctx']!r}")
-            n_ctx = _integer(ctx, d["ctx"], f"{where}.ctx", 16)
-            chunks = _integer(ctx, d["chunks"], f"{where}.chunks", 1)
+            n_ctx = ctx.number(d["ctx"], f"{where}.ctx", "gates[]")
+            chunks = ctx.number(d["chunks"], f"{where}.chunks", "gates[]")
         render = d.get("render", "text")
         if render not in ("text", "chat"):
             ctx.fail(f"{where}.render", f"must be text or chat, got {render!r}")
@@ -111,6 +111,8 @@ def _parse_eval_sets(ctx: _Ctx, value) -> tuple[EvalSet, ...]:
         if scored < MIN_SCORED_TOKENS and not long:  # one long chunk scores half the model's context, whatever it is
             ctx.fail(f"{where}.chunks", f"ctx {n_ctx} x {chunks} chunks scores only {scored} tokens; at least "
                                         f"{MIN_SCORED_TOKENS} are needed for a meaningful evaluation")
+        if render == "text" and not long:  # a chat set's tokens include its template's
+            _fits_text(ctx, text, n_ctx * chunks, f"{where}.chunks", f"ctx {n_ctx} x {chunks} chunks")
         if any(es.name == name for es in sets):
             ctx.fail(f"{where}.name", f"eval set {name!r} repeats")
         sets.append(EvalSet(name=name, text=text, ctx=n_ctx, chunks=chunks,
@@ -288,11 +290,11 @@ def _calibration(ctx: _Ctx, d: dict, where: str, eval_sets) -> Path:
 def _parse_awq(ctx: _Ctx, value, eval_sets) -> AwqConfig:
     d = ctx.mapping(value, "awq", AWQ_KEYS)
     cal = _calibration(ctx, d, "awq", eval_sets)
-    w_bit = d.get("w_bit", 4)
-    if w_bit not in (2, 3, 4, 8) or isinstance(w_bit, bool):
+    w_bit = ctx.number(d.get("w_bit", 4), "awq.w_bit", "awq")
+    if w_bit not in (2, 3, 4, 8):
         ctx.fail("awq.w_bit", f"must be 2, 3, 4 or 8, got {w_bit!r}")
-    group = d.get("q_group_size", 128)
-    if isinstance(group, bool) or not isinstance(group, int) or (group != -1 and group not in (32, 64, 128, 256)):
+    group = ctx.number(d.get("q_group_size", 128), "awq.q_group_size", "awq")
+    if group not in (-1, 32, 64, 128, 256):
         ctx.fail("awq.q_group_size", f"must be 32, 64, 128, 256 or -1 (per channel), got {group!r}")
     version = d.get("version", "gemm")
     if not isinstance(version, str) or version.lower() not in AWQ_VERSIONS:
@@ -300,13 +302,15 @@ def _parse_awq(ctx: _Ctx, value, eval_sets) -> AwqConfig:
     engine = d.get("engine")
     if engine is not None and engine not in AWQ_ENGINES:
         ctx.fail("awq.engine", f"must be one of {', '.join(AWQ_ENGINES)}, got {engine!r}")
+    n_samples = ctx.number(d.get("n_samples", 64), "awq.n_samples", "awq")
+    seq_len = ctx.number(d.get("seq_len", 256), "awq.seq_len", "awq")
+    _fits_text(ctx, cal, n_samples * seq_len, "awq.n_samples", f"n_samples x seq_len = {n_samples} x {seq_len}")
     clip = ctx.boolean(d["apply_clip"], "awq.apply_clip") if "apply_clip" in d else None
     if clip and engine == "llmcompressor":
         ctx.fail("awq.apply_clip", "llmcompressor has no clipping search: remove apply_clip or use engine: autoawq")
     return AwqConfig(calibration=cal, engine=engine, w_bit=w_bit, q_group_size=group,
                      zero_point=ctx.boolean(d.get("zero_point", True), "awq.zero_point"), version=version.lower(),
-                     n_samples=_integer(ctx, d.get("n_samples", 64), "awq.n_samples", 1),
-                     seq_len=_integer(ctx, d.get("seq_len", 256), "awq.seq_len", 16),
+                     n_samples=n_samples, seq_len=seq_len,
                      apply_clip=clip)
 
 
@@ -352,8 +356,11 @@ def _parse_imatrix(ctx: _Ctx, value, eval_sets) -> ImatrixConfig:
                                             f"line), got the keys {sorted(c)}")
         d, render = {**d, "calibration": c["conversations"]}, "chat"
     cal = _calibration(ctx, d, "imatrix", eval_sets)
-    return ImatrixConfig(calibration=cal, ctx=_integer(ctx, d.get("ctx", 512), "imatrix.ctx", 16),
-                         chunks=_integer(ctx, d.get("chunks", 32), "imatrix.chunks", 1), **parse_coverage(ctx, d),
+    n_ctx = ctx.number(d.get("ctx", 512), "imatrix.ctx", "imatrix")
+    chunks = ctx.number(d.get("chunks", 32), "imatrix.chunks", "imatrix")
+    if render == "text":
+        _fits_text(ctx, cal, n_ctx * chunks, "imatrix.chunks", f"ctx {n_ctx} x {chunks} chunks")
+    return ImatrixConfig(calibration=cal, ctx=n_ctx, chunks=chunks, **parse_coverage(ctx, d),
                          render=render, hub_dataset=_hub_dataset(ctx, d, "imatrix.hub_dataset"))
 
 
@@ -420,8 +427,10 @@ def _parse_draft(ctx: _Ctx, value, main_quants: tuple[Quant, ...], eval_sets, kn
             pairs.append((m, dk))
     n_max = d.get("n_max", [4, 8])
     n_max = n_max if isinstance(n_max, list) else [n_max]
-    if not n_max or not all(isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= 64 for n in n_max):
-        ctx.fail("draft.n_max", f"must be a draft length 1-64 or a list of them, got {d.get('n_max')!r}")
+    if not n_max:
+        ctx.fail("draft.n_max", "must be a draft length 1-64 or a non-empty list of them, got []")
+    for n in n_max:
+        ctx.number(n, "draft.n_max", "draft")
     text = d.get("eval_text")
     if text is not None:
         text = _text_path(ctx, text, "draft.eval_text", "draft eval text")
@@ -430,10 +439,10 @@ def _parse_draft(ctx: _Ctx, value, main_quants: tuple[Quant, ...], eval_sets, kn
     else:
         ctx.fail("draft.eval_text", "missing (and there is no plain-text gates eval set to take the text from)")
     min_acc = d.get("min_acceptance")
-    if min_acc is not None and (isinstance(min_acc, bool) or not isinstance(min_acc, (int, float)) or not 0 <= min_acc <= 1):
-        ctx.fail("draft.min_acceptance", f"must be a number between 0 and 1, got {min_acc!r}")
-    prompts = _integer(ctx, d.get("prompts", 3), "draft.prompts", 1)
-    n_predict = _integer(ctx, d.get("n_predict", 96), "draft.n_predict", 8)
+    if min_acc is not None:
+        min_acc = ctx.number(min_acc, "draft.min_acceptance", "draft")
+    prompts = ctx.number(d.get("prompts", 3), "draft.prompts", "draft")
+    n_predict = ctx.number(d.get("n_predict", 96), "draft.n_predict", "draft")
     speedup, min_speedup = parse_speedup(ctx, d.get("speedup", True), d.get("min_speedup"))
     return Draft(source=source, gguf=gguf, outtype=d_outtype, quants=quants, pairs=tuple(pairs),
                  n_max=tuple(sorted(set(n_max))), eval_text=text, min_acceptance=min_acc, prompts=prompts,
@@ -461,5 +470,8 @@ def _parse_conformance(ctx: _Ctx, value) -> Conformance:
         ctx.fail("conformance.strict" if strict else "conformance.accept",
                  "has no effect with conformance off (enabled: false): remove one of them")
     text = _text_path(ctx, c["text"], "conformance.text", "conformance text") if "text" in c else None
-    return Conformance(enabled=enabled, chunks=_integer(ctx, c.get("chunks", 4), "conformance.chunks", 1),
+    chunks = ctx.number(c.get("chunks", 4), "conformance.chunks", "conformance")
+    if text is not None:  # its own logits, at ctx 512 (pipeline/stages/conformance/stage.py)
+        _fits_text(ctx, text, 512 * chunks, "conformance.chunks", f"ctx 512 x {chunks} chunks")
+    return Conformance(enabled=enabled, chunks=chunks,
                        text=text, accept=tuple(sorted(set(accept))), strict=strict)

@@ -18,6 +18,7 @@ from pipeline.recipe.model import (
     Split,
 )
 from pipeline.recipe.quant_types import gguf_file_types
+from pipeline.recipe.schema import number_range
 
 
 class _Ctx:
@@ -48,6 +49,16 @@ class _Ctx:
             self.fail(where, f"{value!r} is not one of {', '.join(allowed)}")
         return value
 
+    def number(self, value, where: str, section: str, key: str | None = None, sub: str | None = None):
+        """``value`` when inside the range the schema declares for ``key`` of ``section`` (by default the last key of
+        ``where``; ``sub``: the key inside a map of numbers such as ``budget``), else one line naming the field. NaN,
+        infinities, booleans and the wrong kind of number are out of every range."""
+        rng = number_range(section, key or where.rsplit(".", 1)[-1].split("[", 1)[0])
+        msg = (rng[sub] if sub is not None else rng).problem(value)
+        if msg is not None:
+            self.fail(where, msg)
+        return value
+
     def boolean(self, value, where: str) -> bool:
         if not isinstance(value, bool):
             self.fail(where, f"must be true or false, got {value!r}")
@@ -55,24 +66,8 @@ class _Ctx:
 
 
 def _thresholds(ctx: _Ctx, d: dict, where: str) -> tuple[tuple[str, float], ...]:
-    out = []
-    for name in THRESHOLDS:
-        if name not in d:
-            continue
-        v = d[name]
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            ctx.fail(f"{where}.{name}", f"must be a number, got {v!r}")
-        if v < 0 or (name == "min_same_top_p" and v > 1) or (name == "max_ppl_ratio" and v < 1):
-            rng = "between 0 and 1" if name == "min_same_top_p" else ">= 1" if name == "max_ppl_ratio" else ">= 0"
-            ctx.fail(f"{where}.{name}", f"{v!r} is out of range (must be {rng})")
-        out.append((name, float(v)))
-    return tuple(out)
-
-
-def _integer(ctx: _Ctx, v, where: str, lo: int) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-        ctx.fail(where, f"must be an integer >= {lo}, got {v!r}")
-    return v
+    return tuple((name, float(ctx.number(d[name], f"{where}.{name}", "gates[]", name)))
+                 for name in THRESHOLDS if name in d)
 
 
 def _parse_quant_gates(ctx: _Ctx, value, where: str, set_names: set[str]):
@@ -134,6 +129,16 @@ def _text_path(ctx: _Ctx, value, where: str, what: str) -> Path:
     if not size or (size < (1 << 20) and not p.read_bytes().strip()):
         ctx.fail(where, f"{what} {p} is empty")
     return p
+
+
+def _fits_text(ctx: _Ctx, path: Path, tokens: int, where: str, what: str) -> None:
+    """Refuse a count of tokens that a plain text of its size cannot hold: llama.cpp's tokenizers give every token at
+    least one byte of the text (byte fallback at worst), plus a BOS and a SentencePiece prefix space. The stage
+    that tokenizes checks the exact count; this bound catches a runaway ``chunks`` before any job runs."""
+    size = path.stat().st_size
+    if tokens > size + 2:
+        ctx.fail(where, f"{what} needs {tokens} tokens, and {path.name} ({size} bytes) holds at most {size + 2} (every "
+                        "token is at least one byte of the text): use a longer text, a smaller ctx or fewer chunks")
 
 
 @functools.lru_cache(maxsize=64)

@@ -21,7 +21,7 @@ from pipeline.recipe.parse_base import (
     _check_quant_type,
     _Ctx,
     _file_sha256,
-    _integer,
+    _fits_text,
     _parse_quant_gates,
     _parse_split,
     _text_path,
@@ -72,21 +72,15 @@ def _parse_mix(ctx: _Ctx, d: dict, where: str, known, build, set_names: set[str]
         w = f"{where}.budget.{k}"
         if k == "size_of":
             v = _check_quant_type(ctx, ctx.string(v, w), w, known, build)
-        elif isinstance(v, bool) or not isinstance(v, (int, float)):
-            ctx.fail(w, f"must be a number, got {v!r}")
-        elif k == "bpw" and not 1 < v <= 16:
-            ctx.fail(w, f"{v} bits per weight is outside (1, 16]")
-        elif k == "max_mb" and v <= 0:
-            ctx.fail(w, f"must be > 0, got {v}")
-        budget = (k, v if k == "size_of" else float(v))
+        else:
+            v = float(ctx.number(v, w, "quants[]", "budget", k))
+        budget = (k, v)
     else:
         t = ctx.mapping(d["target"], f"{where}.target", set(MIX_TARGETS))
         if len(t) != 1:
             ctx.fail(f"{where}.target", f"exactly one of {', '.join(MIX_TARGETS)}")
         (k, v), = t.items()
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
-            ctx.fail(f"{where}.target.{k}", f"must be a number > 0, got {v!r}")
-        target = (k, float(v))
+        target = (k, float(ctx.number(v, f"{where}.target.{k}", "quants[]", "target", k)))
     cands: tuple[str, ...] = ()
     if "candidates" in d:
         raw = d["candidates"]
@@ -160,9 +154,10 @@ def _parse_sensitivity(ctx: _Ctx, value, eval_sets) -> Sensitivity:
             ctx.fail("sensitivity.text", f"{path.name} is the eval text of gates {es.name!r} (same SHA256 "
                                          f"{digest[:12]}...): the solver would tune on the text the gates judge; "
                                          "measure on a different text")
-    ctx_len = _integer(ctx, d.get("ctx", 512), "sensitivity.ctx", 16)
-    chunks = _integer(ctx, d.get("chunks", 4), "sensitivity.chunks", 1)
-    bands = _integer(ctx, d.get("bands", 8), "sensitivity.bands", 1)
+    ctx_len = ctx.number(d.get("ctx", 512), "sensitivity.ctx", "sensitivity")
+    chunks = ctx.number(d.get("chunks", 4), "sensitivity.chunks", "sensitivity")
+    _fits_text(ctx, path, ctx_len * chunks, "sensitivity.chunks", f"ctx {ctx_len} x {chunks} chunks")
+    bands = ctx.number(d.get("bands", 8), "sensitivity.bands", "sensitivity")
     floor = ctx.string(d.get("floor", MIX_FLOOR), "sensitivity.floor").lower()
     if floor not in GGML_TYPE_NAMES or GGML_TYPE_NAMES[floor] in ("F32", "BF16"):
         ctx.fail("sensitivity.floor", f"{floor!r} is not a ggml tensor type (e.g. Q8_0, F16)")

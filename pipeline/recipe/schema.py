@@ -14,10 +14,22 @@ example, refuses an undocumented key in each section, and checks every plain def
 
 from __future__ import annotations
 
-from pipeline.recipe.fields import REQUIRED, Field, Note, Section
+from pipeline.bounds import CHUNKS, CTX, FRACTION, INT32_MAX, LLAMA_MAX_LAYERS, Range, integer
+from pipeline.recipe.fields import (
+    DRAFT_LENGTH,
+    GATE_MAX,
+    MB_MAX,
+    N_PREDICT,
+    PROMPTS,
+    REQUIRED,
+    TOKEN_ID,
+    Field,
+    Note,
+    Section,
+)
 from pipeline.recipe.schema_deploy import DEVICE, DRAFT_SPEEDUP, PUBLISH, SPLIT
 
-__all__ = ["REQUIRED", "SECTIONS", "Field", "Note", "Section", "keys", "section"]
+__all__ = ["REQUIRED", "SECTIONS", "Field", "Note", "Section", "keys", "number_range", "section"]
 
 SHA = "6b5982a638c6ed4e3da15711b6a5a1328c34a53e"
 
@@ -77,7 +89,7 @@ TOP = Section("", "Top level", (
           "Chunks of the first eval set published for `ggufpipe device-check` (docs/device-check.md): their base "
           "logits `device-slice.logits` (DVC-tracked, never uploaded to the Hub) and each file's slice mean KLD and "
           "same-top-p in the manifest. 0 publishes no slice (the file is 2 x n_vocab bytes per scored token: "
-          "51 MB for a 49k vocabulary at ctx 512 and 2 chunks).", 1),
+          "51 MB for a 49k vocabulary at ctx 512 and 2 chunks).", 1, range=integer(0, 2)),
     Field("devices", "list of device (see `devices[]`)", [],
           "Target devices: the publish stage predicts every published model file's memory on each "
           "(docs/devices.md) and the report and card show which files fit; a device with `require: true` fails the "
@@ -88,7 +100,7 @@ TOP = Section("", "Top level", (
           "checked like any template.", "../data/chat-template.jinja"),
     Field("eos_token_ids", "list of 1 to 3 int >= 0", None,
           "End-of-generation token ids written into the base GGUF as `tokenizer.ggml.eos_token_id`, then "
-          "`eot_token_id`, then `eom_token_id` (llama.cpp stops on each); recorded in the manifest.", [2]),
+          "`eot_token_id`, then `eom_token_id` (llama.cpp stops on each); recorded in the manifest.", [2], range=TOKEN_ID),
     Field("add_bos", "bool", None,
           "Written into the base GGUF as `tokenizer.ggml.add_bos_token`: whether llama.cpp adds BOS to its "
           "input; recorded in the manifest.", True),
@@ -106,7 +118,7 @@ CONFORMANCE = Section("conformance", "`conformance:`", (
 ), (
     Field("chunks", "int >= 1", 4,
           "Chunks of the first eval set (each `ctx` tokens) on which the HF model's logits are compared with "
-          "the base GGUF's.", 2),
+          "the base GGUF's.", 2, range=CHUNKS),
     Field("enabled", "bool", True, "`false` is `conformance: false` written as a map.", True),
     Field("text", "path (relative to the recipe)", None,
           "The logit check's own text, at ctx 512 (`chunks` chunks), its base logits made by the stage. Without it "
@@ -150,13 +162,15 @@ SOURCE = Section("source", "`source:`", (
 ), _SOURCE_FIELDS)
 
 _THRESHOLD_TYPES = (
-    ("max_ppl_ratio", "number >= 1", "Highest allowed ratio of the quant's perplexity to the base file's.", 1.05),
+    ("max_ppl_ratio", "number >= 1", "Highest allowed ratio of the quant's perplexity to the base file's.", 1.05,
+     Range(1, GATE_MAX)),
     ("max_kld_mean", "number >= 0", "Highest allowed mean KL divergence from the base file's token distribution.",
-     0.05),
-    ("max_kld_p99", "number >= 0", "Highest allowed 99th percentile of the KL divergence.", 0.5),
+     0.05, Range(0, GATE_MAX)),
+    ("max_kld_p99", "number >= 0", "Highest allowed 99th percentile of the KL divergence.", 0.5, Range(0, GATE_MAX)),
     ("min_same_top_p", "number 0..1", "Lowest allowed share of tokens where the quant's top token equals the "
-     "base file's.", 0.9),
+     "base file's.", 0.9, FRACTION),
 )
+THRESHOLD_RANGES = {key: rng for key, _, _, _, rng in _THRESHOLD_TYPES}
 
 QUANT = Section("quants[]", "`quants[]`: each quant", (
     "A quant is a llama-quantize type name (`- Q8_0`) or a mapping with `type` and the keys below. The type is "
@@ -208,10 +222,10 @@ QUANT = Section("quants[]", "`quants[]`: each quant", (
           Note("one of `budget` or `target` with `type: mix`"),
           "The mix with the lowest predicted mean KLD whose file is at most this large: the size of that stock "
           "type's file (computed exactly from a dry run, never built), bits per weight (1 < bpw <= 16) of the "
-          "file over the model's weights, or megabytes (10^6 bytes).", {"size_of": "Q4_K_M"}),
+          "file over the model's weights, or megabytes (10^6 bytes).", {"size_of": "Q4_K_M"}, range={"bpw": Range(1, 16, lo_open=True), "max_mb": Range(0, MB_MAX, lo_open=True)}),
     Field("target", "map: `max_kld_mean: <number>`", Note("one of `budget` or `target` with `type: mix`"),
           "The smallest mix whose predicted mean KLD meets this; the gates then hold the mix to it on every eval "
-          "set.", {"max_kld_mean": 0.03}),
+          "set.", {"max_kld_mean": 0.03}, range={"max_kld_mean": Range(0, GATE_MAX, lo_open=True)}),
     Field("candidates", "list of ggml tensor types", Note("`[Q3_K, Q4_K, Q5_K, Q6_K]`; with an importance matrix "
                                                           "`[IQ3_S, IQ4_XS, Q5_K, Q6_K]`"),
           "The types a mix chooses from per tensor group, besides the floor (`sensitivity.floor`). IQ types only "
@@ -228,11 +242,11 @@ SENSITIVITY = Section("sensitivity", "`sensitivity:`", (
           "The measurement text (relative paths: to the recipe file); refused if it has the SHA256 of a gates "
           "text, so the gates judge mixes on text the solver never saw.", "../data/botchan-calib.txt"),
     Field("text_sha256", "string: SHA256", None, "The text's SHA256, checked when given.", None),
-    Field("ctx", "int >= 16", 512, "Context length of each chunk.", 256),
-    Field("chunks", "int >= 1", 4, "Number of chunks.", 2),
+    Field("ctx", "int >= 16", 512, "Context length of each chunk.", 256, range=CTX),
+    Field("chunks", "int >= 1", 4, "Number of chunks.", 2, range=CHUNKS),
     Field("bands", "int >= 1", 8,
           "Bands of consecutive layers a role's tensors are grouped into (MoE: routed experts per role and band, "
-          "shared experts apart, routers never quantized); groups x candidates files are measured.", 4),
+          "shared experts apart, routers never quantized); groups x candidates files are measured.", 4, range=integer(1, LLAMA_MAX_LAYERS, "llama.cpp's LLAMA_MAX_LAYERS")),
     Field("floor", "ggml tensor type", "Q8_0",
           "The type of every tensor outside the group measured, and a choice of every group.", "F16"),
     Field("search", "`exhaustive` | `screened` | `fisher`", "exhaustive",
@@ -249,7 +263,8 @@ QUANT_GATES = Section("quants[].gates", "`quants[].gates`: per-quant thresholds"
     "set names to thresholds (`gates: {botchan: {max_kld_mean: 0.01}}`); the two forms do not mix. Effective "
     "thresholds: the family default, then the eval set's, then the quant's for every set, then its per-set ones."
 ), (
-    *(Field(key, typ, Note("the eval set's, else the family default"), doc, ex) for key, typ, doc, ex in _THRESHOLD_TYPES),
+    *(Field(key, typ, Note("the eval set's, else the family default"), doc, ex, range=rng)
+      for key, typ, doc, ex, rng in _THRESHOLD_TYPES),
     Field("<eval set name>", "map of thresholds", None,
           "Thresholds for this quant on that eval set only; the name must be one of `gates[].name`.",
           {"max_kld_mean": 0.01}),
@@ -272,11 +287,11 @@ EVAL_SET = Section("gates[]", "`gates[]`: each eval set", (
     Field("ctx", "int >= 16, or `long`", REQUIRED,
           "Context length of each chunk (llama-perplexity `-c`). `long`: one chunk at min(the model's trained context, "
           "`max_ctx`), which catches a long-context RoPE error that every short gate passes "
-          "(docs/quality-gates.md#long-context).", 512),
+          "(docs/quality-gates.md#long-context).", 512, range=CTX),
     Field("max_ctx", "int >= 16", 4096, "With `ctx: long`: the cap on the chunk (the base logits grow with ctx x vocab).",
-          2048),
+          2048, range=CTX),
     Field("chunks", "int >= 1", REQUIRED, "Number of chunks evaluated (llama-perplexity `--chunks`); 1 with `ctx: long`.",
-          16),
+          16, range=CHUNKS),
     Field("hub_dataset", "string `owner/name`", None,
           "The text's Hugging Face Hub dataset id, where it has one: the model card's metadata lists it under "
           "`datasets:`.", "Salesforce/wikitext"),
@@ -289,7 +304,8 @@ EVAL_SET = Section("gates[]", "`gates[]`: each eval set", (
           "Also measure each quant with these KV cache types (`-ctk/-ctv`) against the same base logits (the F16 file "
           "with an f16 cache); a device with `kv_type: auto` is launched with the smallest one inside the quant's "
           "thresholds (docs/quality-gates.md#kv-cache-types).", ["f16", "q8_0", "q4_0"]),
-    *(Field(key, typ, Note("the quant family's default (see below)"), doc, ex) for key, typ, doc, ex in _THRESHOLD_TYPES),
+    *(Field(key, typ, Note("the quant family's default (see below)"), doc, ex, range=rng)
+      for key, typ, doc, ex, rng in _THRESHOLD_TYPES),
 ))
 
 # the calibration text's pin, in every section with a calibration text (awq:, imatrix:)
@@ -310,16 +326,16 @@ AWQ = Section("awq", "`awq:`", (
           "Which AWQ implementation searches the scales: AutoAWQ 0.2.9 in its own environment, or llm-compressor's "
           "AWQModifier in the build environment (the 2026 architectures, Qwen3.5 among them). An architecture "
           "neither maps is refused.", "llmcompressor"),
-    Field("w_bit", "`2` | `3` | `4` | `8`", 4, "Bit width of the grid the scales are searched for.", 3),
+    Field("w_bit", "`2` | `3` | `4` | `8`", 4, "Bit width of the grid the scales are searched for.", 3, range=integer(2, 8)),
     Field("q_group_size", "`32` | `64` | `128` | `256` | `-1`", 128,
-          "Group size of the search grid (`-1`: per channel); must divide every linear layer's input size.", 64),
+          "Group size of the search grid (`-1`: per channel); must divide every linear layer's input size.", 64, range=integer(-1, 256)),
     Field("zero_point", "bool", True, "Asymmetric grid (with a zero point).", False),
     Field("version", "`gemm` | `gemv` | `gemv_fast`", "gemm", "AutoAWQ's kernel version (case-insensitive).",
           "gemv"),
     Field("n_samples", "int >= 1", 64,
           "Calibration windows, taken from the start of the text; the text must hold `n_samples x seq_len` "
-          "tokens.", 16),
-    Field("seq_len", "int >= 16", 256, "Tokens per calibration window.", 128),
+          "tokens.", 16, range=integer(1, INT32_MAX)),
+    Field("seq_len", "int >= 16", 256, "Tokens per calibration window.", 128, range=integer(16, INT32_MAX)),
     Field("apply_clip", "bool", Note("`true` with AutoAWQ; llm-compressor has no clipping search"),
           "Also search weight clipping (AutoAWQ only; needs every linear's output size to be a multiple of 64).",
           False),
@@ -338,13 +354,13 @@ IMATRIX = Section("imatrix", "`imatrix:`", (
     Field("hub_dataset", "string `owner/name`", None,
           "The calibration's Hugging Face Hub dataset id, where it has one: the model card's metadata lists it under "
           "`datasets:` when a published quant used the imatrix.", "Salesforce/wikitext"),
-    Field("ctx", "int >= 16", 512, "Context length of each chunk.", 256),
-    Field("chunks", "int >= 1", 32, "Number of chunks.", 8),
+    Field("ctx", "int >= 16", 512, "Context length of each chunk.", 256, range=CTX),
+    Field("chunks", "int >= 1", 32, "Number of chunks.", 8, range=CHUNKS),
     Field("min_expert_coverage", "number 0..1", None,
           "Mixture-of-experts models: the fraction of each layer's experts the calibration text must reach (at least "
           "`min_expert_tokens` routed tokens); below it the imatrix stage fails naming the layer and the cold experts. "
-          "None: the coverage is recorded, not gated.", 1.0),
-    Field("min_expert_tokens", "int >= 1", 1, "Routed tokens an expert needs to count as covered.", 4),
+          "None: the coverage is recorded, not gated.", 1.0, range=FRACTION),
+    Field("min_expert_tokens", "int >= 1", 1, "Routed tokens an expert needs to count as covered.", 4, range=integer(1, INT32_MAX)),
 ))
 
 DRAFT = Section("draft", "`draft:`", (
@@ -374,19 +390,19 @@ DRAFT = Section("draft", "`draft:`", (
           "also be the base (`F16`); with `gguf`, the draft side is `gguf`; with `mtp: true`, `mtp`.", [["Q8_0", "Q4_0"]]),
     Field("n_max", "int 1..64, or list of them", [4, 8],
           "Draft lengths measured (`llama-speculative-simple --spec-draft-n-max`); the best one goes into the "
-          "deployment line.", [2, 4]),
+          "deployment line.", [2, 4], range=DRAFT_LENGTH),
     Field("eval_text", "path to a text file", Note("the first plain-text eval set's text (required without one)"),
           "Text the acceptance prompts are taken from (relative paths: to the recipe file).", "../data/code.txt"),
-    Field("prompts", "int >= 1", 3, "Number of prompts, passages spread over the text.", 2),
-    Field("n_predict", "int >= 8", 96, "Tokens generated per prompt.", 64),
+    Field("prompts", "int >= 1", 3, "Number of prompts, passages spread over the text.", 2, range=PROMPTS),
+    Field("n_predict", "int >= 8", 96, "Tokens generated per prompt.", 64, range=N_PREDICT),
     Field("min_acceptance", "number 0..1", None,
-          "Gate on the acceptance rate at the best draft length; none: measured, not gated.", 0.5),
+          "Gate on the acceptance rate at the best draft length; none: measured, not gated.", 0.5, range=FRACTION),
     Field("speedup", "`false`, or map (see `draft.speedup:`)", Note("on, with the defaults of `draft.speedup:`"),
           "Decode speed with and without the draft, measured with `llama-server` on the build box in rounds; the "
           "draft length is chosen by measured speed, and a deployment line is published only when the lower end of "
           "its interval is above 1. `false`: not measured, and the line is published as unmeasured.", {"rounds": 5}),
     Field("min_speedup", "number > 0", None,
-          "Gate on the measured speed-up (median over rounds) at the chosen draft length; none: not gated.", 1.2),
+          "Gate on the measured speed-up (median over rounds) at the chosen draft length; none: not gated.", 1.2, range=Range(0, 65, lo_open=True, note="a draft of at most 64 tokens gives at most 65 per step")),
 ))
 
 DRAFT_SOURCE = Section("draft.source", "`draft.source:`", (
@@ -402,6 +418,14 @@ def section(path: str) -> Section:
         if s.path == path:
             return s
     raise KeyError(path)
+
+
+def number_range(path: str, key: str):
+    """The declared range of the numeric field ``key`` of section ``path`` (a dict of ranges for a map of numbers)."""
+    rng = section(path).field(key).range
+    if rng is None:
+        raise KeyError(f"{path}.{key}: no range declared in pipeline/recipe/schema.py")
+    return rng
 
 
 def keys(path: str) -> set[str]:

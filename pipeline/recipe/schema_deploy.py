@@ -3,7 +3,8 @@ rest): the measured speed-up of a draft, publishing, splitting, target devices. 
 
 from __future__ import annotations
 
-from pipeline.recipe.fields import REQUIRED, Field, Note, Section
+from pipeline.bounds import CTX, PARALLEL, THREADS, UINT32_MAX, Range, integer
+from pipeline.recipe.fields import DRAFT_LENGTH, N_PREDICT, PROMPTS, REQUIRED, Field, Note, Section
 
 DRAFT_SPEEDUP = Section("draft.speedup", "`draft.speedup:`", (
     "How the speed-up is measured: one `llama-server` per configuration (without the draft, then each draft "
@@ -12,21 +13,21 @@ DRAFT_SPEEDUP = Section("draft.speedup", "`draft.speedup:`", (
     "concurrent requests on servers with as many slots. The figures are the build box's and volatile (the "
     "manifest's `build` section; docs/drafts.md#measured-speed-up)."
 ), (
-    Field("rounds", "int >= 3", 3, "Rounds; the interval is the min-max over rounds of the per-round speed-up.", 5),
-    Field("temperature", "number >= 0", 0.8, "Temperature of the sampled condition (its seed: `seed`).", 1.0),
-    Field("seed", "int >= 0", 1, "Seed of every request.", 42),
+    Field("rounds", "int >= 3", 3, "Rounds; the interval is the min-max over rounds of the per-round speed-up.", 5, range=integer(3, 1000)),
+    Field("temperature", "number >= 0", 0.8, "Temperature of the sampled condition (its seed: `seed`).", 1.0, range=Range(0, 100)),
+    Field("seed", "int >= 0", 1, "Seed of every request.", 42, range=integer(0, UINT32_MAX, "llama.cpp's seed is a uint32")),
     Field("parallel", "int >= 1", 4,
           "Slots (`-np`) and concurrent requests of the concurrent condition (4: what `llama-server` gives without "
-          "`-np`); 1: no concurrent condition.", 1),
+          "`-np`); 1: no concurrent condition.", 1, range=PARALLEL),
     Field("prompts", "int >= 1", Note("`draft.prompts`"),
-          "Prompts per round: passages of the draft's eval text, 240 characters each (decoding is what is timed).", 1),
-    Field("n_predict", "int >= 8", Note("`draft.n_predict`"), "Tokens generated per request.", 32),
+          "Prompts per round: passages of the draft's eval text, 240 characters each (decoding is what is timed).", 1, range=PROMPTS),
+    Field("n_predict", "int >= 8", Note("`draft.n_predict`"), "Tokens generated per request.", 32, range=N_PREDICT),
     Field("p_min", "list of numbers 0 < p < 1", Note("none: llama.cpp's default 0 only"),
           "`--spec-draft-p-min` values tried at the chosen draft length (drafting stops at the first draft token whose "
           "top probability is below it), in rounds of their own beside it; one is kept only when its whole interval "
-          "lies above the plain length's.", [0.5, 0.8]),
+          "lies above the plain length's.", [0.5, 0.8], range=Range(0, 1, lo_open=True, hi_open=True)),
     Field("n_min", "list of ints >= 1", Note("none: llama.cpp's default 0 only"),
-          "`--spec-draft-n-min` values tried the same way (a draft shorter than it is dropped).", [2]),
+          "`--spec-draft-n-min` values tried the same way (a draft shorter than it is dropped).", [2], range=DRAFT_LENGTH),
 ))
 
 PUBLISH = Section("publish", "`publish:`", (
@@ -73,8 +74,8 @@ DEVICE = Section("devices[]", "`devices[]`: each target device", (
           "The device's name in the manifest, report and card; unique in the recipe.", "pi5-8g"),
     Field("memory", "string: a size, e.g. `8G`, `6144M`, `1.5GiB` (a bare number: bytes)", REQUIRED,
           "Memory the model may take on the device, parsed like `ggufpipe fit --mem`: binary units (K, M, G, T "
-          "= 2^10, 2^20, 2^30, 2^40 bytes; `8G` is 8 GiB), a trailing `B` or `iB` allowed.", "6144M"),
-    Field("ctx", "int >= 16", 4096, "The context size the device runs the model at.", 8192),
+          "= 2^10, 2^20, 2^30, 2^40 bytes; `8G` is 8 GiB), a trailing `B` or `iB` allowed.", "6144M", range=integer(1, 2**50, "1 PiB")),
+    Field("ctx", "int >= 16", 4096, "The context size the device runs the model at.", 8192, range=CTX),
     Field("kv_type", "`f32` | `f16` | `bf16` | `q8_0` | `q4_0` | `q4_1` | `iq4_nl` | `q5_0` | `q5_1` | `auto`", "f16",
           "KV cache type (llama.cpp `-ctk`/`-ctv`), case-insensitive. `auto`: the smallest of a gates eval set's "
           "`kv_types` inside the thresholds of every published quant (docs/quality-gates.md#kv-cache-types).", "q8_0"),
@@ -87,7 +88,7 @@ DEVICE = Section("devices[]", "`devices[]`: each target device", (
     Field("require", "bool", False,
           "A published quant must fit this device: none fitting fails the build (naming the device and the smallest "
           "quant's need), like a failed gate.", True),
-    Field("threads", "int >= 1", 4, "Threads of the device's launch line (`llama-server -t`): its fast cores.", 6),
+    Field("threads", "int >= 1", 4, "Threads of the device's launch line (`llama-server -t`): its fast cores.", 6, range=THREADS),
     Field("parallel", "int >= 1", 1,
-          "Slots of the device's launch line (`llama-server -np`), sharing its `-c`: requests served at once.", 2),
+          "Slots of the device's launch line (`llama-server -np`), sharing its `-c`: requests served at once.", 2, range=PARALLEL),
 ))

@@ -31,9 +31,8 @@ class Speedup:
 
 def parse_speedup(ctx, value, min_speedup) -> tuple[Speedup | None, float | None]:
     """``draft.speedup`` (true, false or a mapping) and ``draft.min_speedup`` (``ctx``: the parser's ``_Ctx``)."""
-    if min_speedup is not None and (isinstance(min_speedup, bool) or not isinstance(min_speedup, (int, float))
-                                    or min_speedup <= 0):
-        ctx.fail("draft.min_speedup", f"must be a number > 0 (a speed-up, 1 = as fast as without), got {min_speedup!r}")
+    if min_speedup is not None:
+        ctx.number(min_speedup, "draft.min_speedup", "draft")
     if value is False:
         if min_speedup is not None:
             ctx.fail("draft.min_speedup", "needs the speed-up measured (draft.speedup is false)")
@@ -41,18 +40,10 @@ def parse_speedup(ctx, value, min_speedup) -> tuple[Speedup | None, float | None
     if value is True or value is None:
         return Speedup(), min_speedup
     d = ctx.mapping(value, "draft.speedup", SPEEDUP_KEYS)
-    out = {}
-    for key, lo in (("rounds", ROUNDS_MIN), ("parallel", 1), ("seed", 0), ("prompts", 1), ("n_predict", 8)):
-        if key in d:
-            v = d[key]
-            if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-                ctx.fail(f"draft.speedup.{key}", f"must be an integer >= {lo}, got {v!r}")
-            out[key] = v
+    out = {key: ctx.number(d[key], f"draft.speedup.{key}", "draft.speedup")
+           for key in ("rounds", "parallel", "seed", "prompts", "n_predict") if key in d}
     if "temperature" in d:
-        t = d["temperature"]
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or t < 0:
-            ctx.fail("draft.speedup.temperature", f"must be a number >= 0, got {t!r}")
-        out["temperature"] = float(t)
+        out["temperature"] = float(ctx.number(d["temperature"], "draft.speedup.temperature", "draft.speedup"))
     for key in ("p_min", "n_min"):
         if key in d:
             out[key] = _values(ctx, d[key], key)
@@ -64,12 +55,8 @@ def _values(ctx, value, key: str) -> tuple:
     where = f"draft.speedup.{key}"
     if not isinstance(value, list) or not value:
         ctx.fail(where, f"must be a non-empty list, got {value!r}")
-    for v in value:
-        if key == "p_min" and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1):
-            ctx.fail(where, f"values must be probabilities 0 < p < 1 (0, llama.cpp's default, is always measured), "
-                            f"got {v!r}")
-        if key == "n_min" and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-            ctx.fail(where, f"values must be integers >= 1 (0, llama.cpp's default, is always measured), got {v!r}")
+    for v in value:  # 0, llama.cpp's default, is always measured
+        ctx.number(v, where, "draft.speedup")
     if len(set(value)) != len(value):
         ctx.fail(where, f"repeats a value: {value!r}")
     return tuple(float(v) for v in value) if key == "p_min" else tuple(value)

@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
+from pipeline.bounds import finite
 from pipeline.errors import PipelineError, ToolError
 from pipeline.fsutil import atomic_output, sha256_file
 from pipeline.memory import ModelShape
@@ -267,20 +268,29 @@ def restore_base_logits(tc: Toolchain, es: EvalSet, base_gguf, base_logits, base
 
 
 def verdict(metrics: dict, thresholds: dict) -> list[dict]:
-    """Failed gates as dicts {threshold, metric, value, limit}; empty when all pass."""
+    """Failed gates as dicts {threshold, metric, value, limit}; empty when all pass. Fails closed: a metric that is
+    missing, NaN or infinite (a run that went wrong) fails its gate, and so does a limit that is not a finite number;
+    such a value is stored as None (JSON has no NaN) and ``unreadable`` says what it was."""
     failures = []
     for name, limit in sorted(thresholds.items()):
         metric, direction = METRICS[name]
-        value = metrics[metric]
-        if (direction == "max" and value > limit) or (direction == "min" and value < limit):
+        value = metrics.get(metric) if isinstance(metrics, dict) else None
+        if not (finite(value) and finite(limit)):
+            bad = [f"{metric} is {'missing' if value is None else repr(value)}" * (not finite(value)),
+                   f"{name} is {limit!r}" * (not finite(limit))]
+            failures.append({"threshold": name, "metric": metric, "value": value if finite(value) else None,
+                             "limit": limit if finite(limit) else None, "unreadable": ", ".join(filter(None, bad))})
+        elif (direction == "max" and value > limit) or (direction == "min" and value < limit):
             failures.append({"threshold": name, "metric": metric, "value": value, "limit": limit})
     return failures
 
 
 def failure_message(recipe_name: str, quant: str, eval_set: str, f: dict) -> str:
+    head = f"gate failed: recipe {recipe_name}, quant {quant}, eval set {eval_set}: "
+    if "unreadable" in f:  # fails closed: no number, no pass
+        return head + f"{f['unreadable']}: not a finite number, so the gate fails"
     op = ">" if f["threshold"].startswith("max_") else "<"
-    return (f"gate failed: recipe {recipe_name}, quant {quant}, eval set {eval_set}: "
-            f"{f['metric']} = {f['value']:.6g} {op} {f['threshold']} {f['limit']:.6g}")
+    return head + f"{f['metric']} = {f['value']:.6g} {op} {f['threshold']} {f['limit']:.6g}"
 
 
 def eval_quant(recipe_name: str, quant_key: str, es: EvalSet, quant_gguf: str | Path, base_logits: str | Path,

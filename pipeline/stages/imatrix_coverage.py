@@ -16,6 +16,7 @@ import re
 import struct
 from pathlib import Path
 
+from pipeline.bounds import below
 from pipeline.errors import PipelineError
 from pipeline.gguf import read_header
 
@@ -63,7 +64,7 @@ def coverage_failures(table: list[dict], min_coverage: float | None, min_tokens:
         return []
     return [f"{where}: layer {row['layer']} covers {row['covered']}/{row['experts']} experts ({row['fraction']:.3f} < "
             f"imatrix.min_expert_coverage {min_coverage:g}); cold experts (fewer than {min_tokens} routed tokens): "
-            + ", ".join(map(str, row["cold"])) for row in table if row["fraction"] < min_coverage]
+            + ", ".join(map(str, row["cold"])) for row in table if below(row["fraction"], min_coverage)]
 
 
 def imatrix_mismatch(base, matrix) -> str | None:

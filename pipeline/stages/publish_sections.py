@@ -8,6 +8,7 @@ import dataclasses
 import hashlib
 from pathlib import Path
 
+from pipeline.bounds import below, finite
 from pipeline.errors import PipelineError
 from pipeline.fsutil import sha256_file
 from pipeline.gguf import read_facts, tokenizer_sha256
@@ -201,10 +202,10 @@ def _draft_pair(recipe: Recipe, layout: Layout, mkey: str, dkey: str, drafts: tu
         else:
             timings["speedup"][label] = _speedup(recipe, layout, mkey, dkey, paths.get(mkey, main_file),
                                                  draft_file[dkey], label, failures)
-        if d.min_acceptance is not None and a["acceptance_rate"] < d.min_acceptance:
+        if d.min_acceptance is not None and below(a.get("acceptance_rate"), d.min_acceptance):
             failures.append({"check": "draft_acceptance", "message": (
-                f"draft acceptance too low: recipe {name}, {label}: acceptance {a['acceptance_rate']:.4f} "
-                f"< min_acceptance {d.min_acceptance:g} (n_max {a['best_n_max']})")})
+                f"draft acceptance too low: recipe {name}, {label}: acceptance {_rate(a.get('acceptance_rate'))} "
+                f"< min_acceptance {d.min_acceptance:g} (n_max {a.get('best_n_max')})")})
     return pair
 
 
@@ -219,11 +220,18 @@ def _speedup(recipe: Recipe, layout: Layout, mkey: str, dkey: str, main_path: st
         return rec
     line = " ".join([deployment_line(main_path, draft_file, rec["best_n_max"], d.spec_type), *rec.get("best_flags", [])])
     rec["deploy"] = line if rec["helps"] else None
-    if d.min_speedup is not None and rec["speedup"] < d.min_speedup:
+    if d.min_speedup is not None and below(rec.get("speedup"), d.min_speedup):
+        lo, hi = (rec.get("interval") or [None, None])[:2]
         failures.append({"check": "draft_speedup", "message": (
-            f"draft speed-up too low: recipe {recipe.name}, {label}: {rec['speedup']:.2f}x ({rec['interval'][0]:.2f}-"
-            f"{rec['interval'][1]:.2f}) < min_speedup {d.min_speedup:g} (n_max {rec['best_n_max']}, {rec['box']})")})
+            f"draft speed-up too low: recipe {recipe.name}, {label}: {_rate(rec.get('speedup'), '.2f')}x "
+            f"({_rate(lo, '.2f')}-{_rate(hi, '.2f')}) < min_speedup {d.min_speedup:g} (n_max {rec.get('best_n_max')}, "
+            f"{rec.get('box')})")})
     return rec
+
+
+def _rate(v, fmt: str = ".4f") -> str:
+    """A measured rate in a failure line; one that is not a finite number (it fails the gate) as it is."""
+    return format(v, fmt) if finite(v) else repr(v)
 
 
 

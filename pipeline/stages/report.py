@@ -40,6 +40,7 @@ def _rows(manifest: dict, eval_set: str | None):
             verdict = "published (no gates)"
         else:
             verdict = "pass" if published else "FAIL: " + "; ".join(
+                f"{f['unreadable']} (not a finite number)" if f.get("unreadable") else
                 f"{f['metric']} {f['value']:.4g} vs {f['threshold']} {f['limit']:.4g}"
                 for f in e.get("failures", []) if f.get("eval_set") == eval_set)
         yield e, m, b, verdict

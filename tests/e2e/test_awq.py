@@ -41,7 +41,8 @@ def test_awq_failure_shows_its_error_line(tmp_path, tiny_hf):
     its one `error:` line on Snakemake's output (the Snakefile's onerror, pipeline.workflow.logged_rules), as
     every stage's does. Provoked cheaply: a calibration text too short for n_samples x seq_len."""
     short = tmp_path / "short.txt"
-    short.write_text("A calibration text far too short for the windows the recipe asks for.\n")
+    # 568 bytes: enough for the recipe's bound (8 x 64 tokens, a token at least a byte), too few tokens for the stage
+    short.write_text("A calibration text far too short for the windows the recipe asks for.\n" * 8)
     recipe = awq_recipe(tmp_path, tiny_hf, f"{{calibration: {short}, n_samples: 8, seq_len: 64}}")
     res = snakemake(tmp_path, recipe)
     out = res.stdout + res.stderr

@@ -326,10 +326,12 @@ CASES: list[tuple[str, Callable[[Ctx], list[str]], tuple[str, ...]]] = [
     ("eval-text-missing", lambda c: build(c.good(gates=gates(c.tmp / "nope.txt"))),
      (f"{RECIPE}: gates[0].text: eval text ", "nope.txt does not exist")),
     # too short for llama-perplexity (under 2 x ctx tokens: it fails), and long enough for it to run (it evaluates
-    # the 5 chunks it has) but too short for the eval set: both refused with the token count
-    ("eval-text-too-short", lambda c: build(c.good(gates=gates(text_file(c, "short.txt", "A short text. " * 50)))),
-     ("tiny: eval set botchan: base: eval text ", "short.txt is too short: ", "ctx 512 x 16 chunks needs 8192")),
-    ("eval-text-fewer-chunks", lambda c: build(c.good(gates=gates(text_file(c, "some.txt", "A short text. " * 400)))),
+    # the chunks it has) but too short for the eval set: both refused with the token count. Each text has the bytes
+    # the recipe's own bound asks for (ctx x chunks, a token being at least a byte), so the stage is what refuses.
+    ("eval-text-too-short", lambda c: build(c.good(gates=gates(text_file(c, "short.txt", "A short text. " * 300),
+                                                               ctx=2050, chunks=2))),
+     ("tiny: eval set botchan: base: eval text ", "short.txt is too short: ", "ctx 2050 x 2 chunks needs 4100")),
+    ("eval-text-fewer-chunks", lambda c: build(c.good(gates=gates(text_file(c, "some.txt", "A short text. " * 600)))),
      ("tiny: eval set botchan: base: eval text ", "some.txt is too short: ", "ctx 512 x 16 chunks needs 8192")),
     ("calibration-missing", lambda c: build(c.good(imatrix={"calibration": str(c.tmp / "nope.txt")})),
      (f"{RECIPE}: imatrix.calibration: calibration text ", "nope.txt does not exist")),

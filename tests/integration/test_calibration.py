@@ -14,7 +14,8 @@ from pipeline.recipe import load_recipe
 def test_imatrix_text_too_short(tmp_path, quantize_exe, source_gguf):
     from pipeline.stages.imatrix import imatrix
 
-    (tmp_path / "short.txt").write_text("Only a few words of calibration text.\n")
+    # 16.8 kB: bytes enough for the recipe's bound (ctx 512 x 32 chunks, a token at least a byte), tokens too few
+    (tmp_path / "short.txt").write_text("Only a few words of calibration text.\n" * 440)
     (tmp_path / "r.yaml").write_text("name: cal\nsource: {path: hf}\nquants: [Q4_K_M]\nimatrix: {calibration: short.txt}\n")
     r = load_recipe(tmp_path / "r.yaml", quantize_exe)
     f16 = source_gguf  # the demo model (its vocabulary counts the tokens)

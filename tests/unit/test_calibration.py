@@ -99,7 +99,7 @@ BAD = [
      "must be one of autoawq, llmcompressor, got 'autogptq'"),
     ("clip with llmcompressor", "[Q4_K_M]", "{calibration: calib.txt, engine: llmcompressor, apply_clip: true}", "",
      "awq.apply_clip", "llmcompressor has no clipping search"),
-    ("bad chunks", "[Q4_K_M]", "", "{calibration: calib.txt, chunks: 0}", "imatrix.chunks", "must be an integer >= 1"),
+    ("bad chunks", "[Q4_K_M]", "", "{calibration: calib.txt, chunks: 0}", "imatrix.chunks", "must be an integer 1..2147483647"),
 ]
 
 

@@ -14,7 +14,7 @@ from pipeline.errors import PipelineError
 
 
 def test_changed_recipes_rules(tmp_path):
-    texts = {f"data/{x}.txt": f"text {x}\n" for x in ("a", "b", "d")}
+    texts = {f"data/{x}.txt": f"text {x}\n" * 1200 for x in ("a", "b", "d")}  # 9 x 512 tokens fit
     repo = new_repo(tmp_path, {"a": ci_recipe("a", "../data/a.txt"), "b": ci_recipe("b", "../data/b.txt"),
                                "c": ci_recipe("c", "../data/a.txt"), "d": ci_recipe("d", "../data/d.txt"),
                                "gone": ci_recipe("gone", "../data/a.txt")},
@@ -30,7 +30,7 @@ def test_changed_recipes_rules(tmp_path):
     write_yaml(repo / "README.md", "more\n")
     commit_all(repo, "edit a, delete gone")
     # not committed: a text that b reads (unstaged), a new recipe (untracked), d's text deleted
-    write_yaml(repo / "data" / "b.txt", "text b, edited\n")
+    write_yaml(repo / "data" / "b.txt", "text b, edited\n" * 400)
     write_yaml(R / "new.yaml", ci_recipe("new", "../data/a.txt"))
     (repo / "data" / "d.txt").unlink()
     sel = changed_recipes(repo, "main")

@@ -36,7 +36,7 @@ SHA = "6b5982a638c6ed4e3da15711b6a5a1328c34a53e"
 
 def _recipe(tmp_path, **extra):
     text = tmp_path / "t.txt"
-    text.write_text("x")
+    text.write_text("x " * 4200)  # 16 x 512 tokens fit
     d = {"name": "m", "source": {"repo": "org/model", "revision": SHA}, "quants": ["Q8_0"],
          "gates": [{"name": "g", "text": str(text), "ctx": 512, "chunks": 16}], **extra}
     path = tmp_path / "r.yaml"
@@ -54,8 +54,9 @@ def test_device_slice_defaults_to_two_chunks_of_the_first_eval_set(tmp_path):
     assert load_recipe(tmp_path / "n.yaml").device_slice == 0
 
 
-@pytest.mark.parametrize("value,what", [(3, "must be 0, 1 or 2"), (-1, "must be an integer >= 0"),
-                                        ("2", "must be an integer >= 0"), (True, "must be an integer >= 0")])
+@pytest.mark.parametrize("value,what", [(3, "must be an integer 0..2, got 3"), (-1, "must be an integer 0..2, got -1"),
+                                        ("2", "must be an integer 0..2, got '2'"),
+                                        (True, "must be an integer 0..2, got True")])
 def test_device_slice_refusals_name_file_and_field(tmp_path, value, what):
     exc = recipe_error(_recipe(tmp_path, device_slice=value))
     assert exc.field == "device_slice" and what in exc.message, exc

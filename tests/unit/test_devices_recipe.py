@@ -63,7 +63,7 @@ def test_devices_are_parsed_with_their_defaults(tmp_path):
     ([{"name": "a", "memory": True}], "devices[0].memory", "is not a memory size"),
     ([{"name": "a", "memory": "8G"}, {"name": "a", "memory": "4G"}], "devices[1].name", "'a' repeats devices[0]"),
     ([{"name": "a", "memory": "8G", "kv_type": "q3_k"}], "devices[0].kv_type", "'q3_k' is not a KV cache type"),
-    ([{"name": "a", "memory": "8G", "ctx": 8}], "devices[0].ctx", "must be an integer >= 16"),
+    ([{"name": "a", "memory": "8G", "ctx": 8}], "devices[0].ctx", "must be an integer 16..2147483647 (llama.cpp's n_ctx is an int32), got 8"),
     ([{"name": "A b", "memory": "8G"}], "devices[0].name", "is not a device name"),
     ([{"memory": "8G"}], "devices[0].name", "missing"),
     ([{"name": "a"}], "devices[0].memory", "missing"),

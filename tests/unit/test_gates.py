@@ -69,8 +69,8 @@ def test_verdict_and_defaults():
 
 
 BAD_GATES = [
-    ({"max_kld_mean": -0.1}, "gates[0].max_kld_mean", "-0.1 is out of range"),
-    ({"min_same_top_p": 1.5}, "gates[0].min_same_top_p", "1.5 is out of range"),
+    ({"max_kld_mean": -0.1}, "gates[0].max_kld_mean", "must be a number 0..1000000, got -0.1"),
+    ({"min_same_top_p": 1.5}, "gates[0].min_same_top_p", "must be a number 0..1, got 1.5"),
     ({"max_ppl_ratio": "low"}, "gates[0].max_ppl_ratio", "must be a number"),
     ({"max_perplexity": 3}, "gates[0].max_perplexity", "unknown key"),
     ({"text": "missing.txt"}, "gates[0].text", "eval text .*missing.txt does not exist"),

@@ -110,10 +110,10 @@ def test_a_smaller_quant_when_the_largest_does_not_start(files, tmp_path):
 
 
 @pytest.mark.parametrize("field,value,what", [
-    ("parallel", 0, "must be an integer >= 1 (llama-server -np), got 0"),
-    ("threads", 0, "must be an integer >= 1 (llama-server -t), got 0"),
-    ("threads", 2.5, "must be an integer >= 1 (llama-server -t), got 2.5"),
-    ("parallel", True, "must be an integer >= 1 (llama-server -np), got True"),
+    ("parallel", 0, "must be an integer 1..256 (llama-server -np; llama.cpp's LLAMA_MAX_SEQ), got 0"),
+    ("threads", 0, "must be an integer 1..512 (ggml's GGML_MAX_N_THREADS), got 0"),
+    ("threads", 2.5, "must be an integer 1..512 (ggml's GGML_MAX_N_THREADS), got 2.5"),
+    ("parallel", True, "must be an integer 1..256 (llama-server -np; llama.cpp's LLAMA_MAX_SEQ), got True"),
 ])
 def test_bad_slots_or_threads_one_line(tmp_path, field, value, what):
     path = tmp_path / "r.yaml"

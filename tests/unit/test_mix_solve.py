@@ -22,7 +22,7 @@ SENS = "sens.txt"
 
 
 def _recipe(tmp_path, quants: str, extra: str = "sensitivity: {text: sens.txt}\n"):
-    (tmp_path / GATE).write_text("the gates' text. " * 200)
+    (tmp_path / GATE).write_text("the gates' text. " * 500)
     (tmp_path / SENS).write_text("the sensitivity text. " * 200)
     p = tmp_path / "r.yaml"
     p.write_text(f"""name: r
@@ -61,8 +61,9 @@ def test_mix_recipe_loads_with_defaults(tmp_path):
 
 
 @pytest.mark.parametrize("quant,field,words", [
-    ("{type: mix, label: Q4_K_M_MIX, budget: {bpw: 1}}", "quants[0].budget.bpw", "outside (1, 16]"),
-    ("{type: mix, label: Q4_K_M_MIX, budget: {bpw: 16.5}}", "quants[0].budget.bpw", "outside (1, 16]"),
+    ("{type: mix, label: Q4_K_M_MIX, budget: {bpw: 1}}", "quants[0].budget.bpw", "must be a number > 1 and <= 16, got 1"),
+    ("{type: mix, label: Q4_K_M_MIX, budget: {bpw: 16.5}}", "quants[0].budget.bpw",
+     "must be a number > 1 and <= 16, got 16.5"),
     ("{type: mix, label: Q4_K_M_MIX, budget: {bpw: 4}, candidates: [IQ4_XS, Q5_K]}", "quants[0].candidates[0]",
      "only with an importance matrix"),
     ("{type: mix, label: Q4_K_M_MIX, budget: {size_of: Q2_K}}", "quants[0].budget.size_of", "outside what these"),

@@ -143,7 +143,7 @@ def recipes_dir(tmp_path) -> Path:
                 elif p.suffix == ".map":  # a tensor-type map (quants[].tensor_types_file)
                     p.write_text("^blk\\.0\\.attn_v\\.weight$=q8_0\n")
                 elif not p.exists():
-                    p.write_text(f"{p.name}: " + "the quick brown fox jumps over the lazy dog. " * 40 + "\n")
+                    p.write_text(f"{p.name}: " + "the quick brown fox jumps over the lazy dog. " * 400 + "\n")
     return folder
 
 

@@ -33,18 +33,18 @@ def test_defaults_and_keys(tmp_path):
 
 
 @pytest.mark.parametrize("draft,field,what", [
-    ({"min_speedup": 0}, "draft.min_speedup", "must be a number > 0 (a speed-up, 1 = as fast as without), got 0"),
+    ({"min_speedup": 0}, "draft.min_speedup", "must be a number > 0 and <= 65 (a draft of at most 64 tokens gives at most 65 per step), got 0"),
     ({"min_speedup": -1.5}, "draft.min_speedup", "must be a number > 0"),
     ({"min_speedup": 1.2, "speedup": False}, "draft.min_speedup", "needs the speed-up measured"),
-    ({"speedup": {"temperature": -0.1}}, "draft.speedup.temperature", "must be a number >= 0, got -0.1"),
-    ({"speedup": {"parallel": 0}}, "draft.speedup.parallel", "must be an integer >= 1, got 0"),
-    ({"speedup": {"rounds": 2}}, "draft.speedup.rounds", "must be an integer >= 3, got 2"),
+    ({"speedup": {"temperature": -0.1}}, "draft.speedup.temperature", "must be a number 0..100, got -0.1"),
+    ({"speedup": {"parallel": 0}}, "draft.speedup.parallel", "must be an integer 1..256 (llama-server -np; llama.cpp's LLAMA_MAX_SEQ), got 0"),
+    ({"speedup": {"rounds": 2}}, "draft.speedup.rounds", "must be an integer 3..1000, got 2"),
     ({"speedup": {"warmup": 1}}, "draft.speedup.warmup", "unknown key"),
-    ({"speedup": {"prompts": 0}}, "draft.speedup.prompts", "must be an integer >= 1, got 0"),
-    ({"speedup": {"n_predict": 4}}, "draft.speedup.n_predict", "must be an integer >= 8, got 4"),
-    ({"speedup": {"p_min": [0.5, 1.0]}}, "draft.speedup.p_min", "values must be probabilities 0 < p < 1"),
+    ({"speedup": {"prompts": 0}}, "draft.speedup.prompts", "must be an integer 1..1000, got 0"),
+    ({"speedup": {"n_predict": 4}}, "draft.speedup.n_predict", "must be an integer 8..2147483647 (llama.cpp's n_predict is an int32), got 4"),
+    ({"speedup": {"p_min": [0.5, 1.0]}}, "draft.speedup.p_min", "must be a number > 0 and < 1, got 1.0"),
     ({"speedup": {"p_min": 0.5}}, "draft.speedup.p_min", "must be a non-empty list, got 0.5"),
-    ({"speedup": {"n_min": [0]}}, "draft.speedup.n_min", "values must be integers >= 1"),
+    ({"speedup": {"n_min": [0]}}, "draft.speedup.n_min", "must be an integer 1..64, got 0"),
     ({"speedup": {"n_min": [2, 2]}}, "draft.speedup.n_min", "repeats a value: [2, 2]"),
 ])
 def test_bad_speedup_keys_one_line(tmp_path, draft, field, what):

@@ -212,8 +212,8 @@ def test_a_backend_switch_reruns_the_stages_llama_cpp_computes_and_not_the_other
     from pipeline.recipe import load_recipe
 
     text = tmp_path / "t.txt"
-    text.write_text("x")
-    (tmp_path / "c.txt").write_text("calibration")
+    text.write_text("x " * 4200)  # 16 x 512 tokens fit
+    (tmp_path / "c.txt").write_text("calibration " * 1400)
     path = tmp_path / "r.yaml"
     path.write_text(yaml.safe_dump({"name": "m", "source": {"repo": "org/m", "revision": "a" * 40}, "quants": ["Q8_0"],
                                     "gates": [{"name": "g", "text": str(text), "ctx": 512, "chunks": 16}],

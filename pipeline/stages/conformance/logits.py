@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from pipeline.bounds import above, below
 from pipeline.errors import PipelineError
 from pipeline.stages.conformance.common import DEFAULT_CHUNKS, GIB, THRESHOLDS, fail_line
 
@@ -236,13 +237,14 @@ def _logit_failures(recipe_name: str, check: str, m: dict, n: int) -> list[str]:
     t = THRESHOLDS
     where = f"HF float32 vs the GGUF on {m['positions']} positions of {n} chunks"
     out = []
-    if m["top1"] < t["min_top1"]:
+    # NaN logits (a broken model or conversion) give NaN statistics: each fails (pipeline/bounds.py below/above)
+    if below(m["top1"], t["min_top1"]):
         out.append(fail_line(recipe_name, check, f"top-1 agreement {m['top1']:.4f} < {t['min_top1']} ({where})"))
-    if m["kld_mean"] > t["max_kld_mean"]:
+    if above(m["kld_mean"], t["max_kld_mean"]):
         out.append(fail_line(recipe_name, check, f"mean KLD {m['kld_mean']:.3g} > {t['max_kld_mean']:g} ({where})"))
-    if m["kld_p99"] > t["max_kld_p99"]:
+    if above(m["kld_p99"], t["max_kld_p99"]):
         out.append(fail_line(recipe_name, check, f"p99 KLD {m['kld_p99']:.3g} > {t['max_kld_p99']:g} ({where})"))
-    if abs(m["ln_ppl_ratio"]) > t["max_abs_ln_ppl_ratio"]:
+    if above(abs(m["ln_ppl_ratio"]), t["max_abs_ln_ppl_ratio"]):
         out.append(fail_line(recipe_name, check, f"|ln(PPL HF / PPL llama.cpp)| = {abs(m['ln_ppl_ratio']):.4g} > "
                              f"{t['max_abs_ln_ppl_ratio']} (PPL HF {m['ppl_other']:.4f}, llama.cpp "
                              f"{m['ppl_base']:.4f}; {where})"))
