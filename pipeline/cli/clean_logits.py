@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.stages.evaluate import clean_logits
+from pipeline.layout import recipe_name_arg
+from pipeline.stages.clean_logits import clean_logits
 
 
 def cmd_clean_logits(args) -> None:
@@ -17,7 +18,7 @@ def cmd_clean_logits(args) -> None:
 
 def register(sub) -> None:
     p = sub.add_parser("clean-logits", help="empty the base logits of finished builds (recomputed only when an eval needs them)")
-    p.add_argument("names", nargs="*", help="recipe names (default: all under --work)")
+    p.add_argument("names", nargs="*", type=recipe_name_arg, help="recipe names (default: all under --work)")
     p.add_argument("--work", default="work")
     p.add_argument("--dry-run", action="store_true")
     p.set_defaults(func=cmd_clean_logits)

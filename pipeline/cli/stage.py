@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from pipeline.errors import PipelineError
-from pipeline.layout import Layout
+from pipeline.layout import Layout, key_arg, recipe_name_arg
 from pipeline.recipe import load_recipe
 from pipeline.stagedef import WILDCARD_FLAGS, Job, Stage, parse_io
 from pipeline.stages import registry
@@ -62,16 +62,18 @@ def register(sub) -> None:
     p = sub.add_parser("stage", help="run one stage of one recipe (used by the Snakefile)")
     p.add_argument("stage", choices=[st.cli for st in registry().values()])
     p.add_argument("--recipe", required=True)
-    p.add_argument("--name", help="recipe name (default: the file's; `<name>-draft` selects its draft)")
+    p.add_argument("--name", type=recipe_name_arg,
+                   help="recipe name (default: the file's; `<name>-draft` selects its draft)")
     p.add_argument("--artifacts", default="artifacts", help="artifact root (default: artifacts)")
     p.add_argument("--work", default="work", help="work root (default: work)")
-    p.add_argument("--quant", help="quant key (TYPE[_VARIANT]); for bench also the outtype; for split any model "
-                                   "file's key (also the outtype or mtp-<OUTTYPE>_MTP)")
-    p.add_argument("--draft-quant", help="draft quant key (or `gguf` for a given draft file)")
-    p.add_argument("--eval-set")
+    p.add_argument("--quant", type=key_arg, help="quant key (TYPE[_VARIANT]); for bench also the outtype; for split "
+                                                 "any model file's key (also the outtype or mtp-<OUTTYPE>_MTP)")
+    p.add_argument("--draft-quant", type=key_arg, help="draft quant key (or `gguf` for a given draft file)")
+    p.add_argument("--eval-set", type=key_arg)
     p.add_argument("--base", choices=["plain", "awq"], help="imatrix: the base GGUF (plain F16 or AWQ-scaled)")
-    p.add_argument("--flavour", help="sensitivity: the base and importance matrix measured (plain, awq, …-imatrix)")
-    p.add_argument("--outtype", help="convert: the base file's type (default: the recipe's)")
+    p.add_argument("--flavour", type=key_arg,
+                   help="sensitivity: the base and importance matrix measured (plain, awq, …-imatrix)")
+    p.add_argument("--outtype", type=key_arg, help="convert: the base file's type (default: the recipe's)")
     p.add_argument("--in", dest="inp", action="append", metavar="NAME=PATH",
                    help="a named input (NAME[]=PATH for each path of a list; default: the stage's declared paths)")
     p.add_argument("--out", action="append", metavar="NAME=PATH", help="a named output (default: the declared paths)")

@@ -20,7 +20,13 @@ from pipeline.recipe.speedup import Speedup
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 VARIANT_RE = naming.VARIANT_RE  # letters only: the Hub label `_[A-Z]+` stops at a digit
 REPO_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
-REVISION_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")
+# A commit, branch or tag, within what `git check-ref-format` accepts: segments of [A-Za-z0-9._-] joined by single
+# slashes, none starting with a dot or ending in .lock, no "..", no dot at the end. It is joined under a hub cache's
+# snapshots/ and refs/ folders (stages/fetch.py hub_snapshot_dir), so it must never climb out of them.
+REVISION_RE = re.compile(r"^(?=.{1,128}\Z)(?!.*\.\.)(?!.*\.lock(?:/|\Z))(?!.*\.\Z)"
+                         r"[A-Za-z0-9][A-Za-z0-9._-]*(?:/[A-Za-z0-9_-][A-Za-z0-9._-]*)*\Z")
+REVISION_RULE = ("segments of A-Z a-z 0-9 . _ - joined by single slashes, none starting with a dot or ending in .lock, "
+                 "no '..', no dot or slash at the end")
 ARCH_CLASS_RE = re.compile(r"^[A-Z][A-Za-z0-9_]{0,99}$")  # a transformers / converter model class name
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 TENSOR_TYPE_RE = re.compile(r"^[A-Za-z0-9_.*+?\\\[\]()|^$-]+=[A-Za-z0-9_]+$")

@@ -35,6 +35,7 @@ from pipeline.recipe.model import (
     REPO_PATH_RE,
     REPO_RE,
     REVISION_RE,
+    REVISION_RULE,
     SHA256_RE,
     SOURCE_KEYS,
     TENSOR_TYPE_RE,
@@ -213,7 +214,7 @@ def _parse_source(ctx: _Ctx, value, where: str) -> Source:
         rev = s["revision"]
         if not isinstance(rev, str):  # YAML reads an all-digit SHA prefix as a number
             ctx.fail(f"{where}.revision", f"must be a string (quote it), got {rev!r}")
-        revision = ctx.string(rev, f"{where}.revision", REVISION_RE, "a git revision")
+        revision = ctx.string(rev, f"{where}.revision", REVISION_RE, f"a git revision ({REVISION_RULE})")
         local = None
     else:
         if "revision" in s:
@@ -322,8 +323,8 @@ def _parse_publish(ctx: _Ctx, value) -> Publish:
     rev = d.get("revision", "main")
     if not isinstance(rev, str):
         ctx.fail("publish.revision", f"must be a branch name (a string), got {rev!r}")
-    rev = ctx.string(rev, "publish.revision", REVISION_RE, "a branch name")
-    if COMMIT_RE.match(rev) or rev.endswith("/") or "//" in rev or ".." in rev:
+    rev = ctx.string(rev, "publish.revision", REVISION_RE, f"a branch name ({REVISION_RULE})")
+    if COMMIT_RE.match(rev):
         ctx.fail("publish.revision", f"{rev!r} is not a branch name (a commit cannot be committed to)")
     prefix = d.get("path_in_repo", "")
     if prefix is None:
@@ -331,7 +332,7 @@ def _parse_publish(ctx: _Ctx, value) -> Publish:
     if not isinstance(prefix, str):
         ctx.fail("publish.path_in_repo", f"must be a folder path in the repo (a string), got {prefix!r}")
     prefix = prefix.strip("/")
-    if prefix and not REPO_PATH_RE.match(prefix):
+    if prefix and not REPO_PATH_RE.fullmatch(prefix):
         ctx.fail("publish.path_in_repo", f"{prefix!r} is not a folder path in the repo (segments of A-Z a-z 0-9 . _ -, "
                                          "none starting with a dot)")
     ollama = ctx.boolean(d.get("ollama", True), "publish.ollama")

@@ -40,7 +40,7 @@ class _Ctx:
     def string(self, value, where: str, pattern: re.Pattern | None = None, what: str = "") -> str:
         if not isinstance(value, str) or not value.strip():
             self.fail(where, f"must be a non-empty string, got {value!r}")
-        if pattern and not pattern.match(value):
+        if pattern and not pattern.fullmatch(value):  # not match: `$` also matches before a final newline
             self.fail(where, f"{value!r} is not {what or 'valid'}")
         return value
 

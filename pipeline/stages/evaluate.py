@@ -241,7 +241,7 @@ def _write_base_logits(tc: Toolchain, es: EvalSet, base_gguf, out_logits, thread
 
 def restore_base_logits(tc: Toolchain, es: EvalSet, base_gguf, base_logits, base_record, threads: int, log,
                         what: str) -> bool:
-    """Recompute base logits that :func:`clean_logits` emptied (a 0-byte stub with the original mtime):
+    """Recompute base logits that :func:`pipeline.stages.clean_logits.clean_logits` emptied (a 0-byte stub with the original mtime):
     once, under a lock, with the stub's mtime kept so that Snakemake sees no change; the recomputed
     base PPL must equal the recorded one. False when the logits were there."""
     base_logits = Path(base_logits)
@@ -382,32 +382,6 @@ def perplexity(tc: Toolchain, model: str | Path, text: str | Path, ctx: int, chu
         raise ToolError("llama-perplexity", res.returncode, log, f"llama-perplexity on {model} printed no final estimate "
                         f"(exit {res.returncode}): {tail(res.output)}")
     return float(m.group(1)), float(m.group(2))
-
-
-def clean_logits(work: str | Path, names: list[str] | None = None, dry_run: bool = False) -> list[tuple[Path, int]]:
-    """Empty the base logits (``<work>/<name>/eval/<set>/base.logits``), the largest intermediates, to
-    0-byte stubs that keep their mtime; return (path, bytes freed) of each. Snakemake sees no change
-    (nothing re-runs); an eval that needs them later (a quant added) recomputes them first, once
-    (:func:`restore_base_logits`). Deleting them instead would make Snakemake re-run eval-base and
-    then every eval of the set. Refused while a Snakemake run holds the project's lock."""
-    work = Path(work)
-    locks = work.resolve().parent / ".snakemake" / "locks"
-    if locks.is_dir() and any(locks.iterdir()):
-        raise PipelineError(f"{locks} is not empty: a Snakemake run is using {work}; clean the logits after it ends "
-                            "(or `snakemake --unlock` if a run was killed)")
-    found = sorted(work.glob("*/eval/*/base.logits"))
-    if names:
-        found = [p for p in found if p.parts[-4] in set(names)]
-    out = []
-    for p in found:
-        st = p.stat()
-        if st.st_size == 0:
-            continue
-        if not dry_run:
-            os.truncate(p, 0)
-            os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
-        out.append((p, st.st_size))
-    return out
 
 
 def gate_checks(manifest: dict) -> list[dict]:

@@ -15,8 +15,9 @@ import shutil
 from pathlib import Path
 
 from pipeline.errors import PipelineError, RecipeError
-from pipeline.fsutil import atomic_output, hashing_ahead, sha256_file
+from pipeline.fsutil import atomic_output, hashing_ahead, read_input, sha256_file
 from pipeline.recipe import Recipe
+from pipeline.recipe.model import REPO_RE
 from pipeline.records import FetchRecord
 from pipeline.stagedef import FETCH_UNKNOWN_MB, Stage, mem_mb
 
@@ -79,7 +80,11 @@ def _snapshot(recipe: Recipe, hub_cache: str | None) -> Path:
         raise PipelineError(f"{where}: cannot fetch: {hint}") from None
     except (OSError, httpx.HTTPError) as exc:
         raise PipelineError(f"{where}: download failed: {type(exc).__name__}: {' '.join(str(exc).split())}") from None
-    return Path(path)
+    # huggingface_hub joins a cached ref's text under snapshots/ unchecked: a planted refs/<revision> holding
+    # "../.." would hand over a folder outside the cache, recorded as this repo's commit
+    snapshots = repo_folder(Path(hub_cache or constants.HF_HUB_CACHE).expanduser(), src.repo) / "snapshots"
+    rel = os.path.relpath(Path(path).resolve(), snapshots.resolve())
+    return confined(snapshots, rel, f"{src.repo}@{src.revision}: the snapshot")
 
 
 def _local_source(recipe: Recipe) -> Path:
@@ -187,12 +192,44 @@ def _likely_files(recipe: Recipe, hub_cache: str | None) -> list[Path]:
         return []
 
 
+def repo_folder(cache: Path, repo: str) -> Path:
+    """The folder of ``repo`` in the hub cache ``cache`` (``models--org--name``); ``repo`` may come from a manifest."""
+    if not isinstance(repo, str) or not REPO_RE.fullmatch(repo):
+        raise PipelineError(f"{repo!r} is not a Hugging Face repo id (org/name): no folder of the hub cache {cache}")
+    return cache / ("models--" + repo.replace("/", "--"))
+
+
+def confined(base: Path, rel: str, what: str) -> Path:
+    """``base / rel`` when ``rel`` is a relative path without ``..`` that resolves inside ``base`` (no symlink out);
+    else one line naming it. ``rel`` comes from outside (a recipe, a manifest, a cached ref file)."""
+    parts = rel.split("/")
+    if not rel or "\\" in rel or "\0" in rel or any(p in ("", ".", "..") for p in parts):
+        raise PipelineError(f"{base}: {what} {rel!r} is not a relative path inside it (an empty, '.' or '..' "
+                            "segment, a '/' at the start or a backslash): refused")
+    path = base.joinpath(*parts)
+    root = base.resolve()
+    if not path.resolve().is_relative_to(root):
+        raise PipelineError(f"{path}: {what} resolves to {path.resolve()}, outside {root} (a symlink out): refused")
+    return path
+
+
+REF_MAX_BYTES = 4096  # a ref file holds a 40-hex commit
+
+
 def hub_snapshot_dir(cache: Path, repo: str, revision: str) -> Path:
     """Where the hub cache ``cache`` keeps ``repo`` at ``revision`` (a commit, or a branch or tag that its
-    ``refs/`` resolves); it may not exist."""
-    repo_dir = cache / ("models--" + repo.replace("/", "--"))
-    ref = repo_dir / "refs" / revision
-    return repo_dir / "snapshots" / (ref.read_text().strip() if ref.is_file() else revision)
+    ``refs/`` resolves); it may not exist. Both the revision and a ref's text are confined to their folders."""
+    repo_dir = repo_folder(cache, repo)
+    if not isinstance(revision, str) or not revision.isprintable():
+        raise PipelineError(f"{repo}@{revision!r}: not a git revision (a control character or not a string): refused")
+    ref = confined(repo_dir / "refs", revision, f"{repo}@{revision}: the ref")
+    name = revision
+    if ref.is_file():
+        try:
+            name = read_input(ref, REF_MAX_BYTES).decode("ascii").strip()
+        except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
+            raise PipelineError(f"{ref}: cannot read the cached ref of {repo}@{revision}: {exc}") from None
+    return confined(repo_dir / "snapshots", name, f"{repo}@{revision}: the snapshot")
 
 
 def _fetch(recipe: Recipe, out_dir: Path, record: Path, hub_cache: str | None) -> dict:

@@ -26,6 +26,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import sys
 import time
 from pathlib import Path
@@ -50,7 +51,7 @@ from pipeline.stagedef import Stage, mem_mb
 from pipeline.stages.card import write_card
 from pipeline.stages.evaluate import gate_checks, gate_messages
 from pipeline.stages.hubfiles import publish_modelfiles
-from pipeline.stages.publish_devices import device_check_section, device_results, publish_slice
+from pipeline.stages.publish_devices import SLICE_FILE, device_check_section, device_results, publish_slice
 from pipeline.stages.publish_files import ModelFiles, model_files
 from pipeline.stages.publish_sections import (
     CONFORMANCE_REJECTED,
@@ -122,21 +123,43 @@ def artifact_sources(layout: Layout, name: str, entry: dict) -> list[tuple[Path,
     return [(src / sh["file"], dest / plain_name(sh["file"], "shard file"), sh["size_bytes"]) for sh in s["shards"]]
 
 
-def link_artifact(layout: Layout, name: str, entry: dict) -> Path:
-    """Publish one manifest artifact into ``artifacts/<name>/`` by hard link: the GGUF, or the folder of a
-    split file's shards (holding nothing else)."""
+def _check_target(path: Path, folder: bool = False) -> None:
+    """``path`` is one publish may replace: absent, anything but a real folder (renamed over: a link is replaced
+    itself, never written through), or -- ``folder``, a split file's shard folder -- a real folder; one line naming it
+    otherwise (replacing it would delete a folder publish did not make)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(st.st_mode) and not folder:
+        raise PipelineError(f"{path}: is a folder where publish puts a file: move it away; nothing was changed")
+
+
+def check_artifact_targets(layout: Layout, name: str, entry: dict) -> Path:
+    """Every path :func:`link_artifact` will replace for ``entry``, checked before it changes any (one line naming the
+    first it may not replace); returns the artifact's path."""
     dest = layout.check_art_dir(name) / plain_name(entry["file"], "artifact file")
     files = artifact_sources(layout, name, entry)
+    _check_target(dest, folder=bool(entry.get("split")))
+    if entry.get("split") and dest.is_dir() and not dest.is_symlink():
+        for _src, dst, _size in files:
+            _check_target(dst)
+    return dest
+
+
+def link_artifact(layout: Layout, name: str, entry: dict) -> Path:
+    """Publish one manifest artifact into ``artifacts/<name>/`` by hard link: the GGUF, or the folder of a
+    split file's shards (holding nothing else). A link found in the way is replaced, never followed."""
+    dest = check_artifact_targets(layout, name, entry)
+    files = artifact_sources(layout, name, entry)
     if entry.get("split"):
-        if dest.exists() and not dest.is_dir():
+        if dest.is_symlink() or (dest.exists() and not dest.is_dir()):  # a dangling link too
             dest.unlink()
         dest.mkdir(parents=True, exist_ok=True)
         want = {d.name for _, d, _ in files}
         for p in dest.iterdir():  # shards of an earlier split (another max_size), leftovers
             if p.name not in want:
                 shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
-    elif dest.is_dir() and not dest.is_symlink():
-        shutil.rmtree(dest)
     for src, dst, _size in files:
         _link(src, dst)
     return dest
@@ -311,6 +334,12 @@ def publish(recipe: Recipe, layout: Layout) -> dict:
     for device, entry in manifest.get("devices", {}).items():  # an arm64 profile without repack-friendly quants
         if entry.get("warning"):
             print(f"warning: recipe {name}, device {device}: {entry['warning']}", file=sys.stderr, flush=True)
+    # Every path the links replace, and the maps' SHA256s, are checked before the first change: a refusal leaves
+    # the folder as it was
+    for e in manifest["artifacts"]:
+        check_artifact_targets(layout, name, e)
+    map_sources(layout, name, manifest)
+    _check_target(layout.art_dir(name) / SLICE_FILE)
     # A manifest never lists a file that differs from it: the old one goes before any published file
     # changes, so a publish killed between linking and writing the new one leaves none (the rerun writes it).
     layout.manifest(name).unlink(missing_ok=True)
@@ -342,9 +371,18 @@ MAP_SUFFIX = ".tensor-types.txt"
 
 
 def publish_maps(layout: Layout, name: str, manifest: dict) -> set[str]:
-    """Publish each published mix's solved map (``<name>-<KEY>.tensor-types.txt``) beside its GGUF, checked against
-    the SHA256 the manifest names; returns their file names."""
+    """Publish each published mix's solved map beside its GGUF (:func:`map_sources`); returns their file names."""
     out = set()
+    for src, fname in map_sources(layout, name, manifest):
+        _link(src, layout.art_dir(name) / fname)
+        out.add(fname)
+    return out
+
+
+def map_sources(layout: Layout, name: str, manifest: dict) -> list[tuple[Path, str]]:
+    """``(solved map in work/, published file name)`` of each published mix's map (``<name>-<KEY>.tensor-types.txt``,
+    published beside its GGUF), checked against the SHA256 the manifest names and its target path."""
+    out = []
     for e in manifest["artifacts"]:
         m = (e.get("mix") or {}).get("map")
         if not m:
@@ -354,8 +392,8 @@ def publish_maps(layout: Layout, name: str, manifest: dict) -> set[str]:
         if src.name != fname or sha256_file(src) != m["sha256"]:
             raise ArtifactError(src, f"{src}: not the map {fname} (SHA256 {m['sha256'][:16]}…) the quant was made with: "
                                      "re-run the solve and quantize stages")
-        _link(src, layout.art_dir(name) / fname)
-        out.add(fname)
+        _check_target(layout.art_dir(name) / fname)
+        out.append((src, fname))
     return out
 
 

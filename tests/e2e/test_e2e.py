@@ -175,7 +175,7 @@ def test_rerun_with_another_interpreter_path_runs_zero_jobs(demo_build, demo_hub
 def test_clean_logits_then_rerun(demo_build, demo_hub, demo_recipe, tmp_path):
     """`ggufpipe clean-logits` on a finished build (a hard-linked copy): nothing to re-run; evals that run
     again use the stub (recomputing the logits themselves), no eval-base job."""
-    from pipeline.stages.evaluate import clean_logits
+    from pipeline.stages.clean_logits import clean_logits
 
     copy = tmp_path / "copy"
     for sub in ("work", "artifacts", ".snakemake"):
