@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from pipeline.bounds import THREADS
 from pipeline.errors import PipelineError
 from pipeline.layout import Layout, key_arg, recipe_name_arg
 from pipeline.recipe import load_recipe
@@ -78,7 +79,7 @@ def register(sub) -> None:
                    help="a named input (NAME[]=PATH for each path of a list; default: the stage's declared paths)")
     p.add_argument("--out", action="append", metavar="NAME=PATH", help="a named output (default: the declared paths)")
     p.add_argument("--log", help="the job's log (default: work/<name>/logs/<stage>.log)")
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=THREADS.arg("--threads"), default=2)
     # nargs="?": the Snakefile passes an empty value when no hub cache is configured
     p.add_argument("--hub-cache", nargs="?", const=None, default=os.environ.get("HF_HUB_CACHE"))
     p.add_argument("--quantized-by", default="ggufpipe")
