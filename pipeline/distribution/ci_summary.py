@@ -3,12 +3,14 @@ publishing) and the markdown summary (pipeline/distribution/ci.py runs the comma
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipeline.distribution.ci_select import Selection
+from pipeline.distribution.manifest_check import read_manifest
+from pipeline.errors import PipelineError
+from pipeline.fsutil import parse_json
 from pipeline.layout import Layout
 from pipeline.recipe import Recipe
 from pipeline.stages.evaluate import gate_messages
@@ -24,9 +26,11 @@ def read_errors(path: Path) -> list[dict]:
     out = []
     for line in lines:
         try:
-            out.append(json.loads(line))
+            rec = parse_json(line)
         except ValueError:
             continue
+        if isinstance(rec, dict) and isinstance(rec.get("message"), str):  # what the summary reads of a record
+            out.append(rec)
     return out
 
 
@@ -116,10 +120,10 @@ def collect_results(results: list[RecipeResult], layout: Layout, errors: list[di
             gate_errs = [e for e in mine if e.get("stage") == "gate"]
             if layout.gate_ok(name).is_file() or gate_errs:
                 # the gate stage ran in this build (the stamps were removed before it): the manifest is fresh
-                try:
-                    manifest = json.loads(layout.manifest(name).read_text())
-                except (OSError, ValueError) as exc:
-                    res.errors.append(f"{name}: cannot read {layout.manifest(name)}: {exc}")
+                try:  # checked: the summary indexes what the manifest check vouches for
+                    manifest = read_manifest(layout.manifest(name))
+                except PipelineError as exc:
+                    res.errors.append(f"{name}: {exc}")
                     ok = False
                     continue
                 res.manifests[name] = manifest

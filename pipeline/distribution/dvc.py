@@ -24,12 +24,13 @@ committed, and every ``build@`` stage first checks that it is up to date.
 
 from __future__ import annotations
 
-import json
 import os
+import re
 from pathlib import Path
 
+from pipeline.distribution.manifest_check import plain, read_manifest
 from pipeline.errors import PipelineError
-from pipeline.fsutil import write_text_atomic
+from pipeline.fsutil import read_input, write_text_atomic
 from pipeline.layout import Layout
 from pipeline.recipe import Recipe, load_recipes
 from pipeline.stages.publish import _link, artifact_sources, link_artifact
@@ -91,55 +92,99 @@ def write_matrix(recipes_dir: str | Path = "recipes", out: str | Path = MATRIX_F
     return m
 
 
+def _lock_stages(lock: Path, stage: str) -> dict | None:
+    """``dvc.lock`` as read (None when there is none) once it is known to be rewritable: a regular file of YAML
+    whose ``stages`` is a mapping; one line otherwise, before anything is changed."""
+    # yaml (slow): every CLI start loads this module, on devices too
+    import yaml
+
+    if not os.path.lexists(lock):
+        return None
+    try:
+        data = yaml.safe_load(read_input(lock).decode("utf-8")) or {}
+    except (OSError, ValueError, yaml.YAMLError) as exc:  # UnicodeDecodeError is a ValueError
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else " ".join(str(exc).split())
+        raise PipelineError(f"{lock}: cannot read the DVC lock file: {why}; the {stage} entry was not dropped") from None
+    if not isinstance(data, dict) or not isinstance(data.get("stages", {}), dict):
+        raise PipelineError(f"{lock}: not a DVC lock file (`stages` must be a mapping); the {stage} entry was not "
+                            "dropped")
+    return data
+
+
 def _drop_lock_entry(lock: Path, stage: str) -> None:
     """Remove ``stage`` from dvc.lock: DVC re-reads the lock file before each stage's update."""
     # yaml (slow): every CLI start loads this module, on devices too
     import yaml
 
-    if not lock.is_file():
-        return
-    data = yaml.safe_load(lock.read_text()) or {}
-    stages = data.get("stages") or {}
+    data = _lock_stages(lock, stage)
+    stages = (data or {}).get("stages") or {}
     if stage in stages:
         del stages[stage]
-        write_text_atomic(lock, yaml.safe_dump(data, sort_keys=False))
+        write_text_atomic(lock, yaml.safe_dump(data, sort_keys=False))  # replaces a link, never writes through it
+
+
+_STAGE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9@._-]*")
+
+
+def _check_args(name: str, file: str, stage: str, layout: Layout) -> Path:
+    """``artifacts/<name>/`` when the three flags are plain names (no ``..``, no absolute path, no separator) and
+    the folder is no symlink and holds no link to a folder (Layout.check_art_dir); one line otherwise."""
+    art = layout.check_art_dir(name)  # a recipe name, and no symlink out of artifacts/<name>/
+    if not plain(file):
+        raise PipelineError(f"--file: {file!r} is not a plain file name: dvc-link publishes only into {art}/")
+    if not _STAGE_RE.fullmatch(stage) or ".." in stage:
+        raise PipelineError(f"--stage: {stage!r} is not a DVC stage name (gguf@<name>-<key>: letters, digits, @ . _ -; "
+                            "no '..', no path)")
+    return art
+
+
+def _check_source(src: Path, layout: Layout, name: str, size: int, manifest_path: Path) -> None:
+    """A file dvc-link is to publish: built in ``work/<name>/`` (a symlink out of it is refused: DVC would cache, and
+    make read-only, a file outside), of the size the manifest records."""
+    if not src.is_file():
+        raise PipelineError(f"{src} is missing: run `dvc repro build@{name}` (or snakemake) first")
+    if not src.resolve().is_relative_to(layout.wrk(name).resolve()):
+        raise PipelineError(f"{src}: a symlink to {src.resolve()}, outside {layout.wrk(name)}/: dvc-link publishes "
+                            "only files built there; remove the link and rebuild")
+    if src.stat().st_size != size:
+        raise PipelineError(f"{src} has {src.stat().st_size} bytes, {manifest_path} says {size}: "
+                            f"re-run `dvc repro build@{name}`")
 
 
 def link(name: str, file: str, stage: str, layout: Layout, lock: str | Path = "dvc.lock") -> Path:
     """Entry function of a ``gguf@`` stage: publish ``file`` (a GGUF, or the folder of a split file's
     shards) of recipe ``name`` into ``artifacts/`` as the manifest says, or fail (and forget its stale
-    lock entry) when the manifest rejected it."""
+    lock entry) when the manifest rejected it.
+
+    Every input is checked before anything changes: the flags, the folder (no symlink out of it), the manifest
+    (:mod:`pipeline.distribution.manifest_check`), the lock file, every source file. Only a file the manifest does
+    not publish drops its lock entry; any other refusal leaves ``dvc.lock`` as it was."""
+    _check_args(name, file, stage, layout)
     manifest_path = layout.manifest(name)
-    try:
-        manifest = json.loads(manifest_path.read_text())
-    except (OSError, ValueError) as exc:
-        raise PipelineError(f"{manifest_path}: cannot read: {exc}") from None
+    manifest = read_manifest(manifest_path)
+    lock = Path(lock)
     if file == SLICE_FILE:
-        return _link_slice(name, manifest, manifest_path, stage, layout, Path(lock))
+        return _link_slice(name, manifest, manifest_path, stage, layout, lock)
     entry = next((a for a in manifest["artifacts"] if a["file"] == file), None)
     dest = layout.art_dir(name) / file
     if entry is None:
-        _drop_lock_entry(Path(lock), stage)
         why = [f["message"] for r in manifest.get("rejected", []) if r["file"] == file for f in r.get("failures", [])]
-        raise PipelineError(f"{dest}: not published by {manifest_path}"
-                            + (f" ({'; '.join(why)})" if why else " (not built by this recipe)") + "; DVC does not track it")
+        msg = (f"{dest}: not published by {manifest_path}" + (f" ({'; '.join(why)})" if why else
+                                                               " (not built by this recipe)") + "; DVC does not track it")
+        _drop_lock_entry(lock, stage)
+        raise PipelineError(msg)
     for src, _dst, size in artifact_sources(layout, name, entry):
-        if not src.is_file():
-            raise PipelineError(f"{src} is missing: run `dvc repro build@{name}` (or snakemake) first")
-        if src.stat().st_size != size:
-            raise PipelineError(f"{src} has {src.stat().st_size} bytes, {manifest_path} says {size}: "
-                                f"re-run `dvc repro build@{name}`")
+        _check_source(src, layout, name, size, manifest_path)
     return link_artifact(layout, name, entry)
 
 
 def _link_slice(name: str, manifest: dict, manifest_path: Path, stage: str, layout: Layout, lock: Path) -> Path:
     """The ``gguf@<name>-device-slice`` stage: publish the device slice as the manifest's ``device_check`` says."""
     if not manifest.get("device_check"):
+        msg = f"{layout.art_dir(name) / SLICE_FILE}: {manifest_path} publishes no device slice; DVC does not track it"
         _drop_lock_entry(lock, stage)
-        raise PipelineError(f"{layout.art_dir(name) / SLICE_FILE}: {manifest_path} publishes no device slice; DVC does "
-                            "not track it")
+        raise PipelineError(msg)
     src = layout.device_slice(name)
-    if not src.is_file():
-        raise PipelineError(f"{src} is missing: run `dvc repro build@{name}` (or snakemake) first")
+    _check_source(src, layout, name, manifest["device_check"]["size_bytes"], manifest_path)
     publish_slice(layout, name, manifest, _link)
     return layout.art_dir(name) / SLICE_FILE

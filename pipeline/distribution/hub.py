@@ -18,10 +18,10 @@ It needs a ``publish:`` section in the recipe (pipeline/recipe/) and a finished 
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
+from pipeline.distribution.manifest_check import read_manifest
 from pipeline.distribution.verify import verify
 from pipeline.errors import ArtifactError, PipelineError, RecipeError
 from pipeline.fsutil import sha256_file, write_json_atomic
@@ -36,13 +36,12 @@ def _refuse(name: str, msg: str):
 
 
 def load_manifest(folder: str | Path) -> dict:
+    """The manifest of ``folder``, checked (pipeline/distribution/manifest_check.py): every part the plan uses is
+    there, typed, and names files inside ``folder`` only."""
     path = Path(folder) / "manifest.json"
-    try:
-        return json.loads(path.read_text())
-    except OSError:
-        raise ArtifactError(path, f"{path}: missing: build the recipe first (`snakemake` or `ggufpipe build`)") from None
-    except ValueError as exc:
-        raise ArtifactError(path, f"{path}: not valid JSON: {exc}") from None
+    if not path.exists():
+        raise ArtifactError(path, f"{path}: missing: build the recipe first (`snakemake` or `ggufpipe build`)")
+    return read_manifest(path, require=("name", "build_id", "recipe", "tools"))
 
 
 def upload_plan(recipe, manifest: dict, folder: str | Path) -> list[dict]:

@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline.demo import hub_cache_dir
-from pipeline.errors import ArtifactError, PipelineError
+from pipeline.distribution.manifest_check import read_manifest
+from pipeline.errors import PipelineError
 from pipeline.fsutil import sha256_file
 from pipeline.layout import Layout
 from pipeline.provenance import python_versions, source_files_digest
@@ -87,14 +88,9 @@ class Row:
 
 
 def _load_manifest(path: Path) -> dict:
-    try:
-        m = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ArtifactError(path, f"{path}: cannot read the manifest: {exc}") from None
-    for key in ("name", "recipe", "source", "tools", "artifacts"):
-        if key not in m:
-            raise ArtifactError(path, f"{path}: {key}: missing (not a ggufpipe manifest)")
-    return m
+    """The manifest, checked (pipeline/distribution/manifest_check.py) before any build starts: one line naming the
+    field when a part used here is missing, mistyped, out of range or a path out of its folder."""
+    return read_manifest(path, require=("name", "recipe", "source", "tools", "artifacts"))
 
 
 def find_recipe(manifest_path: Path, manifest: dict, explicit: str | None) -> Path:
@@ -142,7 +138,7 @@ def _recorded_settings(m: dict) -> dict:
         eval_threads = next((es["threads"] for es in m.get("eval_sets", []) if es.get("threads")), None)
     if eval_threads is None:
         eval_threads = next((p["acceptance"]["threads"] for p in (m.get("draft") or {}).get("pairs", [])
-                             if p.get("acceptance", {}).get("threads")), DEFAULT_THREADS)
+                             if (p.get("acceptance") or {}).get("threads")), DEFAULT_THREADS)
     calib = [c[k]["threads"] for e in m["artifacts"] + m.get("rejected", [])
              for c in [e.get("calibration", {})] for k in ("awq", "imatrix") if c.get(k, {}).get("threads")]
     awq = [e["calibration"]["awq"] for e in m["artifacts"] + m.get("rejected", []) if "awq" in e.get("calibration", {})]
@@ -207,9 +203,10 @@ def rebuild_preflight(m: dict, recipe_path: Path, hub_cache: str | None) -> tupl
                           f"{es['text_sha256'][:16]}…)")
     seen = set()
     for e in m["artifacts"] + m.get("rejected", []):
-        for kind, c in e.get("calibration", {}).items():
+        for kind in ("awq", "imatrix"):  # the kinds the manifest check vouches for: no other key is looked up
+            c = e.get("calibration", {}).get(kind)
             cfg = getattr(recipe, kind, None)
-            if kind in seen or cfg is None:
+            if c is None or kind in seen or cfg is None:
                 continue
             seen.add(kind)
             if sha256_file(cfg.calibration) != c["calibration_sha256"]:
@@ -389,7 +386,11 @@ def rebuild_check(manifest_path: str | Path, recipe: str | None = None, cores: s
         rows = [row for e in entries for row in _rows_for(e, name, L)] + _mix_rows(entries, m, name, L)
         if not only:
             rebuilt = L.manifest(name)
-            m2 = json.loads(rebuilt.read_text()) if rebuilt.is_file() else None
+            try:
+                m2 = read_manifest(rebuilt) if rebuilt.is_file() else None
+            except PipelineError as exc:  # the rebuild's own output: shown, and the manifest row does not match
+                out(f"error: {exc}")
+                m2 = None
             rows.append(Row("manifest.json (without build)", _canonical_sha(strip_volatile(m)),
                             _canonical_sha(strip_volatile(m2)) if m2 is not None else None))
         out(format_table(rows))

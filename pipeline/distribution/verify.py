@@ -14,13 +14,17 @@ A measured mix's tensor-type map (``<name>-<KEY>.tensor-types.txt``, manifest ``
 given itself, or beside its GGUF when the GGUF is verified (a map that is there must match; one not pulled is not
 required). The device slice (``device-slice.logits``, manifest ``device_check``) given itself is checked by size and
 SHA256 (``ggufpipe device-check`` checks it too, docs/device-check.md).
+
+The manifest is read and checked by :mod:`pipeline.distribution.manifest_check` before anything here looks inside it:
+every field used below is there with its type and range, and every file name in it is one plain path segment, so
+nothing outside the manifest's folder (a shard named ``../x.gguf``) is ever opened or hashed.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
+from pipeline.distribution.manifest_check import read_manifest
 from pipeline.errors import ArtifactError
 from pipeline.fsutil import sha256_file
 from pipeline.gguf import file_type_name, read_header
@@ -100,13 +104,10 @@ def locate(path: str | Path, manifest: str | Path | None = None) -> tuple[Path, 
         mpath = path.parent / "manifest.json"
         if shard and not mpath.is_file():
             mpath = path.parent.parent / "manifest.json"
-    try:
-        data = json.loads(mpath.read_text())
-    except OSError:
-        raise ArtifactError(mpath, f"{path}: no manifest at {mpath}") from None
-    except ValueError as exc:
-        raise ArtifactError(mpath, f"{mpath}: not valid JSON: {exc}") from None
-    names = {e.get("file") for e in data.get("artifacts", [])}
+    if not mpath.exists():
+        raise ArtifactError(mpath, f"{path}: no manifest at {mpath}")
+    data = read_manifest(mpath)  # one line naming the field when a part used below is missing, mistyped or a path
+    names = {e["file"] for e in data["artifacts"]}
     if shard and path.name not in names and path.parent.name in names:
         path = path.parent  # a shard stands for its split file: every shard is checked
     return path, mpath, data

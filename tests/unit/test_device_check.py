@@ -173,7 +173,7 @@ def _folder(tmp_path, payload=b"slice bytes"):
     folder = tmp_path / "artifacts" / "m"
     folder.mkdir(parents=True)
     (folder / SLICE_FILE).write_bytes(payload)
-    entry = {"file": "m-Q8_0.gguf", "sha256": "a" * 64, "quant_type": "Q8_0",
+    entry = {"file": "m-Q8_0.gguf", "sha256": "a" * 64, "quant_type": "Q8_0", "size_bytes": 1,
              "slice": {"kld_mean": 0.003, "same_top_p": 0.96, "ppl_q": 27.0}}
     manifest = {"name": "m", "build_id": "m-0123456789ab", "artifacts": [entry],
                 "draft": {"pairs": [{"main": "m-Q8_0.gguf", "draft": "m-draft-Q4_0.gguf", "compatible": True,
