@@ -377,10 +377,9 @@ def test_device_check_arguments(box):
              Flag("--manifest", MANIFEST, paths), Flag("--draft", "artifacts/m/d.gguf", paths),
              Flag("--llama-cpp-dir", "x", ("artifacts", "/nonexistent", "a" * 5000, "/dev/null")),
              Flag("--out", "r.json", ("/", ".", "artifacts", "/dev/null/x.json"))]
-    cases = argv_as_cases(argv_cases(rng, argv, flags, 140, positional_bad=paths))
-    cases += mutants_as_cases(json_cases(rng, seed_doc(box, MANIFEST), 60, _verify_checked), MANIFEST,
-                              argv + ["--no-bench"])
-    cases = [c for c in cases if c.bad]
+    cases = argv_as_cases(argv_cases(rng, argv, flags, 150, positional_bad=paths))
+    mutants = json_cases(rng, seed_doc(box, MANIFEST), 200, _verify_checked)
+    cases += mutants_as_cases([m for m in mutants if m.bad][:60], MANIFEST, argv + ["--no-bench"])
     cases += [fifo(MANIFEST, argv), fifo(GGUF, argv),
               Case("--draft and --mtp", argv + ["--draft", GGUF, "--mtp"]),
               Case("--emulate and --profile", argv + ["--emulate", "a", "--profile", "b"])]
