@@ -16,6 +16,7 @@ INT32_MAX = 2**31 - 1
 UINT32_MAX = 2**32 - 1  # the sampling seed (common/common.h:227)
 LLAMA_MAX_SEQ = 256  # sequences, llama-server's -np slots: src/llama-cparams.h:8, refused above it at llama-context.cpp:101
 LLAMA_MAX_LAYERS = 512  # src/llama-hparams.h:11
+LLAMA_MAX_EXPERTS = 1024  # src/llama-hparams.h:12
 GGML_MAX_N_THREADS = 512  # ggml/include/ggml.h:225
 SIZE_MAX = 2**63 - 1  # a byte count: st_size is a signed 64-bit off_t
 

@@ -21,8 +21,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.devices.plan import Facts, model_shape, source_facts
+from pipeline.devices.plan import CONFIG_INTS, Facts, model_shape, source_facts
 from pipeline.errors import PipelineError
+from pipeline.fsutil import parse_json, read_input
 from pipeline.memory import components
 from pipeline.recipe.devices import Device
 from pipeline.recipe.load import load_recipe
@@ -68,7 +69,9 @@ def model_architecture(config: dict) -> str:
     tc = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
     if tc.get("architectures"):
         arches = tc["architectures"]
-    return str(arches[0]) if arches else ""
+    if not isinstance(arches, list) or not all(isinstance(a, str) for a in arches):
+        return ""  # refused by the caller: it names no architecture the converter could look up
+    return arches[0] if arches else ""
 
 
 # ------------------------------------------------------------------ reading the source
@@ -97,17 +100,25 @@ def _files(folder: Path) -> list[str]:
                   if (p.is_file() or p.is_symlink()) and not any(s.startswith(".") for s in p.relative_to(folder).parts))
 
 
+def _text(path: Path, limit: int = 1 << 20) -> str | None:
+    """A small optional file of the checkpoint (model card, tokenizer config) as text; None when it is not there or
+    not a regular UTF-8 file (a FIFO is never waited for)."""
+    try:
+        return read_input(path, limit).decode("utf-8")
+    except (OSError, ValueError):  # UnicodeDecodeError too
+        return None
+
+
 def _front_matter(readme: Path) -> dict:
     import yaml
 
-    try:
-        text = readme.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
+    text = _text(readme)
+    if text is None:
         return {}
     m = re.match(r"---\s*\n(.*?)\n---\s*(\n|$)", text, re.S)
     try:
         data = yaml.safe_load(m.group(1)) if m else None
-    except yaml.YAMLError:
+    except (yaml.YAMLError, RecursionError):
         return {}
     return data if isinstance(data, dict) else {}
 
@@ -118,6 +129,7 @@ def inspect_source(spec: str, convert_script: Path, build: int, allow_pickle: bo
     folder, repo, commit = resolve(spec, hub_cache)
     files = _files(folder)
     config = read_config(folder, files, spec)
+    _check_numbers(config, spec)
     if "auto_map" in config and not trust_remote_code:
         raise PipelineError(f"{spec}: config.json needs custom code (auto_map): the recipe needs "
                             "source.trust_remote_code: true; pass --trust-remote-code only if you trust it")
@@ -130,19 +142,26 @@ def inspect_source(spec: str, convert_script: Path, build: int, allow_pickle: bo
         raise PipelineError(f"{spec}: no *.safetensors weights in {folder}")
     arch = model_architecture(config)
     if not arch:
-        raise PipelineError(f"{spec}: config.json names no architecture (`architectures`): the converter cannot pick a model class")
+        raise PipelineError(f"{spec}: config.json names no architecture (`architectures`: a list of class names): the "
+                            "converter cannot pick a model class")
     if arch not in converter_architectures(convert_script):
         raise PipelineError(f"{arch} is not supported by the pinned llama.cpp converter (b{build}); it needs a llama.cpp "
                             f"build whose convert_hf_to_gguf.py registers {arch}: set LLAMA_CPP_DIR to such a build")
     tensors: dict[str, tuple[str, tuple[int, ...]]] = {}
     for f in weights:
         for name, t in check_safetensors(folder / f, f"{spec}: source").items():  # checked, then read once
-            if name != "__metadata__" and isinstance(t, dict):
-                tensors[name] = (str(t.get("dtype")), tuple(int(x) for x in t.get("shape", ())))
+            if name == "__metadata__":
+                continue
+            shape = t.get("shape") if isinstance(t, dict) else None
+            if not (isinstance(shape, list) and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0
+                                                    for x in shape)):
+                raise PipelineError(f"{spec}: {f}: tensor {name[:80]!r} has no shape of non-negative integers: "
+                                    "corrupt safetensors header")
+            tensors[name] = (str(t.get("dtype")), tuple(shape))
     src = CheckpointFacts(folder, config, tensors, repo, commit, arch, pickles=pickles)
     tc = src.text_config()
     for key in MTP_CONFIG_KEYS:
-        if isinstance(tc.get(key), int) and tc[key] > 0:
+        if isinstance(tc.get(key), int) and not isinstance(tc[key], bool) and tc[key] > 0:
             src.mtp_layers, src.mtp_key = tc[key], key
             break
     if "chat_template.jinja" in files:
@@ -150,12 +169,13 @@ def inspect_source(spec: str, convert_script: Path, build: int, allow_pickle: bo
     elif "chat_template.json" in files:
         src.chat_template = "chat_template.json"
     else:
+        text = _text(folder / "tokenizer_config.json", 64 << 20)
         try:
-            tok = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
-            if isinstance(tok, dict) and tok.get("chat_template"):
-                src.chat_template = "tokenizer_config.json"
-        except (OSError, ValueError):
-            pass
+            tok = parse_json(text) if text is not None else None
+        except ValueError:
+            tok = None
+        if isinstance(tok, dict) and tok.get("chat_template"):
+            src.chat_template = "tokenizer_config.json"
     card = _front_matter(folder / "README.md")
     lic = card.get("license") or config.get("license")
     if isinstance(lic, list):
@@ -164,6 +184,21 @@ def inspect_source(spec: str, convert_script: Path, build: int, allow_pickle: bo
         src.license = lic.strip()
         src.license_from = "the model card (README.md)" if card.get("license") else "config.json"
     return src
+
+
+# the config.json numbers init reads itself (the estimates read the rest: pipeline.devices.plan.check_config)
+_INIT_NUMBERS = ("max_position_embeddings", *MTP_CONFIG_KEYS)
+
+
+def _check_numbers(config: dict, spec: str) -> None:
+    tc = config.get("text_config")
+    for where, cfg in (("config.json", config), ("config.json: text_config", tc if isinstance(tc, dict) else {})):
+        for key in _INIT_NUMBERS:
+            v = cfg.get(key)
+            if v is not None and key in CONFIG_INTS:
+                CONFIG_INTS[key].check(v, f"{spec}: {where}: {key}")
+            elif v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 1 << 16):
+                raise PipelineError(f"{spec}: {where}: {key}: must be a layer count 0..65536, got {v!r:.60}")
 
 
 def checkpoint_dtype(src: CheckpointFacts) -> str:

@@ -51,6 +51,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline.bounds import LLAMA_MAX_LAYERS, UINT32_MAX, Range
 from pipeline.errors import PipelineError
 from pipeline.gguf.reader import ArrayValue, read_header
 from pipeline.gguf.types import GGML_TYPE_CODES, GGML_TYPES
@@ -213,6 +214,29 @@ def config_swa(cfg: dict, n_layer: int) -> tuple[list[bool], int]:
     return swa_layers(arch, meta, n_layer), n_swa
 
 
+# the hyperparameters the model reads, as llama.cpp takes them (uint32, src/llama-model-loader.cpp get_key / get_arr);
+# block_count also sizes the per-layer lists here: llama.cpp refuses more than LLAMA_MAX_LAYERS
+_HPARAMS = ("block_count", "embedding_length", "attention.head_count", "attention.head_count_kv",
+            "attention.key_length", "attention.value_length", "feed_forward_length", "attention.sliding_window",
+            "attention.key_length_swa", "attention.value_length_swa", "context_length", "expert_count",
+            "expert_used_count", "ssm.conv_kernel", "ssm.inner_size", "ssm.group_count", "ssm.state_size",
+            "nextn_predict_layers", "full_attention_interval")
+_HPARAM = Range(0, UINT32_MAX, integer=True, note="a uint32 hyperparameter")
+_LAYERS = Range(0, LLAMA_MAX_LAYERS, integer=True, note="llama.cpp's LLAMA_MAX_LAYERS")
+
+
+def _check_hparams(meta: dict, arch: str, path) -> None:
+    """One line naming the file and key for a hyperparameter that is not an integer in range (a crafted or damaged
+    header): every number below is read from these."""
+    for suffix in _HPARAMS:
+        key = f"{arch}.{suffix}"
+        v = meta.get(key)
+        for x in v if isinstance(v, list) else [] if v is None else [v]:
+            msg = (_LAYERS if suffix == "block_count" else _HPARAM).problem(x)
+            if msg is not None:
+                raise PipelineError(f"{path}: {key}: {msg}")
+
+
 def _metadata(header) -> dict[str, Any]:
     """Scalars as they are; the per-layer arrays this model reads decoded (small), other arrays as counts."""
     meta: dict[str, Any] = {}
@@ -302,6 +326,7 @@ class ModelShape:
         header = read_header(path)
         meta = _metadata(header)
         arch = str(meta.get("general.architecture", ""))
+        _check_hparams(meta, arch, path)
         g = lambda key, default=None: meta.get(f"{arch}.{key}", default)  # noqa: E731
         n_layer = int(g("block_count", 0) or 0)
         n_embd = int(g("embedding_length", 0) or 0)

@@ -36,10 +36,17 @@ _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B?)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
+SIZE_MAX = 2**63 - 1  # pipeline.bounds.SIZE_MAX (not imported: this module is loaded at every command's start)
+
+
 def parse_size(text: str) -> int:
     """A memory size as ``ggufpipe fit --mem`` and recipe ``devices[].memory`` take it: ``8G``, ``8GiB``, ``512M``,
-    ``1.5G``, ``123456`` (bytes) -> bytes; binary units (G = GiB)."""
-    m = _SIZE.match(text)
+    ``1.5G``, ``123456`` (bytes) -> bytes; binary units (G = GiB); at least one byte, at most 2^63 - 1."""
+    m = _SIZE.match(text) if isinstance(text, str) and len(text) <= 64 else None
     if not m:
-        raise PipelineError(f"{text!r} is not a memory size such as 8G, 512M or 1.5GiB")
-    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+        shown = repr(text) if len(repr(text)) <= 60 else repr(text)[:57] + "..."
+        raise PipelineError(f"{shown} is not a memory size such as 8G, 512M or 1.5GiB")
+    n = int(float(m.group(1)) * _UNITS[m.group(2).upper()]) if len(m.group(1)) <= 30 else SIZE_MAX + 1
+    if not 1 <= n <= SIZE_MAX:
+        raise PipelineError(f"{text!r} is out of range: a memory size is 1 byte to 8 EiB (2^63 - 1 bytes)")
+    return n

@@ -3,8 +3,10 @@ hub cache), checked and validated; see ``ggufpipe init --help`` and docs/init.md
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
+from pipeline.bounds import CTX
 from pipeline.errors import PipelineError
 from pipeline.init import DEFAULT_QUANTS, inspect_source, render, slug, write_recipe
 from pipeline.memory_profiles import ARCH_FEATURES, parse_size
@@ -18,21 +20,24 @@ DEFAULT_GATES = ROOT / "data" / "botchan.txt"
 def parse_device(text: str):
     """``name:memory[:ctx[:arch]]``, e.g. ``pi5:8G:4096:arm64-dotprod`` -> Device."""
     parts = text.split(":")
+    shown = repr(text) if len(text) <= 80 else repr(text[:77] + "...")
     if not 2 <= len(parts) <= 4 or not parts[0]:
-        raise PipelineError(f"--device {text!r}: name:memory[:ctx[:arch]], e.g. pi5:8G:4096:arm64-dotprod")
+        raise PipelineError(f"--device {shown}: name:memory[:ctx[:arch]], e.g. pi5:8G:4096:arm64-dotprod")
+    if not DEVICE_NAME_RE.match(parts[0]):
+        raise PipelineError(f"--device {shown}: the name {parts[0][:40]!r} is not a device name (lowercase a-z 0-9 . _ "
+                            "-, at most 32 characters, as recipe devices[].name)")
     try:
-        ctx = int(parts[2]) if len(parts) > 2 and parts[2] else 4096
-    except ValueError:
-        raise PipelineError(f"--device {text!r}: the context size {parts[2]!r} is not a number") from None
+        memory = parse_size(parts[1])
+    except PipelineError as exc:
+        raise PipelineError(f"--device {shown}: {exc}") from None
+    try:
+        ctx = CTX.arg("ctx")(parts[2]) if len(parts) > 2 and parts[2] else 4096
+    except argparse.ArgumentTypeError as exc:
+        raise PipelineError(f"--device {shown}: the context size: {exc}") from None
     arch = parts[3] if len(parts) > 3 and parts[3] else "x86_64"
     if arch not in ARCH_FEATURES:
-        raise PipelineError(f"--device {text!r}: unknown arch {arch!r}: one of {', '.join(ARCH_FEATURES)}")
-    if ctx < 16:
-        raise PipelineError(f"--device {text!r}: context size {ctx} is below 16")
-    if not DEVICE_NAME_RE.match(parts[0]):
-        raise PipelineError(f"--device {text!r}: the name {parts[0]!r} is not a device name (lowercase a-z 0-9 . _ -, "
-                            "at most 32 characters, as recipe devices[].name)")
-    return Device(parts[0], memory=parts[1], memory_bytes=parse_size(parts[1]), ctx=ctx, arch=arch)
+        raise PipelineError(f"--device {shown}: unknown arch {arch[:40]!r}: one of {', '.join(ARCH_FEATURES)}")
+    return Device(parts[0], memory=parts[1], memory_bytes=memory, ctx=ctx, arch=arch)
 
 
 def cmd_init(args) -> None:

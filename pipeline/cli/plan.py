@@ -7,10 +7,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from pipeline.bounds import SIZE_MAX, integer
 from pipeline.devices import plan as P
 from pipeline.devices import plan_jobs as J
 from pipeline.errors import PipelineError
 from pipeline.workflow import Workflow
+
+CORES = integer(1, 1 << 16, "the box's cores")
 
 
 def _row(*cells, widths=(12, 20, 11, 9, 9, 8, 7, 6)) -> str:
@@ -25,16 +28,22 @@ def plan_recipe(W, name: str, source: str | None, box: dict) -> dict:
                             f"{W.hub_cache or '(default)'}): give its config.json folder with --source")
     r = W.recipes[name]
     facts = P.source_facts(folder)
+    disk = P.disk_plan(r, facts)
+    ram = P.ram_plan(r, facts)
+    for row in disk + ram:  # an in-range recipe can still ask for more than a file or a process can hold
+        if row["bytes"] > SIZE_MAX:
+            what = f"{row['stage']}{' ' + row['key'] if row['key'] else ''}"
+            raise PipelineError(f"{r.path}: {what}: would need {P.fmt(row['bytes'])} ({row.get('what') or 'RAM'}), more "
+                                "than any file or process can hold (2^63 bytes): lower its ctx or chunks")
     jobs = J.plan_jobs(r, facts)
     for j in jobs:
         j["hours"] = J.hours(j, facts, r, box)
-    disk = P.disk_plan(r, facts)
     return {"name": name, "source": str(folder), "facts": {
         "origin": facts.origin, "model_type": facts.model_type, "params": facts.n_params, "n_layer": facts.n_layer,
         "n_embd": facts.n_embd, "n_ff": facts.n_ff, "n_head": facts.n_head, "n_head_kv": facts.n_head_kv,
         "n_vocab": facts.n_vocab, "tied": facts.tied, "weight_bytes": facts.weight_bytes,
         "snapshot_bytes": facts.snapshot_bytes, "notes": facts.notes},
-        "disk": disk, "disk_total": sum(d["bytes"] for d in disk), "ram": P.ram_plan(r, facts), "jobs": jobs,
+        "disk": disk, "disk_total": sum(d["bytes"] for d in disk), "ram": ram, "jobs": jobs,
         "hours": sum(j["hours"] for j in jobs), "moe": P.moe_plan(facts, [r.base_key, *(q.type for q in r.quants)])}
 
 
@@ -96,6 +105,8 @@ def cmd_plan(args) -> None:
     if args.name and args.name not in W.recipes:
         raise PipelineError(f"{args.recipe}: no recipe named {args.name!r} (there: {', '.join(sorted(W.recipes))})")
     names = [args.name] if args.name else [n for n in W.recipes if not n.endswith("-draft")]
+    if not names:
+        raise PipelineError(f"{args.recipe}: no recipe (*.yaml) to plan")
     box = dict(J.BOX)
     if args.cores:
         box["cores"] = args.cores
@@ -119,6 +130,6 @@ def register(sub) -> None:
     p.add_argument("--artifacts", default="artifacts")
     p.add_argument("--work", default="work")
     p.add_argument("--hub-cache", help="Hugging Face hub cache (default: $HF_HUB_CACHE or huggingface_hub's)")
-    p.add_argument("--cores", type=int, help=f"the box's cores for the hours (default {32})")
+    p.add_argument("--cores", type=CORES.arg("--cores"), help=f"the box's cores for the hours (default {J.BOX['cores']})")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_plan)

@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pipeline.bounds import INT32_MAX, LLAMA_MAX_EXPERTS, LLAMA_MAX_LAYERS, SIZE_MAX, Range, integer
 from pipeline.devices.plan_tensors import (
     config_recurrent,
     config_tensors,
@@ -38,6 +40,7 @@ from pipeline.devices.plan_tensors import (
     tensor_role,
 )
 from pipeline.errors import PipelineError
+from pipeline.fsutil import read_json
 from pipeline.gguf.types import GGML_TYPE_CODES, GGML_TYPES, tensor_nbytes
 from pipeline.memory import (
     FIT,
@@ -116,16 +119,83 @@ def _numel(shape) -> int:
     return n
 
 
+# config.json numbers the plan reads (an int or null each): the layer count sizes per-layer lists, the expert count
+# one tensor list per layer; llama.cpp refuses more than LLAMA_MAX_LAYERS / LLAMA_MAX_EXPERTS
+_DIM = integer(0, INT32_MAX, "a model dimension")
+CONFIG_INTS = {
+    **dict.fromkeys(("num_hidden_layers", "n_layer"), integer(0, LLAMA_MAX_LAYERS, "llama.cpp's LLAMA_MAX_LAYERS")),
+    **dict.fromkeys(("num_experts", "num_local_experts", "n_routed_experts", "num_experts_per_tok"),
+                    integer(0, LLAMA_MAX_EXPERTS, "llama.cpp's LLAMA_MAX_EXPERTS")),
+    **dict.fromkeys(("hidden_size", "n_embd", "num_attention_heads", "n_head", "num_key_value_heads", "head_dim",
+                     "vocab_size", "intermediate_size", "n_inner", "moe_intermediate_size",
+                     "shared_expert_intermediate_size", "decoder_sparse_step", "sliding_window",
+                     "max_position_embeddings", "linear_conv_kernel_dim", "linear_value_head_dim",
+                     "linear_num_value_heads", "linear_num_key_heads", "linear_key_head_dim",
+                     "num_nextn_predict_layers"), _DIM),
+}
+_SHAPE_DIM = Range(0, SIZE_MAX, integer=True)
+
+
+def check_config(cfg, where: str) -> dict:
+    """``cfg`` (a config.json, or its ``text_config``) when every value the plan reads has its type and range: one
+    line ``<where>: <key>: ...`` otherwise."""
+    if not isinstance(cfg, dict):
+        raise PipelineError(f"{where}: must be a JSON object, got {type(cfg).__name__}")
+    for key, rng in CONFIG_INTS.items():
+        if cfg.get(key) is not None:
+            rng.check(cfg[key], f"{where}: {key}")
+    for key in ("model_type", "torch_dtype", "dtype"):
+        if cfg.get(key) is not None and not isinstance(cfg[key], str):
+            raise PipelineError(f"{where}: {key}: must be a string, got {cfg[key]!r:.60}")
+    for key in ("layer_types", "mlp_only_layers"):
+        v = cfg.get(key)
+        if v is not None and not (isinstance(v, list) and all(
+                isinstance(x, str) if key == "layer_types" else _DIM.contains(x) for x in v)):
+            raise PipelineError(f"{where}: {key}: must be a list of {'strings' if key == 'layer_types' else 'layer numbers'}")
+    pat = cfg.get("sliding_window_pattern")
+    if pat is not None and not (_DIM.contains(pat) or (isinstance(pat, list) and all(
+            isinstance(x, (bool, int)) for x in pat))):
+        raise PipelineError(f"{where}: sliding_window_pattern: must be a period or a list of flags, got {pat!r:.60}")
+    if cfg.get("text_config") is not None and not isinstance(cfg["text_config"], dict):
+        raise PipelineError(f"{where}: text_config: must be a JSON object")
+    return cfg
+
+
+def _open_regular(path: Path):
+    """``path`` opened for reading when it is a regular file: a FIFO would block, a device never end."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise PipelineError(f"{path}: not a regular file (a FIFO, socket or device)")
+    return os.fdopen(fd, "rb")
+
+
 def safetensors_header(path: str | os.PathLike) -> dict:
-    """The JSON header of a safetensors file (name -> {dtype, shape, data_offsets}; ``__metadata__``)."""
-    with open(path, "rb") as f:
+    """The JSON header of a safetensors file (name -> {dtype, shape, data_offsets}; ``__metadata__``), each tensor's
+    entry checked: a mapping with a dtype and a shape of dimensions."""
+    with _open_regular(Path(path)) as f:
         raw = f.read(8)
         if len(raw) != 8:
             raise PipelineError(f"{path}: not a safetensors file (shorter than 8 bytes)")
         (n,) = struct.unpack("<Q", raw)
-        if n > 100 * MIB:
-            raise PipelineError(f"{path}: not a safetensors file (header length {n})")
-        return json.loads(f.read(n))
+        if n > min(100 * MIB, os.fstat(f.fileno()).st_size - 8):
+            raise PipelineError(f"{path}: not a safetensors file (header length {n}, past the end or over 100 MiB)")
+        try:
+            header = json.loads(f.read(n))
+        except RecursionError:
+            raise PipelineError(f"{path}: unreadable safetensors header: nested too deeply") from None
+        except ValueError as exc:  # UnicodeDecodeError too
+            raise PipelineError(f"{path}: unreadable safetensors header: {exc}") from None
+    if not isinstance(header, dict):
+        raise PipelineError(f"{path}: unreadable safetensors header: not a JSON object")
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        if not (isinstance(info, dict) and isinstance(info.get("dtype"), str) and isinstance(info.get("shape"), list)
+                and all(_SHAPE_DIM.contains(d) for d in info["shape"])):
+            raise PipelineError(f"{path}: tensor {name[:80]!r}: not a safetensors entry (dtype and a shape of "
+                                "non-negative integers)")
+    return header
 
 
 def _vocab_bytes(folder: Path, n_vocab: int) -> tuple[int, int]:
@@ -156,11 +226,11 @@ def source_facts(source: str | os.PathLike) -> Facts:
     p = Path(source)
     folder = p.parent if p.is_file() else p
     cfg_path = folder / "config.json"
-    if not cfg_path.is_file():
+    if not cfg_path.exists():
         raise PipelineError(f"{folder}: no config.json")
-    cfg = json.loads(cfg_path.read_text())
+    cfg = check_config(read_json(cfg_path, "the checkpoint's config"), str(cfg_path))
     if "text_config" in cfg and "hidden_size" not in cfg:  # multimodal wrappers: the language model's config
-        cfg = {**cfg, **cfg["text_config"]}
+        cfg = {**cfg, **check_config(cfg["text_config"], f"{cfg_path}: text_config")}
     files = sorted(folder.glob("*.safetensors"))
     tensors: list[tuple[str, tuple[int, ...], int]] = []
     notes: list[str] = []
@@ -172,12 +242,21 @@ def source_facts(source: str | os.PathLike) -> Facts:
                     tensors.append((name, tuple(info["shape"]), _ST_DTYPE.get(info["dtype"], 2)))
     else:
         origin = "config.json (+ index)"
+        for key in ("hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size", "num_attention_heads"):
+            if not cfg.get(key):  # the shapes come from these alone
+                raise PipelineError(f"{cfg_path}: {key}: missing or 0, and no *.safetensors headers to read the "
+                                    "shapes from")
         dtype = str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
         tensors = config_tensors(cfg, _CFG_DTYPE.get(dtype, 2))
         index = folder / "model.safetensors.index.json"
-        if index.is_file():
-            idx = json.loads(index.read_text())
-            total = int((idx.get("metadata") or {}).get("total_size") or 0)
+        if index.exists():
+            idx = read_json(index, "the safetensors index")
+            meta = idx.get("metadata") if isinstance(idx, dict) else None
+            if not isinstance(idx, dict) or not isinstance(idx.get("weight_map", {}), dict) or not isinstance(
+                    meta or {}, dict) or not _SHAPE_DIM.contains((meta or {}).get("total_size") or 0):
+                raise PipelineError(f"{index}: not a safetensors index (weight_map: names -> files, metadata."
+                                    "total_size: bytes)")
+            total = (meta or {}).get("total_size") or 0
             derived = sum(_numel(s) * b for _, s, b in tensors)
             names = set(idx.get("weight_map") or {})
             missing = {n for n in names - {n for n, _, _ in tensors} if not n.endswith("rotary_emb.inv_freq")}
@@ -478,7 +557,8 @@ def free_disk(path: str | os.PathLike) -> tuple[int, int]:
 
 
 def fmt(n: float) -> str:
-    for unit, size in (("GiB", GIB), ("MiB", MIB), ("KiB", 1024)):
+    for unit, size in (("EiB", 1 << 60), ("PiB", 1 << 50), ("TiB", 1 << 40), ("GiB", GIB), ("MiB", MIB),
+                       ("KiB", 1024)):
         if abs(n) >= size:
             return f"{n / size:.1f} {unit}"
     return f"{int(n)} B"

@@ -141,7 +141,7 @@ def test_init_device_suggestions(tmp_path, capsys, monkeypatch, hub, tiny_folder
     assert [(d.name, d.memory_bytes, d.ctx, d.arch) for d in r.devices] == [
         ("big", 64 << 30, 4096, "x86_64"), ("mid", between, 1024, "arm64"), ("none", 1 << 20, 1024, "x86_64")]
     rc, _, err = init(capsys, monkeypatch, hub, tiny_folder, "--out", tmp_path / "x.yaml", "--device", "pi:8G:4k")
-    assert rc == 1 and "is not a number" in err
+    assert rc == 1 and "the context size: must be an integer 16..2147483647 (llama.cpp's n_ctx is an int32), got '4k'" in err
     rc, _, err = init(capsys, monkeypatch, hub, tiny_folder, "--out", tmp_path / "x.yaml", "--device", "Pi|5:8G")
     assert rc == 1 and "the name 'Pi|5' is not a device name" in err and not (tmp_path / "x.yaml").exists()
 

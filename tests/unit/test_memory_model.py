@@ -232,8 +232,11 @@ def test_fit_command(tmp_path, capsys):
     assert main(["fit", str(f), "--mem", f"{need // (1 << 20) - 1}M", "--ctx", "4096"]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: does not fit:") and err.count("\n") == 1
-    assert main(["fit", str(f), "--mem", "lots"]) == 1
-    assert capsys.readouterr().err.count("\n") == 1
+    with pytest.raises(SystemExit) as exc:  # a usage error: argparse's line, exit status 2
+        main(["fit", str(f), "--mem", "lots"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == ("ggufpipe fit: error: argument --mem: 'lots' is not a memory "
+                                                        "size such as 8G, 512M or 1.5GiB")
     assert main(["fit", str(tmp_path / "missing.gguf"), "--mem", "8G"]) == 1
 
 
