@@ -21,7 +21,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pipeline.devices.plan import CONFIG_INTS, Facts, model_shape, source_facts
+from pipeline.devices.plan import model_shape
+from pipeline.devices.plan_source import CONFIG_INTS, Facts, source_facts
 from pipeline.errors import PipelineError
 from pipeline.fsutil import parse_json, read_input
 from pipeline.memory import components

@@ -10,6 +10,7 @@ from pathlib import Path
 from pipeline.bounds import SIZE_MAX, integer
 from pipeline.devices import plan as P
 from pipeline.devices import plan_jobs as J
+from pipeline.devices.plan_source import source_facts
 from pipeline.errors import PipelineError
 from pipeline.workflow import Workflow
 
@@ -27,7 +28,7 @@ def plan_recipe(W, name: str, source: str | None, box: dict) -> dict:
         raise PipelineError(f"{name}: the checkpoint is not on this machine (not fetched, not in the hub cache "
                             f"{W.hub_cache or '(default)'}): give its config.json folder with --source")
     r = W.recipes[name]
-    facts = P.source_facts(folder)
+    facts = source_facts(folder)
     disk = P.disk_plan(r, facts)
     ram = P.ram_plan(r, facts)
     for row in disk + ram:  # an in-range recipe can still ask for more than a file or a process can hold

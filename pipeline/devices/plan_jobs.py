@@ -12,15 +12,14 @@ from pathlib import Path
 from pipeline.devices.plan import (
     GIB,
     MIB,
-    Facts,
     disk_plan,
     fmt,
     free_disk,
     free_memory,
     model_shape,
     ram_plan,
-    source_facts,
 )
+from pipeline.devices.plan_source import Facts, source_facts
 from pipeline.devices.plan_tensors import is_expert, tensor_role
 from pipeline.envs import EnvError, env_python
 from pipeline.gguf import ArrayValue, read_header

@@ -98,7 +98,9 @@ def locate(path: str | Path, manifest: str | Path | None = None) -> tuple[Path, 
     manifest given, else the one beside the file or split folder (for a shard, beside its folder)."""
     path = Path(path)
     shard = _shard_of(path)
-    if manifest:
+    if manifest is not None:
+        if not str(manifest):  # an explicit empty path is a mistake, not "the manifest beside the file"
+            raise ArtifactError(manifest, "--manifest: an empty path")
         mpath = Path(manifest)
     else:
         mpath = path.parent / "manifest.json"

@@ -101,7 +101,7 @@ def test_init_and_fit_read_the_mixtures(moe_build, tmp_path, capsys, monkeypatch
     assert f"the recurrent state of 3 linear-attention layers, 1 sequence(s): {3 * state / 2**20:.1f} MiB" in out, out
     assert "experts   2 of 16 per token" in out
     # the plan reads the same state from config.json that fit reads from the GGUF
-    from pipeline.devices.plan import source_facts
+    from pipeline.devices.plan_source import source_facts
     from pipeline.memory import ModelShape
 
     f, shape = source_facts(root / "hf35"), ModelShape.from_gguf(root / "artifacts" / "moe35" / "moe35-Q4_K_M.gguf")

@@ -306,12 +306,12 @@ def test_rebuild_check(rebuild_box):
 
 
 @pytest.mark.parametrize("key,value,what", [
-    ("num_hidden_layers", 10**18, "1000000000000000000 is out of range: must be an integer 0..512"),
+    ("num_hidden_layers", 10**18, "must be an integer 0..512 (llama.cpp's LLAMA_MAX_LAYERS), got 1000000000000000000"),
     ("num_hidden_layers", float("nan"), "must be an integer 0..512 (llama.cpp's LLAMA_MAX_LAYERS), got nan"),
     ("hidden_size", [None], "must be an integer 0..2147483647 (a model dimension), got [None]"),
     ("intermediate_size", "line\nbreak", "got 'line\\nbreak'"),
     ("num_key_value_heads", 1.5, "got 1.5"),
-    ("num_experts", 4096, "4096 is out of range: must be an integer 0..1024 (llama.cpp's LLAMA_MAX_EXPERTS)"),
+    ("num_experts", 4096, "must be an integer 0..1024 (llama.cpp's LLAMA_MAX_EXPERTS), got 4096"),
     ("text_config", [1], "text_config: must be a JSON object"),
 ])
 def test_plan_refuses_a_config_number_naming_the_key(plan_box, key, value, what):
@@ -354,8 +354,8 @@ def test_plan_cores_out_of_range_are_usage_errors(plan_box, cores):
 
 
 @pytest.mark.parametrize("argv,files,what", [
-    (["--device", "pi5:8G:2147483648"], {}, "the context size: 2147483648 is out of range: must be an integer "
-                                            "16..2147483647"),
+    (["--device", "pi5:8G:2147483648"], {}, "the context size: must be an integer 16..2147483647 "
+                                            "(llama.cpp's n_ctx is an int32), got 2147483648"),
     (["--device", "pi5:99999999999999T"], {}, "'99999999999999T' is out of range: a memory size is 1 byte to 8 EiB"),
     ([], {CONFIG: {"architectures": 1.5}}, "config.json names no architecture"),
     ([], {CONFIG: {"max_position_embeddings": 1.5}}, "config.json: max_position_embeddings: must be an integer"),

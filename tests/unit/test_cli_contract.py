@@ -70,7 +70,7 @@ def _scalar(data: bytes, key: str, value: bytes, vtype: int | None = None, path=
 
 
 @pytest.mark.parametrize("key,value,vtype,what", [
-    ("llama.block_count", struct.pack("<I", 1000), None, "1000 is out of range: must be an integer 0..512"),
+    ("llama.block_count", struct.pack("<I", 1000), None, "must be an integer 0..512 (llama.cpp's LLAMA_MAX_LAYERS), got 1000"),
     ("llama.attention.head_count", struct.pack("<f", float("nan")), 6, "must be an integer 0..4294967295"),
     ("llama.context_length", struct.pack("<f", 1.5), 6, "got 1.5"),
 ])

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from pipeline.devices import plan as P
+from pipeline.devices import plan_source as S
+from pipeline.devices.plan_tensors import config_tensors
 from pipeline.memory import ModelShape, components
 
 from .test_memory_model import write_gguf
@@ -37,7 +39,7 @@ def checkpoint(folder: Path, cfg: dict) -> Path:
     (folder / "tokenizer.json").write_text(json.dumps(
         {"model": {"type": "BPE", "vocab": {t: i for i, t in enumerate(TOKENS)}, "merges": MERGES}}))
     header, off = {}, 0
-    for name, shape, b in P.config_tensors(cfg, 2):
+    for name, shape, b in config_tensors(cfg, 2):
         n = b * math.prod(shape)
         header[name] = {"dtype": "F16", "shape": list(shape), "data_offsets": [off, off + n]}
         off += n
@@ -70,7 +72,7 @@ def test_gguf_writer_file_and_checkpoint_give_the_same_components(tmp_path, tied
     from helpers.gguf_factory import Tokenizer, tiny_llama
 
     cfg = {**LLAMA, "tie_word_embeddings": tied}
-    facts = P.source_facts(checkpoint(tmp_path / "hf", cfg))
+    facts = S.source_facts(checkpoint(tmp_path / "hf", cfg))
     assert facts.n_merges == len(MERGES) and facts.tied is tied
     hf = P.model_shape(facts, "F16")
     tok = Tokenizer()
@@ -96,7 +98,7 @@ def test_quant_with_sliding_window_from_config_and_header(tmp_path, ftype, arch)
     cfg = {**LLAMA, "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "hidden_size": 256,
            "intermediate_size": 512, "num_hidden_layers": 6, "head_dim": 64, "sliding_window": 512,
            "layer_types": ["sliding_attention"] * 5 + ["full_attention"], "tie_word_embeddings": True}
-    facts = P.source_facts(checkpoint(tmp_path / "hf", cfg))
+    facts = S.source_facts(checkpoint(tmp_path / "hf", cfg))
     hf = P.model_shape(facts, ftype)
     assert hf.swa == [True] * 5 + [False] and hf.n_swa == 512
     meta = {".block_count": 6, ".embedding_length": 256, ".attention.head_count": 4, ".attention.head_count_kv": 2,
@@ -113,7 +115,7 @@ def test_quant_with_sliding_window_from_config_and_header(tmp_path, ftype, arch)
 
 def test_plan_and_fit_use_the_same_model(tmp_path):
     """ggufpipe plan's llama-perplexity row is components() of the shape plus the tool's KL buffer, nothing else."""
-    facts = P.source_facts(checkpoint(tmp_path / "hf", {**LLAMA, "tie_word_embeddings": True}))
+    facts = S.source_facts(checkpoint(tmp_path / "hf", {**LLAMA, "tie_word_embeddings": True}))
     run = P.llama_run_bytes(facts, "Q8_0", 512, 512)
     assert run == components(P.model_shape(facts, "Q8_0"), 512, n_outputs=512)
     kl = P.llama_run_bytes(facts, "Q8_0", 512, 512, kl="base")

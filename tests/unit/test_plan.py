@@ -13,6 +13,8 @@ import pytest
 
 from pipeline.devices import plan as P
 from pipeline.devices import plan_jobs as J
+from pipeline.devices import plan_source as S
+from pipeline.devices.plan_tensors import config_tensors
 from pipeline.layout import Layout
 from pipeline.memory import pad
 from pipeline.recipe import load_recipe
@@ -28,8 +30,8 @@ def write_checkpoint(folder: Path, cfg: dict = CFG) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(cfg))
     header, off = {}, 0
-    for name, shape, b in P.config_tensors(cfg, 2):
-        n = b * P._numel(shape)
+    for name, shape, b in config_tensors(cfg, 2):
+        n = b * S._numel(shape)
         header[name] = {"dtype": "F16", "shape": list(shape), "data_offsets": [off, off + n]}
         off += n
     raw = json.dumps(header).encode()
@@ -52,7 +54,7 @@ gates:
 
 
 def test_facts_from_headers_equal_facts_from_config(tmp_path):
-    f = P.source_facts(write_checkpoint(tmp_path / "hf"))
+    f = S.source_facts(write_checkpoint(tmp_path / "hf"))
     assert f.origin == "safetensors headers"
     n_layer = 4 * (576 * 576 * 2 + 192 * 576 * 2 + 1536 * 576 * 3 + 576 * 2)
     assert f.n_params == 4096 * 576 + 576 + n_layer
@@ -60,7 +62,7 @@ def test_facts_from_headers_equal_facts_from_config(tmp_path):
     only_config = tmp_path / "cfg"
     only_config.mkdir()
     (only_config / "config.json").write_text(json.dumps(CFG))
-    g = P.source_facts(only_config / "config.json")
+    g = S.source_facts(only_config / "config.json")
     assert g.origin.startswith("config.json") and g.n_params == f.n_params
 
 
@@ -79,9 +81,9 @@ def test_gguf_sizes_per_tensor_type():
 def test_disk_and_ram_plan(tmp_path):
     src = write_checkpoint(tmp_path / "hf")
     r = recipe(tmp_path, src)
-    f = P.source_facts(src)
+    f = S.source_facts(src)
     disk = {(d["stage"], d["key"]): d["bytes"] for d in P.disk_plan(r, f)}
-    tensor_data = sum(pad((2 if len(s) == 2 else 4) * P._numel(s), 32) for _, s, _ in f.tensors)
+    tensor_data = sum(pad((2 if len(s) == 2 else 4) * S._numel(s), 32) for _, s, _ in f.tensors)
     assert disk[("convert", "F16")] == P._header_bytes(f, len(f.tensors)) + tensor_data
     assert disk[("quantize", "Q4_K_M")] < disk[("quantize", "Q8_0")] < disk[("convert", "F16")]
     from pipeline.stagedef import logits_bytes
@@ -112,7 +114,7 @@ def test_rules_resources_come_from_the_plan():
                                                ("llama-3.1-70b", 70_553_706_496, 141_107_412_992),
                                                ("qwen3-30b-a3b", 30_532_122_624, 61_064_245_248)])
 def test_paper_configs(name, params, total):
-    f = P.source_facts(ROOT / "data" / "paper" / name)
+    f = S.source_facts(ROOT / "data" / "paper" / name)
     assert f.n_params == params and not f.notes  # every index name derived, total_size matched
     idx = json.loads((ROOT / "data" / "paper" / name / "model.safetensors.index.json").read_text())
     assert idx["metadata"]["total_size"] == total
@@ -123,7 +125,7 @@ def test_moe_paper_config_plans_experts():
     """Qwen3-30B-A3B (issue #31): 30.5 B parameters, 3.3 B active as Qwen publishes them; per file the routed experts
     (all mapped, 8/128 read per token) and the rest; routers F32; the 18,432 per-expert tensors merged per layer
     and weight as the converter writes them (144 ``*_exps``)."""
-    f = P.source_facts(ROOT / "data" / "paper" / "qwen3-30b-a3b")
+    f = S.source_facts(ROOT / "data" / "paper" / "qwen3-30b-a3b")
     assert (f.n_expert, f.n_expert_used) == (128, 8)
     moe = P.moe_plan(f, ["F16", "Q4_K_M"])
     assert moe["params_total"] == 30_532_122_624 and round(moe["params_active"] / 1e9, 2) == 3.35
@@ -146,7 +148,7 @@ def test_sensitivity_hours_on_paper_configs(tmp_path, model, groups):
     """A recipe with a mix (data/paper/plan-mix-recipe.yaml) plans its sensitivity: 8 bands x 7 roles (for the
     mixture, attention q/k/v/o and the three routed-expert roles; routers never quantized) and token_embd, output;
     the exhaustive search 1 + groups x 4 evaluations, the screened one a fifth of them (its imatrix pass counted)."""
-    f = P.source_facts(ROOT / "data" / "paper" / model)
+    f = S.source_facts(ROOT / "data" / "paper" / model)
     text = (ROOT / "data" / "paper" / "plan-mix-recipe.yaml").read_text().replace("../", f"{ROOT / 'data'}/")
     rows = {}
     for search in ("exhaustive", "screened", "fisher"):
