@@ -342,10 +342,8 @@ def rebuild_check(manifest_path: str | Path, recipe: str | None = None, cores: s
         entries = [keys[k] for k in only]
 
     errors, _recipe, cache = rebuild_preflight(m, recipe_path, hub_cache)
-    if errors:
-        for e in errors:
-            out(f"error: cannot rebuild {manifest_path}: {e}")
-        return 1
+    if errors:  # every difference, in the one error line (the CLI prints it on stderr)
+        raise PipelineError(f"cannot rebuild {manifest_path}: " + "; ".join(errors))
 
     original = {manifest_path.resolve().parent.parent, manifest_path.resolve().parent.parent.parent / "work"}
     if keep:
@@ -365,17 +363,14 @@ def rebuild_check(manifest_path: str | Path, recipe: str | None = None, cores: s
     try:
         # 1. the source alone: it must be the recorded one before anything is built from it
         if _snakemake(recipe_path, scratch, cores, settings, [L.fetch_record(name)], cache, log) != 0:
-            out(f"error: cannot rebuild {manifest_path}: the fetch stage failed: {_tail(log)}"
-                + ("" if keep else " (--keep DIR keeps the folder and its logs)"))
-            return 1
+            raise PipelineError(f"cannot rebuild {manifest_path}: the fetch stage failed: {_tail(log)}"
+                                + ("" if keep else " (--keep DIR keeps the folder and its logs)"))
         fetched = FetchRecord.read(L.fetch_record(name), "rebuild")
         src = {**fetched.source, "files_sha256": source_files_digest(fetched.files)}
         bad = [k for k in sorted(set(src) | set(m["source"])) if src.get(k) != m["source"].get(k)]
         if bad:
-            for k in bad:
-                out(f"error: cannot rebuild {manifest_path}: source: {k} is {src.get(k)} here, the manifest records "
-                    f"{m['source'].get(k)}")
-            return 1
+            raise PipelineError(f"cannot rebuild {manifest_path}: " + "; ".join(
+                f"source: {k} is {src.get(k)} here, the manifest records {m['source'].get(k)}" for k in bad))
         # 2. the build: the manifest (publish pulls in every stage, drafts included), or --only files
         if only:
             targets = [L.split_dir(name, artifact_key(name, e["file"])) if e.get("split")
