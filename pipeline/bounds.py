@@ -123,3 +123,10 @@ PARALLEL = integer(1, LLAMA_MAX_SEQ, "llama-server -np; llama.cpp's LLAMA_MAX_SE
 FRACTION = Range(0, 1)
 BYTES = integer(0, SIZE_MAX)
 COUNT = integer(0, SIZE_MAX)
+
+# A device-check result's numbers (pipeline/stages/device_results.py) and the slice values they are judged against;
+# llama.cpp bounds none but the build number: the other upper ends only keep an absurd value from a comparison
+KLD_MEAN = Range(0, 1e6, note="a mean KL divergence, in nats")
+PPL = Range(1, 1e30, note="a perplexity")
+RATE = Range(0, 1e7, lo_open=True, note="tokens per second")
+LLAMA_BUILD = integer(0, INT32_MAX, "llama.cpp's LLAMA_BUILD_NUMBER is an int (common/build-info.cpp.in)")

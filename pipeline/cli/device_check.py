@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from pipeline.bounds import THREADS
 from pipeline.devices.check import device_check, summary
 from pipeline.devices.collect import collect
 from pipeline.errors import PipelineError
@@ -31,7 +32,7 @@ def register(sub) -> None:
     p.add_argument("file", help="a published GGUF (or split folder / shard), its manifest.json and device-slice.logits "
                                 "beside it (`dvc pull`)")
     p.add_argument("--manifest", help="manifest.json (default: the one beside the file)")
-    p.add_argument("--threads", type=int, help="threads (default: the CPU count, at most 4)")
+    p.add_argument("--threads", type=THREADS.arg("--threads"), help="threads (default: the CPU count, at most 4)")
     p.add_argument("--device", help="a label for this device in the results, e.g. a recipe `devices:` name "
                                     "(default: the host name)")
     p.add_argument("--out", help="write the result JSON here (for `ggufpipe collect`)")

@@ -31,6 +31,15 @@ from pipeline.distribution.verify import check_slice_file, find_entry, locate, v
 from pipeline.errors import PipelineError
 from pipeline.fsutil import write_json_atomic
 from pipeline.stages.bench import measure as llama_bench
+from pipeline.stages.device_verdict import (
+    LABEL_RE,
+    POWER_MODE_RE,
+    RESULT_KIND,
+    RESULT_VERSION,
+    TIME_FORMAT,
+    entry_sha256,
+    judge,
+)
 from pipeline.stages.evaluate import (
     _CHUNKS_RE,
     _fail_on_tool_errors,
@@ -38,16 +47,11 @@ from pipeline.stages.evaluate import (
     parse_kld_statistics,
     run_perplexity,
 )
-from pipeline.stages.publish_devices import same_top_p_limit
+from pipeline.stages.publish_devices import SLICE_METRICS
 from pipeline.tools import Toolchain, bin_dir_of, find_toolchain, read_build_version
 from pipeline.tools_install import cross_dir
 
-RESULT_KIND = "ggufpipe-device-check"
-RESULT_VERSION = 1
 BENCH = {"prompt": 64, "gen": 16, "repetitions": 1}  # a short llama-bench: a speed figure, never a verdict
-# device labels land in devices.json and the card's table: the rule of a recipe `devices:` name
-# (pipeline/recipe/devices.py DEVICE_NAME_RE; not imported: a device install has no YAML)
-LABEL_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,31}$")
 
 
 def check_slice(mpath: Path, data: dict, entry: dict) -> Path:
@@ -112,17 +116,6 @@ def buffers(output: str) -> dict:
     return out
 
 
-def judge(expected: dict, measured: dict, tolerance: dict, scored_tokens: int) -> dict:
-    """The verdict on the slice: each metric's delta (device - build box) and limit, and ``passed``."""
-    kld_limit = max(tolerance["kld_mean_abs"], tolerance["kld_mean_rel"] * expected["kld_mean"])
-    top_limit = same_top_p_limit(tolerance, scored_tokens)
-    d_kld = measured["kld_mean"] - expected["kld_mean"]
-    d_top = 100.0 * (measured["same_top_p"] - expected["same_top_p"])
-    return {"delta": {"kld_mean": round(d_kld, 8), "same_top_p_points": round(d_top, 6)},
-            "limit": {"kld_mean": round(kld_limit, 8), "same_top_p_points": top_limit},
-            "passed": abs(d_kld) <= kld_limit and abs(d_top) <= top_limit + 1e-9}
-
-
 def device_label(label: str | None) -> str:
     """``--device`` as given when it is a plain label (:data:`LABEL_RE`, else one line); without one, the host name
     made plain (lowercase, other characters as ``-``)."""
@@ -133,9 +126,6 @@ def device_label(label: str | None) -> str:
         return label
     host = re.sub(r"[^a-z0-9._-]+", "-", platform.node().lower()).strip("-._")[:32]
     return host if LABEL_RE.match(host) else "device"
-
-
-POWER_MODE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_. -]{0,31}$")
 
 
 def device_facts(label: str | None, power_mode: str | None = None) -> dict:
@@ -202,9 +192,9 @@ def device_check(path: str | Path, manifest: str | Path | None = None, threads: 
         raise PipelineError("--draft and --mtp: give one (--mtp: the MTP heads inside the file draft for it)")
     spec = prepare(mpath, data, entry, draft) if draft is not None or mtp else None  # before any measurement
     result = {"kind": RESULT_KIND, "version": RESULT_VERSION, "name": data["name"], "build_id": data["build_id"],
-              "file": entry["file"], "sha256": entry["sha256"], "quant_type": entry["quant_type"],
+              "file": entry["file"], "sha256": entry_sha256(entry), "quant_type": entry["quant_type"],
               "device": facts, "verified": verified,
-              "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+              "timestamp": time.strftime(TIME_FORMAT, time.gmtime())}
     tc = tc or find_device_tools(llama_cpp_dir)
     if tc is None and spec is not None:
         raise PipelineError("--draft/--mtp measure with llama-server: this device has no llama.cpp tools (set "
@@ -219,7 +209,7 @@ def device_check(path: str | Path, manifest: str | Path | None = None, threads: 
         verdict = judge(expected, measured, dc["tolerance"], dc["scored_tokens"])
         result.update(checked=True, passed=verdict["passed"], threads=threads,
                       tools=tc.describe(), buffers_mib=measured["buffers"],
-                      slice={"expected": expected, "measured": {k: measured[k] for k in expected},
+                      slice={"expected": expected, "measured": {k: measured[k] for k in SLICE_METRICS},
                              "seconds": None if emulate else measured["seconds"], **verdict})
         result["bench"] = llama_bench(tc, model, threads, **BENCH) if bench and not emulate else None
         if emulate:
@@ -239,6 +229,9 @@ def summary(result: dict) -> str:
     if not result["checked"]:
         return f"VERIFIED  {result['file']}: {result['note']}"
     s = result["slice"]
+    if s.get("problems"):  # judge() failed closed: a number it needs is missing or not finite
+        return (f"FAIL  {result['file']} on {result['device']['label']}: cannot judge the slice: "
+                + "; ".join(s["problems"]))
     m, d, lim = s["measured"], s["delta"], s["limit"]
     bench = result.get("bench") or {}
     speed = f"; tg {bench['tg_tokens_per_s']:.1f} t/s, pp {bench['pp_tokens_per_s']:.1f} t/s" if bench else ""

@@ -4,18 +4,19 @@
   set, chunks, the tolerance a device is judged by) and each base and quant entry's ``slice`` values, as the build
   box measured them (pipeline/stages/device_slice.py).
 * :func:`device_results`: what ``ggufpipe collect`` gathered in ``artifacts/<name>/devices.json`` (an input of publish:
-  the report and the card show it), kept only for files the manifest publishes, byte for byte. Not part of the
-  manifest: a rebuild-check rebuilds without the devices, and the results must not change what a build is.
+  the report and the card show it), kept only for files the manifest publishes, each checked and judged again as
+  ``collect`` does. Not part of the manifest: a rebuild-check rebuilds without the devices, and the results must not
+  change what a build is.
 """
 
 from __future__ import annotations
 
-import math
-
 from pipeline.errors import ArtifactError, PipelineError
 from pipeline.fsutil import sha256_file
 from pipeline.layout import Layout
-from pipeline.records import DeviceSliceRecord, load_json
+from pipeline.records import DeviceSliceRecord
+from pipeline.stages.device_results import published, stored_results
+from pipeline.stages.device_verdict import same_top_p_limit as same_top_p_limit  # the tolerance's rule, re-exported
 
 SLICE_FILE = "device-slice.logits"
 # |Δ mean KLD| <= max(kld_mean_abs, kld_mean_rel x the build box's), as issue #20 sets it. |Δ same top p| <= the larger
@@ -26,15 +27,6 @@ SLICE_FILE = "device-slice.logits"
 TOLERANCE = {"kld_mean_abs": 0.002, "kld_mean_rel": 0.10, "same_top_p_points": 1.0, "same_top_p_flip_rate": 0.08,
              "same_top_p_sigmas": 3}
 SLICE_METRICS = ("kld_mean", "same_top_p", "ppl_q")
-RESULTS_KIND = "ggufpipe-device-check-results"  # pipeline/devices/collect.py RESULTS_KIND
-
-
-def same_top_p_limit(tolerance: dict, scored_tokens: int) -> float:
-    """Points of same top p a correct device may differ by on ``scored_tokens``: the fixed floor, or the spread of
-    near-tied tokens flipping at the stated rate (:data:`TOLERANCE`), if wider."""
-    flips = tolerance.get("same_top_p_sigmas", 0) * 100.0 * math.sqrt(tolerance.get("same_top_p_flip_rate", 0.0)
-                                                                      / scored_tokens)
-    return round(max(tolerance["same_top_p_points"], flips), 4)
 
 
 def device_check_section(recipe, layout: Layout, entries: dict[str, dict], chunk_rows: dict[str, list]) -> dict | None:
@@ -89,14 +81,17 @@ def publish_slice(layout: Layout, name: str, manifest: dict, link) -> set[str]:
 
 def device_results(layout: Layout, name: str, manifest: dict) -> list[dict]:
     """The results in ``artifacts/<name>/devices.json`` (``ggufpipe collect``) whose file is published by ``manifest``
-    with the same SHA256, in file then device order; [] without the file."""
+    with the same SHA256, in file then device order; [] without the file or without a slice to judge them by.
+
+    A devices.json can be edited by hand or in a pull request, so every result is checked and judged again by the
+    function ``collect`` uses (pipeline/stages/device_results.py ``stored_results``): a verdict that its numbers
+    contradict is shown as they judge it (a note says so), and a result that cannot be checked stops the publish in
+    one line naming the file and field (shown as it is it would be unchecked; dropped, a FAIL could vanish)."""
     path = layout.device_results(name)
-    if not path.is_file():
+    if not manifest.get("device_check"):
         return []
-    data = load_json(path)  # `ggufpipe collect`'s results (pipeline/devices/collect.py), not a stage record
-    if data.get("kind") != RESULTS_KIND or not isinstance(data.get("results"), list):
-        raise PipelineError(f"{path}: not a `ggufpipe collect` results file (kind {data.get('kind')!r})")
-    published = {e["file"]: e.get("sha256") for e in manifest["artifacts"]}
-    keep = [r for r in data["results"] if published.get(r.get("file")) == r.get("sha256")]
-    order = list(published)
-    return sorted(keep, key=lambda r: (order.index(r["file"]), r["device"]["label"]))
+    merged, notes = stored_results(path, published(layout.manifest(name), manifest))
+    for note in notes:
+        print(f"publish: {path}: {note}", flush=True)
+    order = [e["file"] for e in manifest["artifacts"]]
+    return [merged[k][1] for k in sorted(merged, key=lambda k: (order.index(k[1]), k[0]))]

@@ -4,7 +4,8 @@ measured: ``ggufpipe collect``'s ``devices.json``)."""
 
 from __future__ import annotations
 
-from pipeline.stages.publish_devices import same_top_p_limit
+from pipeline.stages.device_verdict import same_top_p_limit
+from pipeline.stages.table_text import cell
 
 MIB = 1024 * 1024
 
@@ -74,32 +75,37 @@ def device_check_text(manifest: dict, measured: list[dict] | None = None, short:
         "docs/device-check.md).", "",
         "| file | slice mean KLD | slice same top p | slice PPL |", "|---|---|---|---|"]
     if not short:
-        lines += [f"| `{e['file']}` | {e['slice']['kld_mean']:.5f} | {100 * e['slice']['same_top_p']:.2f} % | "
-                  f"{e['slice']['ppl_q']:.4f} |" for e in manifest["artifacts"] if e.get("slice")]
+        lines += [f"| {cell(e['file'], code=True)} | {e['slice']['kld_mean']:.5f} | "
+                  f"{100 * e['slice']['same_top_p']:.2f} % | {e['slice']['ppl_q']:.4f} |"
+                  for e in manifest["artifacts"] if e.get("slice")]
     if measured:
         lines += ([] if short else ["", "Measured on devices (`ggufpipe collect`):", ""]) + [
             "| device | file | llama.cpp | mean KLD (Δ) | same top p (Δ points) | tg t/s | draft speed-up | result |",
             "|---|---|---|---|---|---|---|---|"]
-        for r in measured:
-            if not r.get("checked"):  # a device without llama.cpp tools: the file verified, nothing re-measured
-                lines.append(f"| {_who(r['device'])} | `{r['file']}` | – | – | – | – | – | "
-                             "verified only |")
-                continue
-            m, d = r["slice"]["measured"], r["slice"]["delta"]
-            tg = r.get("bench") or {}
-            lines.append(f"| {_who(r['device'])} | `{r['file']}` | "
-                         f"b{r['tools']['llama_cpp_build']} | {m['kld_mean']:.5f} ({d['kld_mean']:+.5f}) | "
-                         f"{100 * m['same_top_p']:.2f} % ({d['same_top_p_points']:+.2f}) | "
-                         f"{tg.get('tg_tokens_per_s', float('nan')):.1f} | {_speedup_cell(r.get('speedup'))} | "
-                         f"{'pass' if r['passed'] else '**FAIL**'} |")
+        lines += [_measured_row(r) for r in measured]
     elif not short:
         lines += ["", "No device has reported yet (`ggufpipe device-check FILE --out R.json`, then `ggufpipe collect R.json`)."]
     return "\n".join(lines)
 
 
+def _measured_row(r: dict) -> str:
+    """A device's row: ``r`` as publish_devices.device_results gives it (checked and judged again by collect's
+    function); every string through :func:`~pipeline.stages.table_text.cell`."""
+    who, file = _who(r["device"]), cell(r["file"], code=True)
+    if not r.get("checked"):  # a device without llama.cpp tools: the file verified, nothing re-measured
+        return f"| {who} | {file} | – | – | – | – | – | verified only |"
+    m, d = r["slice"]["measured"], r["slice"]["delta"]
+    tg = (r.get("bench") or {}).get("tg_tokens_per_s")
+    return (f"| {who} | {file} | b{r['tools']['llama_cpp_build']:d} | {m['kld_mean']:.5f} ({d['kld_mean']:+.5f}) | "
+            f"{100 * m['same_top_p']:.2f} % ({d['same_top_p_points']:+.2f}) | "
+            f"{'–' if tg is None else f'{tg:.1f}'} | {_speedup_cell(r.get('speedup'))} | "
+            f"{'pass' if r['passed'] else '**FAIL**'} |")
+
+
 def _who(d: dict) -> str:
     """A device's cell: its label, machine and, where the result recorded one, its power mode (a Jetson's)."""
-    return f"{d['label']} ({d['machine']}{', ' + d['power_mode'] if d.get('power_mode') else ''})"
+    mode = f", {cell(d['power_mode'])}" if d.get("power_mode") else ""
+    return f"{cell(d['label'])} ({cell(d['machine'])}{mode})"
 
 
 def _speedup_cell(sp: dict | None) -> str:
@@ -107,8 +113,8 @@ def _speedup_cell(sp: dict | None) -> str:
     if not sp:
         return "–"
     lo, hi = sp["interval"]
-    return (f"{sp['speedup']:.2f}x ({lo:.2f}-{hi:.2f}) with `{sp['pair'].split(' + ')[1]}`, n_max {sp['n_max']}"
-            + ("" if sp["helps"] else ": no speed-up"))
+    return (f"{sp['speedup']:.2f}x ({lo:.2f}-{hi:.2f}) with {cell(sp['pair'].split(' + ')[1], code=True)}, n_max "
+            f"{sp['n_max']:d}" + ("" if sp["helps"] else ": no speed-up"))
 
 
 def launch_table(manifest: dict) -> str:

@@ -24,7 +24,6 @@ from pipeline.recipe import load_recipe
 from pipeline.stages.device_slice import write_slice
 from pipeline.stages.evaluate import parse_chunk_rows, parse_kld_statistics
 from pipeline.stages.logitsfile import read_logits_file
-from pipeline.stages.publish_devices import RESULTS_KIND as PUBLISH_KIND
 from pipeline.stages.publish_devices import SLICE_FILE, TOLERANCE, device_results, same_top_p_limit
 from pipeline.stages.report_devices import device_check_text
 
@@ -212,14 +211,17 @@ def test_a_tampered_slice_fails_naming_the_file_and_field(tmp_path):
 # ------------------------------------------------------------------ collect
 
 
-def _result(folder, entry, label="pi5", kld=0.0031, passed=True, **over):
+def _result(folder, entry, label="pi5", kld=0.0031, passed=True, out=None, **over):
+    """A device-check result file (``out``, else ``result-<label>-<kld>.json`` beside artifacts/), as device-check
+    writes one, with ``over`` replacing fields."""
     r = {"kind": RESULT_KIND, "version": RESULT_VERSION, "name": "m", "build_id": "m-0123456789ab",
-         "file": entry["file"], "sha256": entry["sha256"], "quant_type": "Q8_0", "checked": True, "passed": passed,
+         "file": entry["file"], "sha256": entry["sha256"], "quant_type": "Q8_0", "timestamp": "2024-01-01T00:00:00Z",
+         "checked": True, "passed": passed,
          "device": {"label": label, "machine": "aarch64"}, "tools": {"llama_cpp_build": 11312},
          "slice": {"expected": entry["slice"], "measured": {"kld_mean": kld, "same_top_p": 0.96, "ppl_q": 27.0},
                    "delta": {"kld_mean": kld - 0.003, "same_top_p_points": 0.0}}, "bench": {"tg_tokens_per_s": 9.5},
          **over}
-    path = folder.parent.parent / f"result-{label}-{kld}.json"
+    path = out or folder.parent.parent / f"result-{label}-{kld}.json"
     path.write_text(json.dumps(r))
     return path
 
@@ -232,10 +234,11 @@ def test_collect_adds_replaces_and_is_read_back_by_publish(tmp_path):
     first = out.read_bytes()
     collect([_result(folder, entry), _result(folder, entry, label="laptop")], root)
     assert out.read_bytes() == first  # the same results again: the same file
-    _, notes = collect([_result(folder, entry, kld=0.0032)], root)
-    assert notes == [f"replaced pi5's result for m-Q8_0.gguf from {root.parent / 'result-pi5-0.0032.json'}: pass"]
+    _, notes = collect([_result(folder, entry, kld=0.0032, timestamp="2024-01-02T00:00:00Z")], root)
+    assert notes == [f"replaced pi5's result for m-Q8_0.gguf of 2024-01-01T00:00:00Z (pass) from "
+                     f"{root.parent / 'result-pi5-0.0032.json'}: pass (2024-01-02T00:00:00Z)"]
     data = json.loads(out.read_text())
-    assert data["kind"] == RESULTS_KIND == PUBLISH_KIND
+    assert data["kind"] == RESULTS_KIND == "ggufpipe-device-check-results"  # what publish reads
     assert [(r["device"]["label"], r["slice"]["measured"]["kld_mean"]) for r in data["results"]] == [
         ("laptop", 0.0031), ("pi5", 0.0032)]
     layout = Layout(root, tmp_path / "work")
@@ -300,8 +303,9 @@ def test_collect_judges_every_verdict_again(tmp_path):
     ({"device": {"label": "pi5", "machine": "arm|64"}}, "field device.machine: 'arm|64' is not a machine name"),
     ({"device": {"label": "pi5", "machine": "aarch64", "power_mode": "MAXN | <b>"}}, "field device.power_mode"),
     ({"passed": "yes"}, "field passed: must be true or false, got 'yes'"),
-    ({"tools": {"llama_cpp_build": "11312 | <b>"}}, "field tools.llama_cpp_build: must be a build number"),
-    ({"bench": {"tg_tokens_per_s": "fast"}}, "field bench.tg_tokens_per_s: must be a finite number, got 'fast'"),
+    ({"tools": {"llama_cpp_build": "11312 | <b>"}}, "field tools.llama_cpp_build: must be an integer 0..2147483647"),
+    ({"bench": {"tg_tokens_per_s": "fast"}}, "field bench.tg_tokens_per_s: must be a number > 0 and <= 10000000 "
+                                             "(tokens per second), got 'fast'"),
 ])
 def test_collect_refuses_fields_the_card_would_show_wrong(tmp_path, over, what):
     folder, _manifest, entry = _folder(tmp_path)
@@ -340,10 +344,10 @@ def test_collect_computes_the_draft_speed_up_again_from_its_rates(tmp_path):
     ({"pair": "m-Q8_0.gguf + x|<b>.gguf"}, "field speedup.pair: 'm-Q8_0.gguf + x|<b>.gguf' is not a pair of"),
     ({"pair": "m-Q8_0.gguf + m-draft-Q2_K.gguf"}, "field speedup.pair: 'm-Q8_0.gguf + m-draft-Q2_K.gguf' is not a "
                                                    "pair the manifest declares"),
-    ({"tokens_per_s": [10.0, "fast", 9.0]}, "field speedup.tokens_per_s: must be a finite number, got 'fast'"),
+    ({"tokens_per_s": [10.0, "fast", 9.0]}, "field speedup.tokens_per_s[1]: must be a number > 0 and <= 10000000"),
     ({"tokens_per_s": [10.0, 11.0]}, "field speedup.tokens_per_s: must be a list of at least 3 rates"),
-    ({"baseline_tokens_per_s": [20.0, 0.0, 20.0]}, "field speedup.baseline_tokens_per_s: one positive rate per round"),
-    ({"n_max": "4"}, "field speedup.n_max: must be a draft length 1..64, got '4'"),
+    ({"baseline_tokens_per_s": [20.0, 0.0, 20.0]}, "field speedup.baseline_tokens_per_s[1]: 0.0 is out of range"),
+    ({"n_max": "4"}, "field speedup.n_max: must be an integer 1..64 (a draft length), got '4'"),
 ])
 def test_collect_refuses_a_speed_up_the_card_would_show_wrong(tmp_path, speedup, what):
     folder, _manifest, entry = _folder(tmp_path)
