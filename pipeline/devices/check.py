@@ -177,6 +177,13 @@ def device_check(path: str | Path, manifest: str | Path | None = None, threads: 
     ``out``. ``emulate``: a device CPU profile whose cross-built tools run under qemu here (no speeds: emulated);
     ``profile``: on a device, the profile its tools must have been built for (their system_info is checked)."""
     facts = device_facts(label, power_mode)  # a label that is not plain fails before any work
+    if out is not None:  # where the result goes, checked before minutes of measuring are spent
+        o = Path(out)
+        why = ("an empty path" if not str(out) else "a folder" if o.is_dir() else
+               f"no folder {o.parent} to write it in" if not o.parent.is_dir() else None)
+        if why:
+            raise PipelineError(f"--out {str(out)!r}: {why}: give a file path in an existing folder (nothing was "
+                                "measured)")
     if emulate and (draft is not None or mtp):
         raise PipelineError("--emulate with --draft/--mtp: a speed-up under emulation means nothing")
     if emulate and profile:
@@ -219,7 +226,7 @@ def device_check(path: str | Path, manifest: str | Path | None = None, threads: 
             result["profile"] = {"name": prof.name, "features": measured["features"]}
         if spec is not None:
             result["speedup"] = draft_speedup(tc, model, spec, slice_path, threads, facts["label"])
-    if out:
+    if out is not None:
         write_json_atomic(out, result)
     return result
 
