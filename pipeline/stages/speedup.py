@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import platform
 import statistics
@@ -37,6 +38,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from pipeline.bounds import finite
 from pipeline.errors import PipelineError, RecipeError
 from pipeline.fsutil import sha256_file
 from pipeline.records import SpeedupRecord, VocabRecord
@@ -149,6 +151,9 @@ def _rates(reqs: list[dict]) -> dict:
 def summarize(with_draft: list[float], without: list[float]) -> dict:
     """Per-round speed-ups (same round with over without), their median and min-max interval."""
     ratios = [round(w / b, 4) if b else 0.0 for w, b in zip(with_draft, without, strict=True)]
+    if not all(map(finite, ratios)):  # min() and median() of a list holding NaN depend on its order: no speed-up
+        return {"tokens_per_s": with_draft, "baseline_tokens_per_s": without, "speedup_by_round": ratios,
+                "speedup": math.nan, "interval": [math.nan, math.nan]}
     return {"tokens_per_s": with_draft, "baseline_tokens_per_s": without, "speedup_by_round": ratios,
             "speedup": round(statistics.median(ratios), 4), "interval": [min(ratios), max(ratios)]}
 

@@ -269,3 +269,16 @@ def test_the_report_shows_a_metric_that_failed_closed():
                               "failures": [{**f, "eval_set": "g"}]}]}
     table = markdown_table(manifest, "g", speed=False)
     assert "FAIL: kld_mean is nan (not a finite number)" in table, table
+
+
+def test_a_speed_up_with_a_nan_round_helps_nowhere():
+    """min() and median() of [2.0, nan, 3.0] depend on the list's order; the build box's speed-up fails closed."""
+    from pipeline.stages.speedup import summarize
+    from pipeline.stages.speedup import verdict as speedup_verdict
+
+    s = summarize([40.0, math.nan, 60.0], [20.0, 20.0, 20.0])
+    assert math.isnan(s["speedup"]) and all(math.isnan(x) for x in s["interval"])
+    helps, line = speedup_verdict(s["speedup"], s["interval"], 4, "box")
+    assert not helps and line.startswith("no speed-up on box")
+    assert below(s["speedup"], 1.2)  # a min_speedup gate fails on it too
+    assert summarize([40.0, 50.0, 60.0], [20.0, 20.0, 20.0])["interval"] == [2.0, 3.0]
