@@ -51,7 +51,7 @@ class Range:
         if not bad:
             below = value <= self.lo if self.lo_open else value < self.lo
             bad = below or (value >= self.hi if self.hi_open else value > self.hi)
-        return f"must be {self.describe()}{self._note()}, got {_shown(value)}" if bad else None
+        return f"must be {self.describe()}{self._note()}, got {shown(value)}" if bad else None
 
     def check(self, value, where: str, error=None):
         """``value`` when in range, else raise ``error(f"{where}: {problem}")`` (a PipelineError by default)."""
@@ -90,7 +90,7 @@ def _num(v: float) -> str:
     return str(int(v)) if float(v).is_integer() and abs(v) < 1e18 else repr(v)
 
 
-def _shown(value) -> str:
+def shown(value) -> str:
     """``value`` for an error line: short, and one line."""
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."

@@ -38,7 +38,7 @@ def collect(results: list[str | Path], artifacts: str | Path = "artifacts") -> t
     for p, r in loaded:
         check_kind(p, r)
         if not isinstance(r.get("name"), str):
-            raise PipelineError(f"{p}: field name: must be a recipe name, got {bounds._shown(r.get('name'))}")
+            raise PipelineError(f"{p}: field name: must be a recipe name, got {bounds.shown(r.get('name'))}")
     names = {r["name"] for _, r in loaded}
     if len(names) != 1:
         raise PipelineError(f"results of several recipes ({', '.join(sorted(names))}): collect one recipe's at a time")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import re
 
-from pipeline.bounds import BYTES, CHUNKS, COUNT, CTX, FRACTION, INT32_MAX, THREADS, UINT32_MAX, Range, _shown, integer
+from pipeline.bounds import BYTES, CHUNKS, COUNT, CTX, FRACTION, INT32_MAX, THREADS, UINT32_MAX, Range, integer, shown
 from pipeline.errors import ArtifactError, PipelineError
 from pipeline.fsutil import read_json
 
@@ -31,7 +31,7 @@ class Kind:
         self.what, self.ok = what, ok
 
     def problem(self, value) -> str | None:
-        return None if self.ok(value) else f"must be {self.what}, got {_shown(value)}"
+        return None if self.ok(value) else f"must be {self.what}, got {shown(value)}"
 
 
 class Name(Kind):
@@ -42,9 +42,9 @@ class Name(Kind):
 
     def problem(self, value) -> str | None:
         if not isinstance(value, str):
-            return f"must be a plain file name (a string), got {_shown(value)}"
+            return f"must be a plain file name (a string), got {shown(value)}"
         if not plain(value):
-            return f"{_shown(value)} is not a plain file name: a manifest's files never leave its folder"
+            return f"{shown(value)} is not a plain file name: a manifest's files never leave its folder"
         return None
 
 
@@ -231,27 +231,32 @@ def problem(spec, value, where: str) -> tuple[str, str] | None:
     return None if msg is None else (where, msg)
 
 
-def check_manifest(data, path: str | os.PathLike, require: tuple[str, ...] = ()) -> dict:
+def check_manifest(data, path: str | os.PathLike, require: tuple[str, ...] = (),
+                   use: tuple[str, ...] | None = None) -> dict:
     """``data`` (a manifest read from ``path``) when every part the readers use holds and the top-level sections in
-    ``require`` are there; else an :class:`~pipeline.errors.ArtifactError`: ``<path>: <field>: <what is wrong>``."""
+    ``require`` are there; else an :class:`~pipeline.errors.ArtifactError`: ``<path>: <field>: <what is wrong>``.
+    ``use``: the only top-level sections the reader looks at (None: all), so that a device verifying a file of an
+    older build is not refused for a part of it that only a rebuild reads."""
     if not isinstance(data, dict):
         raise ArtifactError(path, f"{path}: must be a JSON object (a ggufpipe manifest), got "
                                   f"{_TYPE.get(type(data), type(data).__name__)}")
     for key in require:
         if key not in data:
             raise ArtifactError(path, f"{path}: {key}: missing (not a ggufpipe manifest)")
-    p = problem(MANIFEST, data, "")
+    schema = MANIFEST if use is None else Obj({k: v for k, v in MANIFEST.fields.items() if k in use},
+                                              tuple(k for k in MANIFEST.need if k in use))
+    p = problem(schema, data, "")
     if p is not None:
         where, msg = p
         raise ArtifactError(path, f"{path}: {where.lstrip('.')}: {msg}")
     return data
 
 
-def read_manifest(path: str | os.PathLike, require: tuple[str, ...] = ()) -> dict:
+def read_manifest(path: str | os.PathLike, require: tuple[str, ...] = (), use: tuple[str, ...] | None = None) -> dict:
     """The manifest at ``path``, read (:func:`~pipeline.fsutil.read_json`: a regular file, bounded) and checked
     (:func:`check_manifest`); one error line otherwise."""
     try:
         data = read_json(path, "the manifest")
     except PipelineError as exc:
         raise ArtifactError(path, str(exc)) from None
-    return check_manifest(data, path, require)
+    return check_manifest(data, path, require, use)

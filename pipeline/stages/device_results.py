@@ -64,7 +64,7 @@ class Published:
     pairs: frozenset  # "MAIN + DRAFT" of draft.pairs
 
 
-_value = bounds._shown  # a value as an error line shows it: short, one line
+_value = bounds.shown  # a value as an error line shows it: short, one line
 
 
 def _plain(value) -> str:

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from helpers import TINY_NAME as NAME
 
+from pipeline.errors import PipelineError
 from pipeline.fsutil import sha256_file
 from pipeline.stages.publish import strip_volatile
 
@@ -74,18 +76,19 @@ def test_rebuild_check_mismatch_and_refusals(tiny_hub, tiny_build, tmp_path, cap
     m["tools"]["python"]["converter"]["torch"] = "9.9.9"
     m["recipe"]["sha256"] = "f" * 64
     (folder / "manifest.json").write_text(json.dumps(m))
-    code = rebuild_check(folder / "manifest.json", recipe=str(recipe), keep=str(tmp_path / "never"),
-                         hub_cache=str(hub))
-    lines = capsys.readouterr().out.splitlines()
-    assert code == 1 and len(lines) == 3, lines
-    assert "toolchain: llama.cpp b11312 (commit 0c1e570) here, the manifest records b11312 (commit 1234567)" in lines[0]
+    # a refusal: one error line naming every difference, in the order found (the CLI prints it on stderr)
+    with pytest.raises(PipelineError) as exc:
+        rebuild_check(folder / "manifest.json", recipe=str(recipe), keep=str(tmp_path / "never"), hub_cache=str(hub))
+    parts = str(exc.value).removeprefix(f"cannot rebuild {folder / 'manifest.json'}: ").split("; ")
+    assert len(parts) == 3 and capsys.readouterr().out == "", parts
+    assert "toolchain: llama.cpp b11312 (commit 0c1e570) here, the manifest records b11312 (commit 1234567)" in parts[0]
     assert ("toolchain: Python package torch 2.13.0+cpu in the converter environment here, the manifest records "
-            "9.9.9") in lines[1]
-    assert f"recipe: {recipe} has SHA256 " in lines[2] and "(edited since the build)" in lines[2]
+            "9.9.9") in parts[1]
+    assert f"recipe: {recipe} has SHA256 " in parts[2] and "(edited since the build)" in parts[2]
     m = _manifest(tiny_build)
     m["source"]["commit"] = "ab" * 20
     (folder / "manifest.json").write_text(json.dumps(m))
-    code = rebuild_check(folder / "manifest.json", recipe=str(recipe), hub_cache=str(hub))
-    lines = capsys.readouterr().out.splitlines()
-    assert code == 1 and len(lines) == 1 and f"{'ab' * 20} is not in the hub cache ({hub})" in lines[0], lines
+    with pytest.raises(PipelineError) as exc:
+        rebuild_check(folder / "manifest.json", recipe=str(recipe), hub_cache=str(hub))
+    assert f"{'ab' * 20} is not in the hub cache ({hub})" in str(exc.value) and "toolchain:" not in str(exc.value), exc.value
     assert not (tmp_path / "never").exists()

@@ -305,7 +305,8 @@ def test_device_install_pulls_and_verifies_without_torch(tiny_quants, tmp_path):
     slice_file.write_bytes(b"_logits_" + bytes(range(256)) * 4)
     m = json.loads(mpath.read_text())
     m["device_check"] = {"file": slice_file.name, "sha256": hashlib.sha256(slice_file.read_bytes()).hexdigest(),
-                         "size_bytes": slice_file.stat().st_size, "ctx": 256, "chunks": 2, "scored_tokens": 254}
+                         "size_bytes": slice_file.stat().st_size, "eval_set": "g", "ctx": 256, "chunks": 2,
+                         "scored_tokens": 254}
     for e in m["artifacts"]:
         e["slice"] = {"kld_mean": 0.01, "same_top_p": 0.9, "ppl_q": 10.0}
     mpath.write_text(json.dumps(m, indent=2))
