@@ -111,6 +111,15 @@ def below(value, limit) -> bool:
     return not (finite(value) and finite(limit)) or value < limit
 
 
+def cores_arg(text: str) -> str:
+    """An argparse ``type=`` for a ``--cores`` that Snakemake gets: ``all`` or a count of cores (:data:`CORES`)."""
+    if text == "all":
+        return text
+    if text.isascii() and text.isdigit() and CORES.contains(int(text)):
+        return str(int(text))
+    raise argparse.ArgumentTypeError(f"must be 'all' or {CORES.describe()}, got {text!r}")
+
+
 def integer(lo: int, hi: int, note: str = "") -> Range:
     return Range(lo, hi, integer=True, note=note)
 
@@ -121,6 +130,7 @@ CHUNKS = integer(1, INT32_MAX, "llama.cpp's n_chunks is an int32")
 THREADS = integer(1, GGML_MAX_N_THREADS, "ggml's GGML_MAX_N_THREADS")
 PARALLEL = integer(1, LLAMA_MAX_SEQ, "llama-server -np; llama.cpp's LLAMA_MAX_SEQ")
 FRACTION = Range(0, 1)
+CORES = integer(1, 1 << 16, "cores")
 BYTES = integer(0, SIZE_MAX)
 COUNT = integer(0, SIZE_MAX)
 

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from pipeline import tools, tools_backend, tools_cross
+from pipeline.bounds import CORES
 from pipeline.errors import PipelineError
 from pipeline.fsutil import sha256_file
 from pipeline.tools import (
@@ -272,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pipeline.tools", description=tools.__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     p_inst = sub.add_parser("install", help="build the pinned llama.cpp tools into the cache")
-    p_inst.add_argument("-j", "--jobs", type=int)
+    p_inst.add_argument("-j", "--jobs", type=CORES.arg("--jobs"))
     p_inst.add_argument("--force", action="store_true")
     p_inst.add_argument("--backend", choices=tools_backend.BACKENDS, default="cpu",
                         help="cpu (default) or cuda: opt-in, with --cuda-archs (docs/gpu.md)")

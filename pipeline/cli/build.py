@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from pipeline.bounds import cores_arg
+
 
 def cmd_build(args) -> None:
     snakefile = Path(__file__).resolve().parents[2] / "Snakefile"
@@ -19,7 +21,7 @@ def cmd_build(args) -> None:
 
 def register(sub) -> None:
     p = sub.add_parser("build", help="run the Snakemake workflow")
-    p.add_argument("--cores", default="all")
+    p.add_argument("--cores", default="all", type=cores_arg, help="Snakemake --cores: all or a count (default all)")
     p.add_argument("recipes", nargs="*", help="recipe files or folders (default: recipes/)")
     p.add_argument("--snakemake-args", nargs=argparse.REMAINDER, default=[])
     p.set_defaults(func=cmd_build)

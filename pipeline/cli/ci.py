@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from pipeline.bounds import cores_arg
 from pipeline.distribution.ci import run_ci
 from pipeline.errors import PipelineError
 
@@ -25,7 +26,7 @@ def register(sub) -> None:
     p = sub.add_parser("ci", help="build and gate the recipes changed since a base git ref; markdown summary")
     p.add_argument("--base", default="origin/main", help="git ref to compare with (default: origin/main)")
     p.add_argument("--recipes", default="recipes", help="recipe folder (default: recipes)")
-    p.add_argument("--cores", default="all")
+    p.add_argument("--cores", default="all", type=cores_arg, help="Snakemake --cores: all or a count (default all)")
     p.add_argument("--summary", help="also write the markdown summary to this file (e.g. $GITHUB_STEP_SUMMARY)")
     p.add_argument("--artifacts", default="artifacts", help="artifact root (default: artifacts)")
     p.add_argument("--work", default="work", help="work root (default: work)")

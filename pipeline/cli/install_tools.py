@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pipeline.bounds import CORES
+
 
 def _install(a) -> None:
     from pipeline import tools_install  # not at import: every command imports this module
@@ -14,7 +16,7 @@ def _install(a) -> None:
 
 def register(sub) -> None:
     p = sub.add_parser("install-tools", help="build the pinned llama.cpp tools into the cache (no-op when done)")
-    p.add_argument("-j", "--jobs", type=int)
+    p.add_argument("-j", "--jobs", type=CORES.arg("--jobs"))
     p.add_argument("--arch", choices=("aarch64",), help="cross-build the device tools for --profile (docs/devices.md#arm)")
     p.add_argument("--profile", help="the device CPU profile of an aarch64 build (cortex-a76, cortex-a78ae, ...)")
     p.add_argument("--print-cmake", action="store_true", help="print the cmake lines and build nothing")

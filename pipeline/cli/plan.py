@@ -7,14 +7,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pipeline.bounds import SIZE_MAX, integer
+from pipeline.bounds import CORES, SIZE_MAX
 from pipeline.devices import plan as P
 from pipeline.devices import plan_jobs as J
 from pipeline.devices.plan_source import source_facts
 from pipeline.errors import PipelineError
 from pipeline.workflow import Workflow
-
-CORES = integer(1, 1 << 16, "the box's cores")
 
 
 def _row(*cells, widths=(12, 20, 11, 9, 9, 8, 7, 6)) -> str:

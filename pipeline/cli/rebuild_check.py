@@ -2,21 +2,8 @@
 
 from __future__ import annotations
 
-import argparse
-
-from pipeline.bounds import INT32_MAX, integer
+from pipeline.bounds import cores_arg
 from pipeline.distribution.rebuild import rebuild_check
-
-_CORES = integer(1, INT32_MAX)
-
-
-def _cores(text: str) -> str:
-    """``all`` or a count of cores: what Snakemake's --cores takes."""
-    if text == "all":
-        return text
-    if text.isascii() and text.isdigit() and _CORES.contains(int(text)):
-        return str(int(text))
-    raise argparse.ArgumentTypeError(f"must be 'all' or {_CORES.describe()}, got {text!r}")
 
 
 def cmd_rebuild_check(args) -> None:
@@ -30,7 +17,7 @@ def register(sub) -> None:
                                              "artifacts/ or work/) and compare every GGUF's SHA256 and the manifest")
     p.add_argument("manifest", help="artifacts/<name>/manifest.json")
     p.add_argument("--recipe", help="the recipe file (default: recipes/<recipe.file> of the manifest's project)")
-    p.add_argument("--cores", default="all", type=_cores, help="Snakemake --cores for the rebuild (default: all)")
+    p.add_argument("--cores", default="all", type=cores_arg, help="Snakemake --cores for the rebuild (default: all)")
     p.add_argument("--keep", metavar="DIR", help="rebuild in DIR (new or empty) and keep it (default: a temporary "
                                                  "folder, removed)")
     p.add_argument("--only", nargs="+", metavar="KEY", help="rebuild and compare only these files (quant keys, "

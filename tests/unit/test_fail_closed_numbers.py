@@ -282,3 +282,17 @@ def test_a_speed_up_with_a_nan_round_helps_nowhere():
     assert not helps and line.startswith("no speed-up on box")
     assert below(s["speedup"], 1.2)  # a min_speedup gate fails on it too
     assert summarize([40.0, 50.0, 60.0], [20.0, 20.0, 20.0])["interval"] == [2.0, 3.0]
+
+
+@pytest.mark.parametrize("argv", [["build", "--cores", "nan"], ["build", "--cores", "0"], ["ci", "--cores", "1e9"],
+                                  ["rebuild-check", "m.json", "--cores", "-1"], ["install-tools", "-j", "0"],
+                                  ["stage", "fetch", "--recipe", "r.yaml", "--threads", "513"]])
+def test_count_flags_are_ranged(argv, capsys):
+    """Every numeric flag has a range: `--cores` (all or 1..65536), `-j`, `--threads` (ggml's 512)."""
+    from pipeline.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err.splitlines()
+    assert e.value.code == 2 and [ln for ln in err if "error:" in ln] == [err[-1]], err
+    assert "must be " in err[-1] and ("1..65536" in err[-1] or "1..512" in err[-1]), err[-1]
