@@ -1,4 +1,5 @@
-# Quick start: `make demo` builds the main demo recipe; `make test` runs the whole test suite (what CI runs).
+# Quick start: `make demo` builds the newcomer's demo recipe (every capability once, about ten minutes on 2 cores from
+# nothing); `make demo-full` the full showcase (the committed artifacts); `make test` runs the whole suite (what CI runs).
 # Both install what they need: a virtualenv (.venv), pinned Python deps and the pinned llama.cpp tools
 # (built once into $(CACHE), outside the clone, in a folder keyed by everything that shapes them).
 # `make test-fast`: ruff and the unit tier in a light venv (.venv-fast), no llama.cpp, no torch.
@@ -11,13 +12,20 @@ CACHE  := $(or $(GGUFPIPE_CACHE),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/ggufpipe
 LLAMA_BUILD := b11312
 CORES  ?= all
 PYTEST_ARGS ?=
-DEMO_RECIPE  := recipes/smollm2-135m.yaml
+DEMO_RECIPE  := recipes/quick/smollm2-135m-quick.yaml
+DEMO_NAME    := smollm2-135m-quick
+FULL_RECIPE  := recipes/smollm2-135m.yaml
+FULL_NAME    := smollm2-135m
 CALIB_RECIPE := recipes/smollm2-135m-calib.yaml
 DEMO_ENV = HF_HUB_OFFLINE=1 HF_HUB_CACHE=$(CACHE)/demo/hub
 
 export GGUFPIPE_CACHE := $(CACHE)
+# When the run began, for the progress lines' elapsed time (exported: the sub-makes keep the first make's)
+export DEMO_START ?= $(shell date +%s)
+T = $$(s=$$(( $$(date +%s) - $(DEMO_START) )); printf '%d:%02d' $$((s / 60)) $$((s % 60)))
 
-.PHONY: venv locks tools tools-build pyc setup demo demo-calib demo-mix bench-mix dvc-repro test test-fast lint docs \
+.PHONY: venv locks tools tools-build python-setup pyc setup demo demo-full demo-calib demo-mix bench-mix dvc-repro test \
+	test-fast lint docs \
 	clean-work clean-logits bench
 .DEFAULT_GOAL := demo
 
@@ -81,10 +89,10 @@ tools-build:
 	$(PYTHON) -m pipeline.tools install$(if $(filter-out cpu,$(BACKEND)), --backend $(BACKEND))$(if $(CUDA_ARCHS), --cuda-archs '$(CUDA_ARCHS)')$(TOOLS_TARGET)
 
 # Then the gguf-py of that tree into the venv: the pipeline reads GGUFs with the same gguf-py that the pinned
-# tools come with (PyPI's gguf lacks newer types).
+# tools come with (PyPI's gguf lacks newer types). Unpacked from the sdist (`gguf-py --source`: the same files as the
+# compiled tools' convert/gguf-py), so that it needs no compile and the venv is ready while cmake still runs.
 $(BIN)/.gguf-py-$(LLAMA_BUILD): $(BIN)/.installed
-	$(MAKE) --no-print-directory tools-build
-	$(UV) pip install -q --compile-bytecode --python $(BIN)/python --no-deps --reinstall "$$($(BIN)/python -m pipeline.tools gguf-py)"
+	$(UV) pip install -q --compile-bytecode --python $(BIN)/python --no-deps --reinstall "$$($(BIN)/python -m pipeline.tools gguf-py --source)"
 	touch $@
 
 # venv and llama.cpp build side by side (pip waits on the network and unpacks while cmake compiles)
@@ -107,22 +115,39 @@ endif
 pyc: venv
 	$(BIN)/python -m compileall -q pipeline
 
-# Everything a build or the suite needs. Progress: one [setup i/4] line per step; the tools build prints its
-# linked targets.
+# Everything a build or the suite needs, in two lanes side by side: the llama.cpp compile (the long pole; its
+# progress as a percentage) and the Python side (venv, gguf-py, converter environment, bytecode, demo snapshot), which
+# waits on the network and unpacks while cmake compiles. One [setup] line per step, with the time since the start.
 setup:
-	@echo "[setup 1/4] Python venv ($(VENV)) and llama.cpp $(LLAMA_BUILD) tools ($(CACHE)), side by side; first run only"
-	@$(MAKE) --no-print-directory tools
-	@echo "[setup 2/4] the converter environment ($(ENVS_DIR)/converter): every build converts"
+	@echo "[setup 1/6 $(T)] llama.cpp $(LLAMA_BUILD) tools into $(CACHE), beside the Python side; first run only"
+	@$(MAKE) --no-print-directory -j2 tools-build python-setup
+
+python-setup:
+	@echo "[setup 2/6 $(T)] Python venv ($(VENV)) from requirements/build.lock"
+	@$(MAKE) --no-print-directory $(BIN)/.installed
+	@echo "[setup 3/6 $(T)] gguf-py of llama.cpp $(LLAMA_BUILD) into the venv"
+	@$(MAKE) --no-print-directory $(BIN)/.gguf-py-$(LLAMA_BUILD)
+	@echo "[setup 4/6 $(T)] the converter environment ($(ENVS_DIR)/converter): every build converts"
 	@$(MAKE) --no-print-directory env-converter
-	@echo "[setup 3/4] bytecode of the pipeline package"
+	@echo "[setup 5/6 $(T)] bytecode of the pipeline package"
 	@$(MAKE) --no-print-directory pyc
-	@echo "[setup 4/4] demo snapshot: SmolLM2-135M-Instruct as a local Hugging Face cache, eval text"
+	@echo "[setup 6/6 $(T)] demo snapshot: SmolLM2-135M-Instruct as a local Hugging Face cache, eval text"
 	@$(BIN)/python -m pipeline.cli setup-demo
 
-# The main demo recipe; Snakemake prints each job and "N of M steps (x%) done".
+# The newcomer's demo: one progress line per step with the time since `make demo` began, the card's path at the end
+# (Snakemake's whole output in work/<name>/logs/demo.log)
 demo: setup
-	@echo "[demo] snakemake --cores $(CORES): $(DEMO_RECIPE) and its draft -> artifacts/"
-	$(DEMO_ENV) $(BIN)/snakemake --cores $(CORES) --config recipes=$(DEMO_RECIPE)
+	@echo "[demo $(T)] snakemake --cores $(CORES): $(DEMO_RECIPE) and its draft -> artifacts/$(DEMO_NAME)/"
+	@$(DEMO_ENV) $(BIN)/python -m pipeline.progress --since $(DEMO_START) --log work/$(DEMO_NAME)/logs/demo.log \
+		--card artifacts/$(DEMO_NAME)/README.md -- $(BIN)/snakemake --cores $(CORES) --config recipes=$(DEMO_RECIPE)
+
+# The full showcase (every axis, KV types, long context, Chinese and code): what `make dvc-repro` and the committed
+# artifacts build, and what docs/ shows
+demo-full: setup
+	@echo "[demo-full $(T)] snakemake --cores $(CORES): $(FULL_RECIPE) and its draft -> artifacts/$(FULL_NAME)/"
+	@$(DEMO_ENV) $(BIN)/python -m pipeline.progress --label demo-full --since $(DEMO_START) \
+		--log work/$(FULL_NAME)/logs/demo.log --card artifacts/$(FULL_NAME)/README.md -- \
+		$(BIN)/snakemake --cores $(CORES) --config recipes=$(FULL_RECIPE)
 
 # The calibration demo: plain / imatrix / AWQ / AWQ+imatrix flavours (AutoAWQ on the CPU is the long pole).
 demo-calib: setup env-autoawq
