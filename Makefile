@@ -21,7 +21,10 @@ DEMO_ENV = HF_HUB_OFFLINE=1 HF_HUB_CACHE=$(CACHE)/demo/hub
 
 export GGUFPIPE_CACHE := $(CACHE)
 # When the run began, for the progress lines' elapsed time (exported: the sub-makes keep the first make's)
-export DEMO_START ?= $(shell date +%s)
+ifndef DEMO_START
+DEMO_START := $(shell date +%s)
+endif
+export DEMO_START
 T = $$(s=$$(( $$(date +%s) - $(DEMO_START) )); printf '%d:%02d' $$((s / 60)) $$((s % 60)))
 
 .PHONY: venv locks tools tools-build python-setup pyc setup demo demo-full demo-calib demo-mix bench-mix dvc-repro test \
@@ -86,7 +89,7 @@ export GGUFPIPE_CPU_PROFILE := $(PROFILE)
 endif
 TOOLS_TARGET = $(if $(ARCH), --arch $(ARCH))$(if $(PROFILE), --profile $(PROFILE))
 tools-build:
-	$(PYTHON) -m pipeline.tools install$(if $(filter-out cpu,$(BACKEND)), --backend $(BACKEND))$(if $(CUDA_ARCHS), --cuda-archs '$(CUDA_ARCHS)')$(TOOLS_TARGET)
+	$(PYTHON) -m pipeline.tools install$(if $(STAGED), --staged)$(if $(filter-out cpu,$(BACKEND)), --backend $(BACKEND))$(if $(CUDA_ARCHS), --cuda-archs '$(CUDA_ARCHS)')$(TOOLS_TARGET)
 
 # Then the gguf-py of that tree into the venv: the pipeline reads GGUFs with the same gguf-py that the pinned
 # tools come with (PyPI's gguf lacks newer types). Unpacked from the sdist (`gguf-py --source`: the same files as the
@@ -120,7 +123,7 @@ pyc: venv
 # waits on the network and unpacks while cmake compiles. One [setup] line per step, with the time since the start.
 setup:
 	@echo "[setup 1/6 $(T)] llama.cpp $(LLAMA_BUILD) tools into $(CACHE), beside the Python side; first run only"
-	@$(MAKE) --no-print-directory -j2 tools-build python-setup
+	@$(MAKE) --no-print-directory -j2 tools-build python-setup STAGED=1
 
 python-setup:
 	@echo "[setup 2/6 $(T)] Python venv ($(VENV)) from requirements/build.lock"

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pipeline import tools_backend as tb
-from pipeline import tools_cross
+from pipeline import tools_cross, tools_staged
 from pipeline.downloads import pip_fetch as pip_fetch  # re-exported: the demo, installs and tests fetch here
 from pipeline.envs import env_python
 from pipeline.errors import PipelineError, ToolError
@@ -169,10 +169,18 @@ class Toolchain:
     backend: str = "cpu"  # pipeline/tools_backend.py
     ngl: int = 0  # layers offloaded by the tools that compute (-ngl); 0 on the CPU
     runner: tuple[str, ...] = ()  # a command before each tool: qemu for the emulated aarch64 tools (tools_cross.py)
+    pending: tuple[str, ...] = ()  # tools a staged install still compiles in the background (tools_staged.py)
 
     def tool(self, name: str) -> Path:
-        """A llama.cpp tool (:data:`TOOLS`) or a helper (:data:`HELPERS`, see :meth:`helper`)."""
+        """A llama.cpp tool (:data:`TOOLS`) or a helper (:data:`HELPERS`, see :meth:`helper`); one that a staged
+        install still compiles is waited for."""
         exe = self.bin_dir / name
+        if name in self.pending and not exe.is_file():
+            tools_staged.wait(self.root, name)
+            if not exe.is_file():
+                raise PipelineError(f"llama.cpp tool {name}: the background compile into {self.root} did not finish "
+                                    f"(its log: {self.root.parent / ('.build-' + self.root.name)}/build.log): run "
+                                    "`make tools` again")
         if not (exe.is_file() and os.access(exe, os.X_OK)):
             if name in HELPERS and self.origin == "user":
                 raise PipelineError(
@@ -232,9 +240,11 @@ def find_toolchain(llama_cpp_dir: str | None = None) -> Toolchain:
         origin="pinned",
         backend=backend,
         ngl=tb.selected_ngl(backend),
+        pending=tuple(info.get("pending", ())),
     )
     for name in (*TOOLS, *HELPERS):
-        tc.tool(name)
+        if name not in tc.pending:
+            tc.tool(name)
     return tc
 
 

@@ -6,6 +6,7 @@ pipeline/tools.py, so that it runs before anything else is installed."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -18,7 +19,7 @@ import tarfile
 import time
 from pathlib import Path
 
-from pipeline import tools, tools_backend, tools_cross
+from pipeline import tools, tools_backend, tools_cross, tools_staged
 from pipeline.bounds import CORES
 from pipeline.errors import PipelineError
 from pipeline.fsutil import sha256_file
@@ -84,21 +85,31 @@ def print_cmake(backend: str = "cpu", archs: str | None = None, jobs: int | None
         out(shlex.join(cmd))
 
 
+def _installed(final: Path) -> bool:
+    """The tools in ``final`` are there, or a staged install's background compile is finishing them (a lookup waits)."""
+    try:
+        info = json.loads((final / "toolchain.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return not info.get("pending") or tools_staged.compiling(final)
+
+
 def install(jobs: int | None = None, force: bool = False, backend: str = "cpu", archs: str | None = None,
-            device=None) -> Path:
+            device=None, staged: bool = False) -> Path:
     """Build the pinned llama.cpp tools (for ``backend``, pipeline/tools_backend.py) into the cache, or with
     ``device`` (a pipeline/tools_cross.py profile) cross-build the device tools for it; a no-op when already
-    installed."""
+    installed. ``staged``: publish the tools the first jobs of a build need and compile the
+    :data:`~pipeline.tools_staged.LATE` ones in a background process (pipeline/tools_staged.py)."""
     archs = tools_backend.normalize_archs(backend, archs)  # cuda without architectures: refused here, in one line
     final = cross_dir(device) if device else tools.pinned_dir(backend, archs)  # through the module: tests patch it
-    if (final / "toolchain.json").is_file() and not force:
+    if _installed(final) and not force:
         print(f"[tools] llama.cpp b{PINNED_BUILD} already installed in {final}", flush=True)
         return final
     if shutil.which("cmake") is None:
         raise PipelineError("cmake is not installed: install it (e.g. `apt-get install cmake`) to build llama.cpp")
     root = cache_root()
     with _lock(root / "llama.cpp" / f".install-{final.name}.lock"):  # one build per folder at a time
-        if (final / "toolchain.json").is_file() and not force:
+        if _installed(final) and not force:
             return final
         t0 = time.monotonic()
         sdist = pip_fetch(SDIST_NAME, SDIST_VERSION, SDIST_FILE, SDIST_SHA256, root / "downloads", sdist=True)
@@ -122,9 +133,13 @@ def install(jobs: int | None = None, force: bool = False, backend: str = "cpu", 
             what = f"aarch64, profile {device.name}, -march={device.march}" if device else backend
             print(f"[tools] configuring llama.cpp b{PINNED_BUILD} ({what}) with cmake", flush=True)
             _check_call(configure, work / "cmake.log")
-            targets = compile_[compile_.index("--target") + 1:]
-            print(f"[tools] building {' '.join(targets)} with {jobs} jobs (several minutes)", flush=True)
-            _check_call(compile_, work / "build.log", progress=True)
+            head, targets = compile_[:compile_.index("--target") + 1], compile_[compile_.index("--target") + 1:]
+            late = [t for t in targets if t in tools_staged.LATE] if staged and not device else []
+            first = [t for t in targets if t not in late]
+            print(f"[tools] building {' '.join(first)} with {jobs} jobs (several minutes)"
+                  + (f"; then, beside the first jobs, {' '.join(late)}" if late else ""), flush=True)
+            _check_call([*head, *first], work / "build.log", progress=True)
+            targets = first
             stage = work / "out"
             (stage / "bin").mkdir(parents=True)
             for name in targets:
@@ -154,11 +169,51 @@ def install(jobs: int | None = None, force: bool = False, backend: str = "cpu", 
                 "assets": list(ASSETS),
                 "cache_key": cache_key(helpers, backend, archs),
             }
+            if late:
+                return _publish_staged(stage, final, work, build, [*head, *late], info, t0)
             (stage / "toolchain.json").write_text(json.dumps(info, indent=2) + "\n")
             return _finish(stage, final, work, t0)
         finally:
             if not (final / "toolchain.json").is_file():
                 print(f"[tools] install into {final} did not finish: the next run resumes in {work}", flush=True)
+
+
+def _publish_staged(stage: Path, final: Path, work: Path, build: Path, compile_late: list[str], info: dict,
+                    t0: float) -> Path:
+    """Publish the first tools with the late ones ``pending``, then compile those in a forked background process
+    that holds the pending lock until each is renamed into ``final/bin`` and toolchain.json says what an install in
+    one go says (pipeline/tools_staged.py)."""
+    late = compile_late[compile_late.index("--target") + 1:]
+    (stage / "toolchain.json").write_text(json.dumps({**info, "pending": late}, indent=2) + "\n")
+    fd = tools_staged.hold(final)  # before the fork: no lookup finds the tools pending and the lock free
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(stage, final)
+    sys.stdout.flush()
+    if os.fork():
+        os.close(fd)  # the background process's copy keeps the lock
+        print(f"[tools] the first tools are in {final} ({time.monotonic() - t0:.0f}s); {', '.join(late)} compile "
+              "in the background (a job that needs one waits for it)", flush=True)
+        return final
+    code = 1
+    try:
+        _check_call(compile_late, work / "build-late.log", progress=True)
+        for name in late:
+            tmp = final / "bin" / f".{name}.tmp-{os.getpid()}"
+            shutil.copy2(build / "bin" / name, tmp)
+            os.replace(tmp, final / "bin" / name)
+        tmp = final / f".toolchain.json.tmp-{os.getpid()}"
+        tmp.write_text(json.dumps(info, indent=2) + "\n")
+        os.replace(tmp, final / "toolchain.json")
+        shutil.rmtree(work, ignore_errors=True)
+        print(f"[tools] installed llama.cpp b{PINNED_BUILD} in {final}, its last tools too "
+              f"({time.monotonic() - t0:.0f}s)", flush=True)
+        code = 0
+    except BaseException as exc:  # a compile that failed: the lookups say so, `make tools` resumes it
+        with contextlib.suppress(Exception):
+            print(f"[tools] the background compile into {final} failed: {exc}", file=sys.stderr, flush=True)
+    finally:
+        os._exit(code)  # not the parent's cleanup (locks, temporary folders): the lock is freed as the process ends
 
 
 def _finish(stage: Path, final: Path, work: Path, t0: float) -> Path:
@@ -281,6 +336,9 @@ def main(argv: list[str] | None = None) -> int:
     p_inst.add_argument("--arch", choices=tools_cross.ARCHES,
                         help="cross-build the device tools for aarch64 with --profile (docs/devices.md#arm)")
     p_inst.add_argument("--profile", help=f"the device CPU profile of an aarch64 build: {tools_cross.names()}")
+    p_inst.add_argument("--staged", action="store_true",
+                        help="publish the tools a build's first jobs need, compile the rest in the background "
+                             "(make setup on a first run)")
     p_inst.add_argument("--print-cmake", action="store_true",
                         help="print the cmake configure and build command lines and exit without building")
     sub.add_parser("where", help="print the folder of the tools in use")
@@ -294,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.print_cmake:
                 print_cmake(backend, archs, args.jobs, device=device)
             else:
-                install(args.jobs, args.force, backend, archs, device)
+                install(args.jobs, args.force, backend, archs, device, staged=args.staged)
         elif args.cmd == "where":
             print(tools.find_toolchain().bin_dir)
         elif args.cmd == "gguf-py":  # LLAMA_CPP_DIR: the user's own tree's, compiled or not
