@@ -16,6 +16,7 @@ one hour). Run it on a quiet machine: it measures wall time.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import os
 import shutil
 import subprocess
@@ -48,8 +49,10 @@ def wait_for_background_compile(cache: Path) -> None:
     """A staged first install (pipeline/tools_staged.py) may still compile its last tools after make returned: wait,
     so that nothing measured next runs beside it, and say how long it went on."""
     t0 = time.monotonic()
-    while any('"pending"' in p.read_text() for p in (cache / "llama.cpp").glob("*/toolchain.json")):
-        time.sleep(1)
+    for info in (cache / "llama.cpp").glob("*/toolchain.json"):
+        if '"pending"' in info.read_text():  # the background process holds this lock until it is done
+            with open(info.parent.parent / f".pending-{info.parent.name}.lock", "w") as fh:
+                fcntl.flock(fh, fcntl.LOCK_EX)
     if time.monotonic() - t0 > 1:
         print(f"[bench] the background compile of the last tools ended {time.monotonic() - t0:.0f} s after make",
               flush=True)
