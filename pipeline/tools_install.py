@@ -283,13 +283,20 @@ def _add_helpers(src: Path) -> dict[str, str]:
 
 
 def _check_call(cmd: list[str], log: Path, progress: bool = False) -> None:
+    """Run ``cmd`` into ``log``; ``progress``: cmake's percentage every 5 points and each tool it links, so that a
+    compile of minutes is not minutes of silence."""
+    shown = -5
     with open(log, "w") as fh:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         assert proc.stdout is not None
         for line in proc.stdout:
             fh.write(line)
-            if progress and re.match(r"^\[\s*\d+%\]", line) and ("Linking" in line or "Built target" in line):
-                print(f"[tools] {line.strip()}", flush=True)
+            m = re.match(r"^\[\s*(\d+)%\]", line) if progress else None
+            pct = int(m.group(1)) if m else -1
+            if m and (pct >= shown + 5 or pct == 100 > shown or "Linking CXX executable" in line):
+                shown = max(shown, pct)
+                with contextlib.suppress(OSError):  # a background compile's terminal may be gone
+                    print(f"[tools] {line.strip()}", flush=True)
         rc = proc.wait()
     if rc != 0:  # the whole command line first (a flag the compiler rejects is in it), then the one-line error
         print(f"[tools] {shlex.join(cmd)}", file=sys.stderr, flush=True)

@@ -159,7 +159,8 @@ def render_example() -> list[str]:
     rel = EXAMPLE.relative_to(ROOT).as_posix()
     text = EXAMPLE.read_text(encoding="utf-8")
     return ["## A complete example", "",
-            f"`{rel}`, the demo that `make demo` builds (relative paths are relative to the recipe file):", "",
+            f"`{rel}`, the full showcase that `make demo-full` builds (relative paths are relative to the recipe "
+            "file; `make demo` builds the newcomer's `recipes/quick/smollm2-135m-quick.yaml`):", "",
             "```yaml", text.rstrip("\n"), "```", ""]
 
 

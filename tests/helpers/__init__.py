@@ -53,7 +53,7 @@ def snakemake(workdir: Path, recipes: list[Path] | Path, cores: int = 2, extra: 
 
 
 # The demo recipe as the session's shared build (conftest.demo_build) runs it: the same model, quants, gates and
-# pair, on fewer eval chunks and acceptance prompts. The full recipe is what `make demo` and the committed
+# pair, on fewer eval chunks and acceptance prompts. The full recipe is what `make demo-full` and the committed
 # artifacts build; the suite proves the stages, not the recipe's sample sizes.
 DEMO_TEST_CHUNKS = 9  # the fewest the recipe check allows at ctx 512 (2,048 scored tokens)
 DEMO_TEST_PROMPTS = 1
