@@ -1,4 +1,4 @@
-# Quick start: `make demo` builds the newcomer's demo recipe (every capability once, about ten minutes on 2 cores from
+# Quick start: `make demo` builds the newcomer's demo recipe (every capability once, about 7 minutes on 2 cores from
 # nothing); `make demo-full` the full showcase (the committed artifacts); `make test` runs the whole suite (what CI runs).
 # Both install what they need: a virtualenv (.venv), pinned Python deps and the pinned llama.cpp tools
 # (built once into $(CACHE), outside the clone, in a folder keyed by everything that shapes them).
